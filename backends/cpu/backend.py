@@ -1,0 +1,321 @@
+"""The CPU backend: NumPy kernels, bfloat16 from ml_dtypes.
+
+16-bit matmuls are computed through float32 GEMM (NumPy's own float16 matmul is ~300x slower;
+it is never called). 16-bit elementwise kernels run NumPy's loops on the 16-bit arrays, under
+an error state that keeps overflow quiet: under loss scaling an overflow to inf is expected and
+handled (the step is skipped), not a bug to warn about.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from mpcore.backend import Backend, Device, Support
+
+from .cpuinfo import cpu_device
+from .rules import cpu_policy_support
+
+DTYPES: dict[str, Any] = {
+    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
+}
+LOW = frozenset({DTYPES["float16"], DTYPES["bfloat16"]})
+F32 = DTYPES["float32"]
+_quiet = functools.partial(np.errstate, over="ignore", invalid="ignore", divide="ignore",
+                           under="ignore")
+
+
+def _operands(a: Any, b: Any) -> tuple[Any, Any]:
+    """Python scalars take the array's dtype (ml_dtypes' bfloat16 would widen to float32)."""
+    if isinstance(a, np.ndarray):
+        if not isinstance(b, np.ndarray):
+            b = np.asarray(b, dtype=a.dtype)
+    elif isinstance(b, np.ndarray):
+        a = np.asarray(a, dtype=b.dtype)
+    return a, b
+
+
+def _binary(ufunc: Any) -> Any:
+    def kernel(self: Any, a: Any, b: Any) -> Any:
+        a, b = _operands(a, b)
+        if a.dtype in LOW:
+            with _quiet():
+                return ufunc(a, b)
+        return ufunc(a, b)
+
+    kernel.__name__ = ufunc.__name__
+    return kernel
+
+
+def _quiet_binary(ufunc: Any) -> Any:
+    def kernel(self: Any, a: Any, b: Any) -> Any:
+        a, b = _operands(a, b)
+        with _quiet():
+            return ufunc(a, b)
+
+    kernel.__name__ = ufunc.__name__
+    return kernel
+
+
+def _unary(fn: Any, quiet: bool = False) -> Any:
+    def kernel(self: Any, x: Any) -> Any:
+        if quiet or x.dtype in LOW:
+            with _quiet():
+                return fn(x)
+        return fn(x)
+
+    kernel.__name__ = getattr(fn, "__name__", "kernel")
+    return kernel
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf: exact (math.erf) in float64; in lower precision Abramowitz & Stegun 7.1.26
+    (|error| < 1.5e-7, below float32's resolution of erf's range)."""
+    if x.dtype == np.float64:
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+    x32 = x.astype(np.float32, copy=False)
+    s = np.sign(x32)
+    a = np.abs(x32)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                          + t * 1.061405429))))
+    return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
+
+
+class CpuBackend(Backend):
+    """NumPy on the host CPU; always available."""
+
+    name = "cpu"
+    priority = 100
+    install_hint = 'pip install mpcore'
+
+    def devices(self) -> list[Device]:
+        return [cpu_device()]
+
+    def policy_support(self, policy: str, device: Device) -> Support:
+        return cpu_policy_support(policy, device.features, self.fast_dtypes_from_plugins())
+
+    # --- host interop and creation ------------------------------------------------------
+    def asarray(self, value: Any, dtype: str) -> np.ndarray:
+        # No copy when the value already is a NumPy array of that dtype: tensors are
+        # immutable and Variables copy what they are given.
+        if hasattr(value, "get") and not isinstance(value, np.ndarray):
+            value = value.get()  # a device array (CuPy, PyOpenCL) moving to the host
+        return np.asarray(value, dtype=DTYPES[dtype])
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        view = x.view()
+        view.flags.writeable = False  # t.numpy() must not let a caller edit the tensor
+        return view
+
+    def full(self, shape: tuple[int, ...], value: float, dtype: str) -> np.ndarray:
+        return np.full(shape, value, dtype=DTYPES[dtype])
+
+    def cast(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        with _quiet():  # float32 -> float16 overflow is inf, by design
+            return x.astype(DTYPES[dtype])
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return np.array(x, copy=True)
+
+    def random_uniform(self, shape: tuple[int, ...], dtype: str, seed: int, minval: float,
+                       maxval: float) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        base = np.float64 if dtype == "float64" else np.float32
+        out = rng.random(shape, dtype=base)
+        if minval != 0.0 or maxval != 1.0:
+            out *= maxval - minval
+            out += minval
+        return out.astype(DTYPES[dtype], copy=False)
+
+    def random_normal(self, shape: tuple[int, ...], dtype: str, seed: int, mean: float,
+                      stddev: float) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        base = np.float64 if dtype == "float64" else np.float32
+        out = rng.standard_normal(shape, dtype=base)
+        if stddev != 1.0:
+            out *= stddev
+        if mean != 0.0:
+            out += mean
+        return out.astype(DTYPES[dtype], copy=False)
+
+    # --- elementwise --------------------------------------------------------------------
+    add = _binary(np.add)
+    subtract = _binary(np.subtract)
+    multiply = _binary(np.multiply)
+    divide = _quiet_binary(np.divide)
+    power = _quiet_binary(np.power)
+    maximum = _binary(np.maximum)
+    minimum = _binary(np.minimum)
+    equal = _binary(np.equal)
+    not_equal = _binary(np.not_equal)
+    less = _binary(np.less)
+    less_equal = _binary(np.less_equal)
+    greater = _binary(np.greater)
+    greater_equal = _binary(np.greater_equal)
+    logical_and = _binary(np.logical_and)
+    logical_or = _binary(np.logical_or)
+    logical_not = _unary(np.logical_not)
+    isfinite = _unary(np.isfinite)
+    negative = _unary(np.negative)
+    abs = _unary(np.abs)
+    sign = _unary(np.sign)
+    exp = _unary(np.exp, quiet=True)
+    log = _unary(np.log, quiet=True)
+    sqrt = _unary(np.sqrt, quiet=True)
+    square = _unary(np.square)
+    tanh = _unary(np.tanh)
+    erf = _unary(_erf, quiet=True)
+
+    def relu(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(x, np.zeros((), dtype=x.dtype))
+
+    def sigmoid(self, x: np.ndarray) -> np.ndarray:
+        # 0.5 * (1 + tanh(x / 2)): one transcendental, no overflow for large |x|
+        half = np.asarray(0.5, dtype=x.dtype)
+        out = np.tanh(x * half)
+        out += np.asarray(1, dtype=x.dtype)
+        out *= half
+        return out
+
+    def where(self, cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where(cond, a, b)
+
+    # --- reductions ---------------------------------------------------------------------
+    def sum(self, x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+        with _quiet():
+            return np.asarray(np.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype))
+
+    def mean(self, x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+        with _quiet():
+            return np.asarray(np.mean(x, axis=axis, keepdims=keepdims, dtype=x.dtype))
+
+    def max(self, x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+        return np.asarray(np.max(x, axis=axis, keepdims=keepdims))
+
+    def min(self, x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+        return np.asarray(np.min(x, axis=axis, keepdims=keepdims))
+
+    def argmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        return np.asarray(np.argmax(x, axis=axis), dtype=np.int64)
+
+    # --- matmul -------------------------------------------------------------------------
+    def matmul(self, a: np.ndarray, b: np.ndarray, transpose_a: bool,
+               transpose_b: bool) -> np.ndarray:
+        if transpose_a:
+            a = np.swapaxes(a, -1, -2)
+        if transpose_b:
+            b = np.swapaxes(b, -1, -2)
+        dtype = a.dtype
+        if dtype in LOW:
+            # float32 GEMM, float32 accumulation; round once at the end
+            with _quiet():
+                return np.matmul(a.astype(F32), b.astype(F32)).astype(dtype)
+        return np.matmul(a, b)
+
+    # --- shapes and indexing ------------------------------------------------------------
+    def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.reshape(x, shape)
+
+    def transpose(self, x: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
+        return np.transpose(x, perm)
+
+    def broadcast_to(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.broadcast_to(x, shape)
+
+    def concat(self, xs: list[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(xs, axis=axis)
+
+    def take(self, x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
+        return np.take(x, indices, axis=axis)
+
+    def take_grad(self, g: np.ndarray, indices: np.ndarray, axis: int,
+                  shape: tuple[int, ...]) -> np.ndarray:
+        out = np.zeros(shape, dtype=g.dtype)
+        np.add.at(out, (slice(None),) * axis + (indices,), g)
+        return out
+
+    def getitem(self, x: np.ndarray, key: tuple[Any, ...]) -> np.ndarray:
+        return np.asarray(x[key])
+
+    def getitem_grad(self, g: np.ndarray, key: tuple[Any, ...],
+                     shape: tuple[int, ...]) -> np.ndarray:
+        out = np.zeros(shape, dtype=g.dtype)
+        out[key] = g
+        return out
+
+    def one_hot(self, indices: np.ndarray, depth: int, dtype: str) -> np.ndarray:
+        return (indices[..., None] == np.arange(depth)).astype(DTYPES[dtype])
+
+    # --- loss scaling -------------------------------------------------------------------
+    def unscale_and_check(self, grads: list[np.ndarray],
+                          inv_scale: float) -> tuple[list[np.ndarray], np.ndarray]:
+        scale = np.float32(inv_scale)
+        outs = []
+        finite = True
+        with _quiet():
+            for g in grads:
+                u = np.multiply(g, scale, dtype=F32)
+                outs.append(u)
+                # inf and nan propagate through a sum, so a finite sum proves a finite
+                # tensor in one pass; only a non-finite sum needs the exact check (a sum of
+                # large finite values can overflow on its own).
+                if finite and not math.isfinite(float(u.sum())):
+                    finite = bool(np.isfinite(u).all())
+        return outs, np.asarray(finite)
+
+    def all_finite(self, xs: list[np.ndarray]) -> np.ndarray:
+        with _quiet():
+            return np.asarray(all(math.isfinite(float(x.sum(dtype=F32 if x.dtype in LOW
+                                                             else x.dtype)))
+                                  or bool(np.isfinite(x).all()) for x in xs))
+
+    # --- fused versions of composite ops ------------------------------------------------
+    def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        z = x - x.max(axis=axis, keepdims=True)
+        with _quiet():
+            np.exp(z, out=z)
+        z /= z.sum(axis=axis, keepdims=True)
+        return z
+
+    def log_softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        z = x - x.max(axis=axis, keepdims=True)
+        with _quiet():
+            z -= np.log(np.exp(z).sum(axis=axis, keepdims=True))
+        return z
+
+    def sparse_softmax_cross_entropy(self, logits: np.ndarray,
+                                     labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, classes = logits.shape
+        if n and (labels.min() < 0 or labels.max() >= classes):
+            bad = labels[(labels < 0) | (labels >= classes)][0]
+            raise ValueError(f"label {int(bad)} is out of range: labels must be in "
+                             f"[0, {classes}) for logits with {classes} classes")
+        z = logits - logits.max(axis=1, keepdims=True)
+        probs = np.exp(z)
+        total = probs.sum(axis=1, keepdims=True)
+        rows = np.arange(n)
+        loss = np.log(total[:, 0]) - z[rows, labels]
+        probs /= total
+        return loss, probs
+
+    def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return g * (y > 0)
+
+    def bias_add(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        return x + bias
+
+    def dropout_mask(self, shape: tuple[int, ...], rate: float, dtype: str,
+                     seed: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        keep = rng.random(shape, dtype=np.float32) >= rate
+        return np.where(keep, np.asarray(1.0 / (1.0 - rate), dtype=DTYPES[dtype]),
+                        np.zeros((), dtype=DTYPES[dtype]))

@@ -1,0 +1,64 @@
+"""mpcore: mixed precision training (16-bit compute, 32-bit variables, loss scaling) on any
+hardware, through backends that plug in with pluggy.
+
+``import mpcore as mp`` loads the backend plugins (entry-point group ``mpcore``) and picks a
+backend by priority (cuda, an OpenCL GPU, cpu) without opening a device. ``MPCORE_BACKEND=name``
+or ``mp.set_backend(name)`` overrides the choice; ``mpcore info`` shows it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from mpcore import dtypes, ops, random
+from mpcore.backend import Backend, BackendUnavailableError, Device, KernelSet, Support
+from mpcore.hookspecs import hookimpl
+from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.plugins import plugin_errors
+from mpcore.policy import Policy, global_policy, policy_scope, set_global_policy, set_policy
+from mpcore.registry import backends, get_backend, set_backend
+from mpcore.tape import GradientTape
+from mpcore.tensor import Tensor, Variable
+from mpcore.verdict import Measurement, Verdict, check_policy
+
+__version__ = "0.1.0"
+
+constant = ops.constant
+convert_to_tensor = ops.constant
+
+# Heavier parts load on first use, so `import mpcore` stays cheap.
+_LAZY_MODULES = {
+    "mixed_precision": "mpcore.mixed_precision",
+}
+_LAZY_ATTRS: dict[str, tuple[str, str]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        module = importlib.import_module(_LAZY_MODULES[name])
+        globals()[name] = module
+        return module
+    if name in _LAZY_ATTRS:
+        module_name, attr = _LAZY_ATTRS[name]
+        value = getattr(importlib.import_module(module_name), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mpcore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_ATTRS))
+
+
+__all__ = [
+    "Backend", "BackendUnavailableError", "Device", "DynamicLossScale", "FixedLossScale",
+    "GradientTape", "KernelSet", "LossScale", "Measurement", "Policy", "Support", "Tensor",
+    "Variable", "Verdict", "backends", "check_policy", "constant", "convert_to_tensor", "dtypes",
+    "get_backend", "global_policy", "hookimpl", "ops", "plugin_errors", "policy_scope", "random",
+    "set_backend", "set_global_policy", "set_policy",
+]
+
+# Detection at import: cheap by contract (no device opened, nothing compiled). An explicit
+# MPCORE_BACKEND that cannot be honoured raises here, with the available choices.
+get_backend()

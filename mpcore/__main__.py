@@ -1,0 +1,7 @@
+"""``python -m mpcore info`` runs the ``mpcore`` command."""
+
+import sys
+
+from mpcore.cli import main
+
+sys.exit(main())

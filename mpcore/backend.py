@@ -1,0 +1,239 @@
+"""The Backend base class: what a device plugin provides.
+
+A backend is a subclass of :class:`Backend`, constructed without arguments, with a class attribute
+``name``. It says whether it can run here (cheaply: no device is opened to answer), describes its
+devices, judges each policy on a device ("supported", "fast", and why), and provides kernels.
+
+Kernels are methods named after ops (``add``, ``matmul``, ``sum`` ...) that take and return the
+backend's native arrays. The core casts inputs to the op's compute dtype before calling a kernel
+(see :mod:`mpcore.categories`), so a kernel receives operands of one dtype and returns that dtype
+(comparisons return bool, ``argmax`` int64, ``cast`` its target). Native arrays must expose
+``.shape``. Gradients live in the core, written in terms of ops: a backend only writes forward
+kernels. :data:`REQUIRED_KERNELS` lists what every backend implements; :data:`OPTIONAL_KERNELS`
+are fused versions of composite ops, which the core otherwise builds from the required ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mpcore.categories import CATEGORIES, Category
+
+# name -> signature, for the conformance kit and for backend authors.
+REQUIRED_KERNELS: dict[str, str] = {
+    # host interop and creation
+    "asarray": "(value, dtype: str) -> array  # value: scalar, nested list, host or native array",
+    "to_host": "(x) -> numpy.ndarray",
+    "full": "(shape: tuple, value: float, dtype: str) -> array",
+    "cast": "(x, dtype: str) -> array",
+    "copy": "(x) -> array",
+    "random_uniform": "(shape, dtype, seed: int, minval: float, maxval: float) -> array",
+    "random_normal": "(shape, dtype, seed: int, mean: float, stddev: float) -> array",
+    # elementwise; binary kernels also accept a Python scalar for one operand
+    "add": "(a, b)", "subtract": "(a, b)", "multiply": "(a, b)", "divide": "(a, b)",
+    "power": "(a, b)", "maximum": "(a, b)", "minimum": "(a, b)",
+    "equal": "(a, b) -> bool", "not_equal": "(a, b) -> bool", "less": "(a, b) -> bool",
+    "less_equal": "(a, b) -> bool", "greater": "(a, b) -> bool",
+    "greater_equal": "(a, b) -> bool", "logical_and": "(a, b) -> bool",
+    "logical_or": "(a, b) -> bool", "logical_not": "(x) -> bool", "isfinite": "(x) -> bool",
+    "negative": "(x)", "abs": "(x)", "sign": "(x)", "exp": "(x)", "log": "(x)", "sqrt": "(x)",
+    "square": "(x)", "relu": "(x)", "sigmoid": "(x)", "tanh": "(x)", "erf": "(x)",
+    "where": "(cond, a, b)",
+    # reductions: axis is None or a tuple of non-negative ints
+    "sum": "(x, axis, keepdims)", "max": "(x, axis, keepdims)", "min": "(x, axis, keepdims)",
+    "mean": "(x, axis, keepdims)", "argmax": "(x, axis: int) -> int64",
+    # 16-bit inputs accumulate in float32; transposes apply to the last two axes
+    "matmul": "(a, b, transpose_a: bool, transpose_b: bool)",
+    # shapes and indexing
+    "reshape": "(x, shape)", "transpose": "(x, perm)", "broadcast_to": "(x, shape)",
+    "concat": "(xs: list, axis: int)", "take": "(x, indices, axis: int)",
+    "take_grad": "(g, indices, axis: int, shape) -> zeros(shape) with g added at indices",
+    "getitem": "(x, key)  # key: ints, slices, None, Ellipsis (basic indexing only)",
+    "getitem_grad": "(g, key, shape) -> zeros(shape) with g written at key",
+    "one_hot": "(indices, depth: int, dtype: str)",
+    # the multi-tensor loss-scaling kernel: float32 grads * inv_scale, and one device flag
+    "unscale_and_check": "(grads: list, inv_scale: float) -> (list of float32, flag)",
+}
+
+OPTIONAL_KERNELS: dict[str, str] = {
+    "softmax": "(x, axis: int)  # float32",
+    "log_softmax": "(x, axis: int)  # float32",
+    "sparse_softmax_cross_entropy": "(logits, labels) -> (loss per row, softmax)  # float32",
+    "relu_grad": "(g, y) -> g where y > 0 else 0",
+    "bias_add": "(x, bias) -> x + bias over the last axis",
+    "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
+    "all_finite": "(xs: list) -> flag",
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a backend knows of one device: enough for the verdict rules, which are pure
+    functions of this description (so they can be tested for devices that are not here)."""
+
+    name: str
+    vendor: str = ""
+    kind: str = "cpu"              # "cpu", "gpu" or "accelerator"
+    capability: str = ""           # CUDA compute capability "8.0", "OpenCL 3.0", an ISA level
+    features: frozenset[str] = frozenset()   # CPU flags, OpenCL extensions ...
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    index: str = "0"
+
+    def describe(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "vendor": self.vendor, "kind": self.kind,
+                "capability": self.capability, "features": sorted(self.features),
+                **dict(self.details)}
+
+
+@dataclass(frozen=True)
+class Support:
+    """A backend's judgement of one policy on one device."""
+
+    supported: bool
+    fast: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """Kernels a plugin adds to (or overrides in) an existing backend, through the hook
+    ``mpcore_kernels``. ``fast_dtypes`` names the 16-bit dtypes whose allow-list ops these
+    kernels run at hardware speed, so the backend's verdict can say "fast" and why."""
+
+    provider: str
+    kernels: Mapping[str, Callable[..., Any]]
+    fast_dtypes: frozenset[str] = frozenset()
+    reason: str = ""
+
+
+class BackendUnavailableError(RuntimeError):
+    """Raised when a backend is asked to do work it cannot do here."""
+
+
+class Backend:
+    """Base class of every backend (see the module docstring for the kernel contract)."""
+
+    name: ClassVar[str] = ""
+    #: Auto-detection picks the available, auto-selectable backend with the highest priority.
+    priority: ClassVar[int] = 0
+    #: How a user gets what this backend needs, shown when it is unavailable.
+    install_hint: ClassVar[str] = ""
+    #: Exceptions to :data:`mpcore.categories.CATEGORIES` for this hardware.
+    category_overrides: ClassVar[Mapping[str, Category]] = {}
+
+    _kernel_table: dict[str, Callable[..., Any]] | None = None
+    _kernel_sets: tuple[KernelSet, ...] = ()
+    _categories: dict[str, Category] | None = None
+
+    # --- availability and devices -------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here, or None. Must be cheap: no device is opened,
+        nothing compiled (it runs at ``import mpcore``)."""
+        return None
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def auto_select(self) -> bool:
+        """Whether auto-detection may choose this backend (it must be available)."""
+        return self.is_available()
+
+    def devices(self) -> list[Device]:
+        """Every device this backend can see (may open the driver, not a context)."""
+        raise NotImplementedError
+
+    def device(self) -> Device:
+        """The device this backend computes on."""
+        devices = self.devices()
+        if not devices:
+            raise BackendUnavailableError(f"backend {self.name!r} sees no device")
+        return devices[0]
+
+    def policy_support(self, policy: str, device: Device) -> Support:
+        """Can ``policy`` run on ``device``, fast, and why. Subclasses delegate to a pure rule
+        function of the device description."""
+        if policy in ("float32", "float64"):
+            return Support(True, True, f"{policy} runs natively")
+        return Support(False, False, f"backend {self.name!r} does not declare {policy}")
+
+    def compatibility_message(self, policy: str) -> tuple[bool, str]:
+        """(ok, text) for the log line "Mixed precision compatibility check (<policy>): ...".
+        The default judges the current device; CUDA overrides it to speak of every GPU."""
+        support = self.policy_support(policy, self.device())
+        return support.fast, support.reason
+
+    def synchronize(self) -> None:
+        """Wait until queued device work is done (for timing). Synchronous backends: no-op."""
+
+    # --- kernels ------------------------------------------------------------------------
+    def kernels(self) -> dict[str, Callable[..., Any]]:
+        """The kernel table: this class's kernel methods, then plugins' KernelSets on top."""
+        if self._kernel_table is None:
+            self._activate()
+        assert self._kernel_table is not None
+        return self._kernel_table
+
+    @property
+    def kernel_sets(self) -> tuple[KernelSet, ...]:
+        """The plugin kernel sets installed on this backend (activates it)."""
+        self.kernels()
+        return self._kernel_sets
+
+    def categories(self) -> dict[str, Category]:
+        if self._categories is None:
+            self._categories = {**CATEGORIES, **self.category_overrides}
+        return self._categories
+
+    def missing_kernels(self) -> list[str]:
+        return [k for k in REQUIRED_KERNELS if not callable(getattr(self, k, None))]
+
+    def _activate(self) -> None:
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {self.name!r} is not available: {reason}"
+                                     + (f" (install with {self.install_hint})"
+                                        if self.install_hint else ""))
+        missing = self.missing_kernels()
+        if missing:
+            raise NotImplementedError(f"backend {self.name!r} lacks required kernels: "
+                                      + ", ".join(missing))
+        table = {name: getattr(self, name) for name in (*REQUIRED_KERNELS, *OPTIONAL_KERNELS)
+                 if callable(getattr(self, name, None))}
+        from mpcore.plugins import kernel_sets_for  # late: plugins import the registry
+
+        sets = tuple(kernel_sets_for(self))
+        for kernel_set in sets:
+            table.update(kernel_set.kernels)
+        self._kernel_sets = sets
+        self.categories()
+        self._kernel_table = table
+
+    def fast_dtypes_from_plugins(self) -> dict[str, str]:
+        """dtype -> reason, for 16-bit dtypes a plugin kernel set runs at hardware speed."""
+        out: dict[str, str] = {}
+        for kernel_set in self.kernel_sets:
+            for dtype in kernel_set.fast_dtypes:
+                out[dtype] = kernel_set.reason or f"kernels from {kernel_set.provider}"
+        return out
+
+    # --- measurement --------------------------------------------------------------------
+    def measure_matmul(self, dtype: str, n: int = 1024, repeats: int = 5) -> float:
+        """GFLOP/s of an n x n matmul in ``dtype`` on this backend (best of ``repeats``)."""
+        k = self.kernels()
+        a = k["random_uniform"]((n, n), dtype, 1, -1.0, 1.0)
+        b = k["random_uniform"]((n, n), dtype, 2, -1.0, 1.0)
+        k["matmul"](a, b, False, False)  # warm-up: compile, allocate, pick algorithms
+        self.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            k["matmul"](a, b, False, False)
+            self.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return 2.0 * n**3 / best / 1e9
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -1,0 +1,40 @@
+"""The pluggy hooks a plugin may implement (project name ``mpcore``).
+
+A plugin is a module registered under the entry-point group ``mpcore``; mpcore loads each one
+and registers it with its plugin manager. Implementations are marked with
+:data:`mpcore.hookimpl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mpcore.backend import Backend, KernelSet
+
+hookspec = pluggy.HookspecMarker("mpcore")
+hookimpl = pluggy.HookimplMarker("mpcore")
+
+
+@hookspec
+def mpcore_backends() -> list[Backend]:
+    """Return the backends this plugin provides, as instances.
+
+    Called once when mpcore loads its plugins (at ``import mpcore``). Constructing a backend
+    must be cheap: no device is opened, nothing is compiled. Every plugin's list is
+    concatenated; two backends with the same ``name`` are an error reported for the later
+    plugin.
+    """
+
+
+@hookspec
+def mpcore_kernels(backend: Backend) -> KernelSet | None:
+    """Return kernels to add to, or override in, ``backend`` (or None to leave it alone).
+
+    Called once per backend, when the backend is first used (its kernel table is built). Use
+    it to give an existing backend a faster kernel, for example a oneDNN bfloat16 matmul for
+    the ``cpu`` backend, without replacing the backend. The KernelSet's ``fast_dtypes`` lets
+    the backend's verdict say that a 16-bit policy now runs fast, and why.
+    """

@@ -1,0 +1,210 @@
+"""Loss scaling: multiply the loss before backprop so small float16 gradients do not flush to
+zero, and divide the gradients by the same factor before the update.
+
+Semantics follow TensorFlow's ``DynamicLossScale``: the scale is a float32 value; after
+``increment_period`` consecutive finite steps it is multiplied by ``multiplier`` (only while the
+result stays finite in float32), a non-finite step divides it (never below 1.0) and resets the
+good-step counter.
+
+>>> ls = DynamicLossScale(initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
+>>> ls.update(True), ls.update(True), ls()
+(True, True, 8.0)
+>>> ls.update(False), ls()
+(False, 4.0)
+>>> FixedLossScale(1024)
+FixedLossScale(1024.0)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _to_float32(value: float) -> float:
+    """Round like TF's float32 loss-scale variable, so scales match it bit for bit.
+    Values beyond float32's range become inf (what a float32 multiply would give)."""
+    if abs(value) > FLOAT32_MAX:
+        return math.copysign(math.inf, value) if not math.isnan(value) else value
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _finite_flag(grads_finite: Any) -> bool:
+    # A device scalar (a backend's "all finite" flag) converts through __bool__: this is the
+    # one host read a training step makes.
+    return bool(grads_finite)
+
+
+class LossScale:
+    """Base class: a loss scale is called for its current value and updated once per step."""
+
+    def __call__(self) -> float:
+        raise NotImplementedError
+
+    def update(self, grads_finite: Any) -> bool:
+        """Record one step; returns True when that step's gradients should be applied."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LossScale:
+        return cls(**config)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state; got keys {sorted(state)}")
+
+    def __eq__(self, other: object) -> bool:
+        return (type(self) is type(other) and self.get_config() == other.get_config()  # type: ignore[attr-defined]
+                and self.state_dict() == other.state_dict())  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
+
+
+class FixedLossScale(LossScale):
+    """A loss scale that never changes; ``update(False)`` still means "skip this step"."""
+
+    def __init__(self, loss_scale_value: float) -> None:
+        if isinstance(loss_scale_value, bool) or not isinstance(loss_scale_value, (int, float)):
+            raise TypeError(f"loss_scale_value must be a number, got {loss_scale_value!r}")
+        value = float(loss_scale_value)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"loss_scale_value must be a finite number > 0, got {value!r}")
+        self._value = _to_float32(value)
+
+    def __call__(self) -> float:
+        return self._value
+
+    def update(self, grads_finite: Any) -> bool:
+        return _finite_flag(grads_finite)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"loss_scale_value": self._value}
+
+    def __repr__(self) -> str:
+        return f"FixedLossScale({self._value!r})"
+
+
+
+class DynamicLossScale(LossScale):
+    """A loss scale that grows while gradients stay finite and shrinks when they overflow."""
+
+    def __init__(self, initial_loss_scale: float = 2.0**15, increment_period: int = 2000,
+                 multiplier: float = 2.0) -> None:
+        initial = float(initial_loss_scale)
+        if not (math.isfinite(initial) and 1.0 <= initial <= FLOAT32_MAX):
+            raise ValueError("initial_loss_scale must be a finite number in [1, float32 max], "
+                             f"got {initial_loss_scale!r}")
+        if isinstance(increment_period, bool) or not isinstance(increment_period, int) \
+                or increment_period < 1:
+            raise ValueError(f"increment_period must be an integer >= 1, got {increment_period!r}")
+        mult = float(multiplier)
+        if not (math.isfinite(mult) and mult > 1.0):
+            raise ValueError(f"multiplier must be a finite number > 1, got {multiplier!r}")
+        self._initial = _to_float32(initial)
+        self._period = increment_period
+        self._multiplier = mult
+        self._scale = self._initial
+        self._good_steps = 0
+
+    @property
+    def initial_loss_scale(self) -> float:
+        return self._initial
+
+    @property
+    def increment_period(self) -> int:
+        return self._period
+
+    @property
+    def multiplier(self) -> float:
+        return self._multiplier
+
+    @property
+    def num_good_steps(self) -> int:
+        return self._good_steps
+
+    def __call__(self) -> float:
+        return self._scale
+
+    def update(self, grads_finite: Any) -> bool:
+        finite = _finite_flag(grads_finite)
+        if finite:
+            self._good_steps += 1
+            if self._good_steps >= self._period:
+                grown = _to_float32(self._scale * self._multiplier)
+                if math.isfinite(grown):
+                    self._scale = grown
+                self._good_steps = 0
+        else:
+            self._scale = max(_to_float32(self._scale / self._multiplier), 1.0)
+            self._good_steps = 0
+        return finite
+
+    def get_config(self) -> dict[str, Any]:
+        return {"initial_loss_scale": self._initial, "increment_period": self._period,
+                "multiplier": self._multiplier}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = {"current_loss_scale", "num_good_steps"}
+        if set(state) != expected:
+            raise ValueError(f"DynamicLossScale state needs keys {sorted(expected)}, "
+                             f"got {sorted(state)}")
+        scale = float(state["current_loss_scale"])
+        steps = int(state["num_good_steps"])
+        if not (math.isfinite(scale) and scale >= 1.0) or steps < 0:
+            raise ValueError(f"invalid DynamicLossScale state {state!r}")
+        self._scale, self._good_steps = _to_float32(scale), steps
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.get_config(), "state": self.state_dict()}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        self.__init__(**data["config"])  # type: ignore[misc]
+        self.load_state_dict(data["state"])
+
+    def __repr__(self) -> str:
+        return (f"DynamicLossScale(current_loss_scale={self._scale!r}, "
+                f"num_good_steps={self._good_steps}, initial_loss_scale={self._initial!r}, "
+                f"increment_period={self._period}, multiplier={self._multiplier!r})")
+
+
+
+_CLASSES: dict[str, type[LossScale]] = {
+    "FixedLossScale": FixedLossScale, "DynamicLossScale": DynamicLossScale}
+
+
+def serialize(loss_scale: LossScale) -> dict[str, Any]:
+    return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
+
+
+def deserialize(config: dict[str, Any]) -> LossScale:
+    name = config.get("class_name")
+    if name not in _CLASSES:
+        raise ValueError(f"unknown loss scale class {name!r}; valid: {', '.join(_CLASSES)}")
+    return _CLASSES[name].from_config(config["config"])
+
+
+def get(identifier: Any) -> LossScale | None:
+    """A LossScale from "dynamic", a number, a LossScale, a serialized dict, or None."""
+    if identifier is None or isinstance(identifier, LossScale):
+        return identifier
+    if identifier == "dynamic":
+        return DynamicLossScale()
+    if isinstance(identifier, (int, float)) and not isinstance(identifier, bool):
+        return FixedLossScale(identifier)
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    raise ValueError(f"invalid loss_scale {identifier!r}; valid: 'dynamic', a number > 0, "
+                     "a LossScale instance, or None")

@@ -1,0 +1,130 @@
+"""Loading plugins: entry points of the group ``mpcore``, one at a time.
+
+A plugin that fails to import is recorded with its error (``mpcore info`` shows it) and the
+others keep working; ``MPCORE_STRICT_PLUGINS=1`` turns such a failure into an exception. The
+built-in backends are found the same way as a third party's: nothing here names them.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
+
+import pluggy
+
+from mpcore import hookspecs
+
+if TYPE_CHECKING:
+    from mpcore.backend import Backend, KernelSet
+
+ENTRY_POINT_GROUP = "mpcore"
+
+
+@dataclass(frozen=True)
+class PluginError:
+    plugin: str      # the entry point's name
+    target: str      # what it points at ("mpcore_cuda", "pkg.module:obj")
+    error: str       # "ExceptionType: message"
+    traceback: str
+
+
+class PluginLoadError(RuntimeError):
+    """Raised instead of recording a failure when MPCORE_STRICT_PLUGINS=1."""
+
+
+def _strict() -> bool:
+    return os.environ.get("MPCORE_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes"}
+
+
+class Plugins:
+    """The plugin manager, the loaded plugins, the failures, and the backends they gave."""
+
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager("mpcore")
+        self.manager.add_hookspecs(hookspecs)
+        self.errors: list[PluginError] = []
+        self.backends: dict[str, Backend] = {}
+        self.backend_origin: dict[str, str] = {}
+
+    def _fail(self, plugin: str, target: str, exc: BaseException) -> None:
+        if _strict():
+            raise PluginLoadError(f"mpcore plugin {plugin!r} ({target}) failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        self.errors.append(PluginError(plugin, target, f"{type(exc).__name__}: {exc}",
+                                       traceback.format_exc()))
+
+    def load_entry_points(self) -> None:
+        seen: set[str] = set()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in seen:  # the same distribution found twice on sys.path
+                continue
+            seen.add(ep.name)
+            try:
+                plugin = ep.load()
+                self.manager.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken plugin must not take the others down
+                self._fail(ep.name, ep.value, exc)
+                continue
+            self._collect_backends(ep.name, ep.value, plugin)
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a plugin object directly (tests, embedding applications)."""
+        self.manager.register(plugin, name=name)
+        self._collect_backends(name, name, plugin)
+
+    def _collect_backends(self, name: str, target: str, plugin: object) -> None:
+        from mpcore.backend import Backend
+
+        impl = getattr(plugin, "mpcore_backends", None)
+        if impl is None:
+            return
+        try:
+            found = list(impl() or [])
+            for backend in found:
+                if not isinstance(backend, Backend):
+                    raise TypeError(f"mpcore_backends returned {backend!r}, not a Backend")
+                if not backend.name:
+                    raise ValueError(f"{type(backend).__name__} has no name")
+                if backend.name in self.backends:
+                    raise ValueError(f"backend name {backend.name!r} is already provided by "
+                                     f"plugin {self.backend_origin[backend.name]!r}")
+        except Exception as exc:
+            self._fail(name, target, exc)
+            return
+        for backend in found:
+            self.backends[backend.name] = backend
+            self.backend_origin[backend.name] = name
+
+    def kernel_sets_for(self, backend: Backend) -> list[KernelSet]:
+        sets = []
+        for impl in self.manager.hook.mpcore_kernels.get_hookimpls():
+            try:
+                result = impl.function(backend=backend)
+            except Exception as exc:
+                self._fail(impl.plugin_name, "mpcore_kernels", exc)
+                continue
+            if result is not None:
+                sets.append(result)
+        return sets
+
+
+_plugins: Plugins | None = None
+
+
+def get_plugins() -> Plugins:
+    global _plugins
+    if _plugins is None:
+        _plugins = Plugins()
+        _plugins.load_entry_points()
+    return _plugins
+
+
+def kernel_sets_for(backend: Backend) -> list[KernelSet]:
+    return get_plugins().kernel_sets_for(backend)
+
+
+def plugin_errors() -> list[PluginError]:
+    return list(get_plugins().errors)
