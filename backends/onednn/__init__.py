@@ -1,0 +1,1 @@
+"""oneDNN kernel provider for the CPU backend (work in progress in this session)."""
