@@ -54,6 +54,11 @@ REQUIRED_KERNELS: dict[str, str] = {
     "getitem": "(x, key)  # key: ints, slices, None, Ellipsis (basic indexing only)",
     "getitem_grad": "(g, key, shape) -> zeros(shape) with g written at key",
     "one_hot": "(indices, depth: int, dtype: str)",
+    # images, channels last (NHWC); pads = (top, bottom, left, right), computed by the core
+    "extract_patches": "(x, kh, kw, stride_h, stride_w, pads) -> (N, OH, OW, kh*kw*C)  # im2col",
+    "extract_patches_grad": "(g, x_shape, kh, kw, stride_h, stride_w, pads) -> dx  # col2im",
+    "max_pool2d": "(x, ph, pw, stride_h, stride_w, pads) -> y  # padding never wins the max",
+    "max_pool2d_grad": "(g, x, y, ph, pw, stride_h, stride_w, pads) -> dx",
     # the multi-tensor loss-scaling kernel: float32 grads * inv_scale, and one device flag
     "unscale_and_check": "(grads: list, inv_scale: float) -> (list of float32, flag)",
 }
@@ -66,6 +71,14 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "bias_add": "(x, bias) -> x + bias over the last axis",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
     "all_finite": "(xs: list) -> flag",
+    # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is
+    # None or the device bool from unscale_and_check: when it is false the kernel leaves every
+    # buffer untouched, so a skipped step needs no host round trip. Hyperparameters are floats.
+    "sgd_update": "(var, grad, velocity | None, lr, momentum, nesterov: bool, flag)",
+    "rmsprop_update": "(var, grad, ms, mom | None, lr, rho, momentum, epsilon, flag)"
+                      "  # Keras: ms = rho*ms + (1-rho)*g^2; var -= lr*g/sqrt(ms+eps)",
+    "adam_update": "(var, grad, m, v, lr, beta1, beta2, epsilon, step: int, weight_decay, flag)"
+                   "  # Keras Adam; AdamW (decoupled decay var -= lr*wd*var) when wd > 0",
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from mpcore.backend import Backend, Device, Support
 
 from .cpuinfo import cpu_device
+from .image_kernels import ImageKernels
 from .rules import cpu_policy_support
 
 DTYPES: dict[str, Any] = {
@@ -90,7 +91,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
 
 
-class CpuBackend(Backend):
+class CpuBackend(ImageKernels, Backend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"
