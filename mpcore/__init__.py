@@ -30,8 +30,15 @@ convert_to_tensor = ops.constant
 # Heavier parts load on first use, so `import mpcore` stays cheap.
 _LAZY_MODULES = {
     "mixed_precision": "mpcore.mixed_precision",
+    "layers": "mpcore.layers", "models": "mpcore.models", "optimizers": "mpcore.optimizers",
+    "losses": "mpcore.losses", "metrics": "mpcore.metrics", "datasets": "mpcore.datasets",
+    "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",
 }
-_LAZY_ATTRS: dict[str, tuple[str, str]] = {}
+_LAZY_ATTRS: dict[str, tuple[str, str]] = {
+    "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),
+    "Input": ("mpcore.layers", "Input"),
+    "LossScaleOptimizer": ("mpcore.loss_scale_optimizer", "LossScaleOptimizer"),
+}
 
 
 def __getattr__(name: str) -> Any:

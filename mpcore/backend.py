@@ -67,6 +67,8 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "softmax": "(x, axis: int)  # float32",
     "log_softmax": "(x, axis: int)  # float32",
     "sparse_softmax_cross_entropy": "(logits, labels) -> (loss per row, softmax)  # float32",
+    "sparse_softmax_cross_entropy_grad": "(probs, labels, g) -> (probs - one_hot(labels)) * "
+                                         "g[:, None]  # the fused backward",
     "relu_grad": "(g, y) -> g where y > 0 else 0",
     "bias_add": "(x, bias) -> x + bias over the last axis",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
@@ -180,6 +182,11 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait until queued device work is done (for timing). Synchronous backends: no-op."""
+
+    def layer_hint(self, layer_name: str, dims: Any, policy: Any) -> None:
+        """Called by layers when they build, with their matmul dimensions ({"units": 64}) and
+        policy, so a backend can give hardware advice (CUDA: the tensor-core multiple-of-8
+        tip). Default: nothing."""
 
     # --- kernels ------------------------------------------------------------------------
     def kernels(self) -> dict[str, Callable[..., Any]]:

@@ -40,8 +40,10 @@ def canonical(dtype: Any) -> str:
         return _PYTHON_TYPES[dtype]
     else:
         name = getattr(dtype, "name", None)
-        if name is None:
-            # numpy scalar types (np.float32) carry the dtype on an instance only
+        if name is None and isinstance(dtype, type):
+            # scalar types (np.float16, ml_dtypes.bfloat16) are named after their dtype
+            name = dtype.__name__
+        elif name is None:
             name = getattr(getattr(dtype, "dtype", None), "name", None)
         if not isinstance(name, str):
             raise TypeError(f"expected a dtype name such as 'float16', got {dtype!r}; "

@@ -342,6 +342,10 @@ def _log_softmax(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
 @register("sparse_softmax_cross_entropy")
 def _sparse_xent(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     logits, labels = node.inputs
+    fused = logits.backend._kernel_table.get("sparse_softmax_cross_entropy_grad")
+    if fused is not None and not ops._state.tapes:  # recording tapes need the composite ops
+        data = fused(node.saved, labels._data, g._data)
+        return (Tensor(data, logits.backend, logits.dtype), None)
     probs = Tensor(node.saved, logits.backend, logits.dtype)
     delta = ops.subtract(probs, ops.one_hot(labels, logits.shape[1], logits.dtype))
     return (ops.multiply(delta, ops.expand_dims(g, 1)), None)

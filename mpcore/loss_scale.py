@@ -18,6 +18,7 @@ FixedLossScale(1024.0)
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from typing import Any
 
@@ -26,10 +27,21 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def _to_float32(value: float) -> float:
     """Round like TF's float32 loss-scale variable, so scales match it bit for bit.
-    Values beyond float32's range become inf (what a float32 multiply would give)."""
-    if abs(value) > FLOAT32_MAX:
-        return math.copysign(math.inf, value) if not math.isnan(value) else value
-    return struct.unpack("f", struct.pack("f", value))[0]
+    Values that round beyond float32's range become inf (what a float32 multiply gives);
+    those that round down to float32's max stay finite, as in IEEE arithmetic."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
 
 
 def _finite_flag(grads_finite: Any) -> bool:
@@ -74,12 +86,11 @@ class FixedLossScale(LossScale):
     """A loss scale that never changes; ``update(False)`` still means "skip this step"."""
 
     def __init__(self, loss_scale_value: float) -> None:
-        if isinstance(loss_scale_value, bool) or not isinstance(loss_scale_value, (int, float)):
-            raise TypeError(f"loss_scale_value must be a number, got {loss_scale_value!r}")
-        value = float(loss_scale_value)
+        value = _to_float32(_number("loss_scale_value", loss_scale_value))
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"loss_scale_value must be a finite number > 0, got {value!r}")
-        self._value = _to_float32(value)
+            raise ValueError("loss_scale_value must be a number > 0 that is finite in float32, "
+                             f"got {loss_scale_value!r}")
+        self._value = value
 
     def __call__(self) -> float:
         return self._value
@@ -100,18 +111,23 @@ class DynamicLossScale(LossScale):
 
     def __init__(self, initial_loss_scale: float = 2.0**15, increment_period: int = 2000,
                  multiplier: float = 2.0) -> None:
-        initial = float(initial_loss_scale)
-        if not (math.isfinite(initial) and 1.0 <= initial <= FLOAT32_MAX):
+        initial = _to_float32(_number("initial_loss_scale", initial_loss_scale))
+        if not (math.isfinite(initial) and initial >= 1.0):
             raise ValueError("initial_loss_scale must be a finite number in [1, float32 max], "
                              f"got {initial_loss_scale!r}")
-        if isinstance(increment_period, bool) or not isinstance(increment_period, int) \
-                or increment_period < 1:
+        try:
+            period = -1 if isinstance(increment_period, bool) else operator.index(increment_period)
+        except TypeError:
+            period = -1
+        if period < 1:
             raise ValueError(f"increment_period must be an integer >= 1, got {increment_period!r}")
-        mult = float(multiplier)
-        if not (math.isfinite(mult) and mult > 1.0):
+        mult = _number("multiplier", multiplier)
+        # TF multiplies the float32 scale by the multiplier as a float32 tensor.
+        self._multiplier32 = _to_float32(mult)
+        if not (math.isfinite(mult) and self._multiplier32 > 1.0):
             raise ValueError(f"multiplier must be a finite number > 1, got {multiplier!r}")
-        self._initial = _to_float32(initial)
-        self._period = increment_period
+        self._initial = initial
+        self._period = period
         self._multiplier = mult
         self._scale = self._initial
         self._good_steps = 0
@@ -140,12 +156,14 @@ class DynamicLossScale(LossScale):
         if finite:
             self._good_steps += 1
             if self._good_steps >= self._period:
-                grown = _to_float32(self._scale * self._multiplier)
+                # exact in float64 (24-bit significands), so one rounding, as in float32
+                grown = _to_float32(self._scale * self._multiplier32)
                 if math.isfinite(grown):
                     self._scale = grown
                 self._good_steps = 0
         else:
-            self._scale = max(_to_float32(self._scale / self._multiplier), 1.0)
+            # float64 division then float32 rounding is correctly rounded (53 >= 2*24 + 2)
+            self._scale = max(_to_float32(self._scale / self._multiplier32), 1.0)
             self._good_steps = 0
         return finite
 
@@ -161,11 +179,18 @@ class DynamicLossScale(LossScale):
         if set(state) != expected:
             raise ValueError(f"DynamicLossScale state needs keys {sorted(expected)}, "
                              f"got {sorted(state)}")
-        scale = float(state["current_loss_scale"])
-        steps = int(state["num_good_steps"])
-        if not (math.isfinite(scale) and scale >= 1.0) or steps < 0:
-            raise ValueError(f"invalid DynamicLossScale state {state!r}")
-        self._scale, self._good_steps = _to_float32(scale), steps
+        scale = _to_float32(_number("current_loss_scale", state["current_loss_scale"]))
+        raw = state["num_good_steps"]
+        try:
+            steps = -1 if isinstance(raw, bool) else operator.index(raw)
+        except TypeError:
+            steps = -1
+        if not (math.isfinite(scale) and scale >= 1.0):
+            raise ValueError("current_loss_scale must be finite in float32 and >= 1, got "
+                             f"{state['current_loss_scale']!r}")
+        if steps < 0:
+            raise ValueError(f"num_good_steps must be an integer >= 0, got {raw!r}")
+        self._scale, self._good_steps = scale, steps
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.get_config(), "state": self.state_dict()}

@@ -76,7 +76,8 @@ def constant(value: TensorLike, dtype: Any = None, backend: Any = None) -> Tenso
         dt = value._dtype if dtype is None else _dt.canonical(dtype)
         if be is value._backend:
             if dt == value._dtype:
-                return value if type(value) is Tensor else value.value()  # type: ignore[attr-defined]
+                # a plain, immutable Tensor, also from a Variable or a recorded read of one
+                return value if type(value) is Tensor else Tensor(value._data, be, dt)
             return Tensor(be.kernels()["cast"](value._data, dt), be, dt)
         return Tensor(be.kernels()["asarray"](value.numpy(), dt), be, dt)
     be = _resolve_backend(backend)
@@ -684,3 +685,4 @@ def all_finite(xs: Sequence[Tensor]) -> Tensor:
     if kernel is not None:
         return Tensor(kernel([t._data for t in tensors]), be, "bool")
     return unscale_and_check(tensors, 1.0)[1]  # type: ignore[return-value]
+from mpcore.ops_image import conv2d, max_pool2d  # noqa: E402, F401 - image ops live apart

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import traceback
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -58,10 +58,11 @@ class Plugins:
 
     def load_entry_points(self) -> None:
         seen: set[str] = set()
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in seen:  # the same distribution found twice on sys.path
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_load_order):
+            key = f"{getattr(getattr(ep, 'dist', None), 'name', '')}:{ep.name}"
+            if key in seen:  # the same distribution found twice on sys.path
                 continue
-            seen.add(ep.name)
+            seen.add(key)
             try:
                 plugin = ep.load()
                 self.manager.register(plugin, name=ep.name)
@@ -109,6 +110,13 @@ class Plugins:
             if result is not None:
                 sets.append(result)
         return sets
+
+
+def _load_order(ep: EntryPoint) -> tuple[bool, str]:
+    """mpcore's own backends first, then the others by name: metadata is found in sys.path
+    and directory order, and on a name clash the first backend loaded keeps the name."""
+    dist = getattr(ep, "dist", None)
+    return (getattr(dist, "name", None) != "mpcore", ep.name)
 
 
 _plugins: Plugins | None = None

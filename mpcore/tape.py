@@ -35,6 +35,16 @@ def recording() -> bool:
     return bool(_state.tapes)
 
 
+class VariableRead(Tensor):
+    """A Variable's value as a recorded op saw it; it stands for the variable in every tape."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable: Variable) -> None:
+        super().__init__(variable._data, variable._backend, variable._dtype)
+        self.variable = variable
+
+
 class Node:
     """One recorded op: what ran, on what, and what came out."""
 
@@ -134,16 +144,26 @@ class GradientTape:
                 ids.append(None)
                 values.append(x)
                 continue
-            ix = id(x)
-            ids.append(ix)
-            if type(x) is Variable:
+            if isinstance(x, Variable):
+                ix = id(x)
                 if ix not in watched and self._auto_watch and x.trainable:
                     watched.add(ix)
                     self._keep[ix] = x
                 # The value the op saw, not whatever the variable holds when we backprop.
-                values.append(Tensor(x._data, x._backend, x._dtype))
-            else:
+                values.append(VariableRead(x))
+            elif type(x) is VariableRead:
+                # A gradient computed from a recorded read is a function of the variable
+                # itself: outer tapes must see it so (second-order derivatives).
+                var = x.variable
+                ix = id(var)
+                if ix not in watched and self._auto_watch and var.trainable:
+                    watched.add(ix)
+                    self._keep[ix] = var
                 values.append(x)
+            else:
+                ix = id(x)
+                values.append(x)
+            ids.append(ix)
             if ix in watched:
                 hit = True
         if hit:
@@ -177,8 +197,13 @@ class GradientTape:
             seeds = _flatten(output_gradients)
             if len(seeds) != len(targets):
                 raise ValueError(f"{len(seeds)} output_gradients for {len(targets)} targets")
+        # A source this tape never watched has no gradient (as in TF), even when a recorded
+        # op used it alongside a watched tensor.
+        watched = self._watched
+        live = [s for s in flat_sources if id(s) in watched]
         with self.stop_recording():
-            grads = backprop(self._nodes, targets, seeds, flat_sources)
+            live_grads = iter(backprop(self._nodes, targets, seeds, live))
+            grads = [next(live_grads) if id(s) in watched else None for s in flat_sources]
             if unconnected_gradients == "zero":
                 grads = [ops.zeros_like(s) if g is None else g
                          for g, s in zip(grads, flat_sources)]

@@ -220,8 +220,10 @@ class Variable(Tensor):
             raise ValueError(f"cannot assign a value of shape {new.shape} to variable "
                              f"{self.name!r} of shape {self.shape}")
         data = new._data
-        if new is value or data is getattr(value, "_data", None):
-            data = self._backend.kernels()["copy"](data)  # never alias another tensor's array
+        if new is value or data is getattr(value, "_data", None) or not isinstance(value, Tensor):
+            # Never alias another tensor's array, nor a caller's host array (which may be
+            # read-only, and which in-place optimizer kernels would otherwise write into).
+            data = self._backend.kernels()["copy"](data)
         self._data = data
         self.mark_updated()
         return self

@@ -20,6 +20,7 @@ from mpcore.backend import Backend, Device, Support
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
 from .rules import cpu_policy_support
+from .train_kernels import TrainKernels
 
 DTYPES: dict[str, Any] = {
     "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -34,12 +35,16 @@ _quiet = functools.partial(np.errstate, over="ignore", invalid="ignore", divide=
                            under="ignore")
 
 
+# A ufunc on 0-d arrays returns a NumPy scalar, so 0-d tensors hold np.generic values.
+_ARRAYS = (np.ndarray, np.generic)
+
+
 def _operands(a: Any, b: Any) -> tuple[Any, Any]:
     """Python scalars take the array's dtype (ml_dtypes' bfloat16 would widen to float32)."""
-    if isinstance(a, np.ndarray):
-        if not isinstance(b, np.ndarray):
+    if isinstance(a, _ARRAYS):
+        if not isinstance(b, _ARRAYS):
             b = np.asarray(b, dtype=a.dtype)
-    elif isinstance(b, np.ndarray):
+    elif isinstance(b, _ARRAYS):
         a = np.asarray(a, dtype=b.dtype)
     return a, b
 
@@ -91,7 +96,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
 
 
-class CpuBackend(ImageKernels, Backend):
+class CpuBackend(ImageKernels, TrainKernels, Backend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"
@@ -113,7 +118,7 @@ class CpuBackend(ImageKernels, Backend):
         return np.asarray(value, dtype=DTYPES[dtype])
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
-        view = x.view()
+        view = x.view() if isinstance(x, np.ndarray) else np.asarray(x)
         view.flags.writeable = False  # t.numpy() must not let a caller edit the tensor
         return view
 

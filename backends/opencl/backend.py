@@ -1,27 +1,957 @@
-"""The OpenCL backend (PyOpenCL)."""
+"""The OpenCL backend (PyOpenCL): every kernel in OpenCL C, on any OpenCL device.
+
+Arrays live in device buffers (:class:`~mpcore_opencl.runtime.CLArray`, always C-contiguous);
+the host sees them only at the edges (``to_host``, printing, an invalid-label check, the
+loss-scale decision). float16 is stored as half and read/written with ``vload_half`` /
+``vstore_half`` (no ``cl_khr_fp16`` needed), bfloat16 as 16-bit words converted in the kernel
+with round-to-nearest-even; both compute in float32. Programs are generated per dtype from the
+templates in ``kernels/`` on first use and cached with their kernel objects.
+
+Device choice and auto-selection: see :mod:`mpcore_opencl.devices`.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-from functools import lru_cache
+import math
+import os
+from typing import Any
 
-from mpcore.backend import Backend
+import numpy as np
+
+from mpcore.backend import Backend, BackendUnavailableError, Device, Support
+
+from . import devices as _devices
+from .rules import opencl_policy_support
+
+# Everything touching pyopencl is imported on activation only: `import mpcore` must not load it.
+CLArray = Any
+Key = tuple[Any, ...]
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+SIGNED = ("int8", "int16", "int32", "int64")
+UNSIGNED = ("uint8", "uint16", "uint32", "uint64")
+LOW = ("float16", "bfloat16")
+
+# op -> C expression over x (and y) in the compute type, for float and integer dtypes
+# (None: not defined there; the core only calls these ops on floats).
+UNARY: dict[str, tuple[str | None, str | None]] = {
+    "copy": ("x", "x"),
+    "negative": ("-x", "-x"),
+    "abs": ("fabs(x)", "(x < 0 ? -x : x)"),
+    "sign": ("(isnan(x) ? x : (A_CT)((x > 0) - (x < 0)))", "(A_CT)((x > 0) - (x < 0))"),
+    "square": ("x * x", "x * x"),
+    "relu": ("((x > 0 || isnan(x)) ? x : (A_CT)0)", "(x > 0 ? x : (A_CT)0)"),
+    "exp": ("exp(x)", None), "log": ("log(x)", None), "sqrt": ("sqrt(x)", None),
+    "tanh": ("tanh(x)", None), "erf": ("erf(x)", None),
+    "sigmoid": ("(A_CT)0.5 * ((A_CT)1 + tanh((A_CT)0.5 * x))", None),
+}
+UNARY_BOOL: dict[str, tuple[str, str]] = {
+    "isfinite": ("isfinite(x)", "1"),
+    "logical_not": ("x == 0", "x == 0"),
+}
+BINARY: dict[str, tuple[str | None, str | None]] = {
+    "add": ("x + y", "x + y"), "subtract": ("x - y", "x - y"), "multiply": ("x * y", "x * y"),
+    "divide": ("x / y", None), "power": ("pow(x, y)", None),
+    # NaN wins, as NumPy's maximum/minimum
+    "maximum": ("((x > y || isnan(x)) ? x : y)", "(x > y ? x : y)"),
+    "minimum": ("((x < y || isnan(x)) ? x : y)", "(x < y ? x : y)"),
+}
+BINARY_BOOL: dict[str, str] = {
+    "equal": "x == y", "not_equal": "x != y", "less": "x < y", "less_equal": "x <= y",
+    "greater": "x > y", "greater_equal": "x >= y",
+    "logical_and": "(x != 0) && (y != 0)", "logical_or": "(x != 0) || (y != 0)",
+}
+
+# Register-blocked GEMM (CPU devices) and local-memory tiled GEMM (GPUs): tile macros.
+GEMM_REGISTER = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 16}
+GEMM_TILED = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 4}
 
 
-@lru_cache(maxsize=1)
-def _pyopencl_missing() -> str | None:
-    if importlib.util.find_spec("pyopencl") is None:
-        return "PyOpenCL not installed"
-    return None
+def _expr(table_entry: tuple[str | None, str | None], dtype: str) -> str | None:
+    f, i = table_entry
+    if dtype in FLOATS:
+        return f
+    if dtype == "bool":
+        return None
+    if i is not None and dtype in UNSIGNED:
+        i = i.replace("(x < 0 ? -x : x)", "x")
+    return i
+
+
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + a
+    b = (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"shapes {a} and {b} cannot be broadcast together")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def _broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides that read a contiguous ``shape`` as ``out`` (0 on broadcast axes)."""
+    from .runtime import contiguous_strides
+
+    st = contiguous_strides(shape)
+    lead = len(out) - len(shape)
+    return (0,) * lead + tuple(0 if d == 1 and o != 1 else s
+                               for d, s, o in zip(shape, st, out[lead:]))
+
+
+def _view(shape: tuple[int, ...], key: tuple[Any, ...]) -> tuple[int, tuple[int, ...],
+                                                                  tuple[int, ...]]:
+    """(offset, shape, strides) in elements of the basic-indexing view ``x[key]``."""
+    from .runtime import contiguous_strides
+
+    strides = contiguous_strides(shape)
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > len(shape):
+        raise IndexError(f"too many indices for an array of rank {len(shape)}")
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    expanded: list[Any] = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (len(shape) - n_real))
+        else:
+            expanded.append(k)
+    expanded.extend([slice(None)] * (len(shape) - sum(1 for k in expanded if k is not None)))
+    offset = 0
+    out_shape: list[int] = []
+    out_strides: list[int] = []
+    dim = 0
+    for k in expanded:
+        if k is None:
+            out_shape.append(1)
+            out_strides.append(0)
+            continue
+        size, stride = shape[dim], strides[dim]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            count = len(range(start, stop, step))
+            offset += start * stride if count else 0
+            out_shape.append(count)
+            out_strides.append(stride * step)
+        else:
+            i = int(k)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for axis {dim} with size {size}")
+            offset += (i % size) * stride
+        dim += 1
+    return offset, tuple(out_shape), tuple(out_strides)
 
 
 class OpenCLBackend(Backend):
+    """OpenCL C kernels on one OpenCL device (a GPU when there is one)."""
+
     name = "opencl"
     priority = 200
-    install_hint = 'pip install "mpcore[opencl]"'
+    install_hint = 'pip install "mpcore[opencl]" (a CPU device: pip install "mpcore[pocl]")'
 
+    #: "register" (CPU devices), "tiled" (local memory; GPUs) or None: chosen by device kind.
+    gemm_variant: str | None = None
+
+    def __init__(self) -> None:
+        self._rt: Any = None
+        self._device: Device | None = None
+        self._devices: list[tuple[Device, Any]] | None = None
+        self._ew: dict[Key, Any] = {}
+
+    # --- availability, devices, verdicts ------------------------------------------------
     def unavailable_reason(self) -> str | None:
-        return _pyopencl_missing()
+        return _devices.driver_missing()
 
     def auto_select(self) -> bool:
-        return False  # until GPU detection lands, never chosen over the CPU backend
+        return self.is_available() and _devices.gpu_driver_present()
+
+    def _found(self) -> list[tuple[Device, Any]]:
+        if self._devices is None:
+            self._devices = _devices.enumerate_devices()
+        return self._devices
+
+    def devices(self) -> list[Device]:
+        if self.unavailable_reason() is not None:
+            return []
+        return [desc for desc, _ in self._found()]
+
+    def device(self) -> Device:
+        if self._device is None:
+            reason = self.unavailable_reason()
+            if reason is not None:
+                raise BackendUnavailableError(f"backend 'opencl' is not available: {reason}")
+            try:
+                self._device, _ = _devices.choose(self._found(),
+                                                  os.environ.get("MPCORE_OPENCL_DEVICE"))
+            except RuntimeError as exc:
+                raise BackendUnavailableError(str(exc)) from None
+        return self._device
+
+    def policy_support(self, policy: str, device: Device) -> Support:
+        return opencl_policy_support(policy, device)
+
+    def synchronize(self) -> None:
+        if self._rt is not None:
+            self._rt.finish()
+
+    def _activate(self) -> None:
+        from .runtime import Runtime
+
+        if self.unavailable_reason() is None and self._rt is None:
+            desc = self.device()
+            dev = next(d for x, d in self._found() if x.index == desc.index)
+            try:
+                self._rt = Runtime(dev)
+            except Exception as exc:
+                raise BackendUnavailableError(
+                    f"OpenCL device {desc.index} ({desc.name}) cannot be opened: {exc}") from exc
+        super()._activate()
+
+    @property
+    def runtime(self) -> Any:
+        if self._rt is None:
+            self.kernels()
+        return self._rt
+
+    # --- programs -----------------------------------------------------------------------
+    def _elementwise(self, dtype: str, out: str) -> Any:
+        """The elementwise program of ``dtype`` -> ``out``: same-dtype arithmetic, dtype ->
+        bool predicates, or (other pairs) the conversion ``copy``."""
+        key = ("ew", dtype, out)
+        prog = self._ew.get(key)
+        if prog is None:
+            lines = []
+            if out == dtype:
+                for op, entry in UNARY.items():
+                    e = _expr(entry, dtype) if op != "copy" else "x"
+                    if e is not None:
+                        lines.append(f"UNARY(k_{op}, {e})")
+                for op, entry in BINARY.items():
+                    e = _expr(entry, dtype)
+                    if e is not None:
+                        lines.append(f"BINARY(k_{op}, {e})")
+                if dtype == "bool":
+                    lines += ["BINARY(k_maximum, x || y)", "BINARY(k_minimum, x && y)",
+                              "BINARY(k_add, x || y)", "BINARY(k_multiply, x && y)"]
+            if out == "bool":
+                for op, (f, i) in UNARY_BOOL.items():
+                    lines.append(f"UNARY(k_{op}, {f if dtype in FLOATS else i})")
+                for op, e in BINARY_BOOL.items():
+                    lines.append(f"BINARY(k_{op}, {e})")
+                if dtype != "bool":
+                    lines.append("UNARY(k_copy, x)")
+            elif out != dtype:
+                lines.append("UNARY(k_copy, x)")
+            prog = self.runtime.program("elementwise.cl", (("A", dtype), ("O", out)),
+                                        "\n".join(lines), ("-DWITH_COPY", "-DWITH_WHERE"))
+            self._ew[key] = prog
+        return prog
+
+    def _prog(self, template: str, *slots: tuple[str, str], options: tuple[str, ...] = ()) -> Any:
+        key = (template, slots, options)
+        prog = self._ew.get(key)
+        if prog is None:
+            prog = self._ew[key] = self.runtime.program(template, slots, "", options)
+        return prog
+
+    # --- helpers ------------------------------------------------------------------------
+    def _dt(self, x: CLArray) -> str:
+        from .runtime import NAMES
+
+        return NAMES[x.dtype]
+
+    def _empty(self, shape: tuple[int, ...], dtype: str) -> CLArray:
+        return self.runtime.empty(tuple(int(d) for d in shape), dtype)
+
+    def _scalar(self, value: Any, dtype: str) -> Any:
+        from .runtime import NP_DTYPES, SCALAR
+
+        # Round the scalar to the array's dtype first, as NumPy does for a Python scalar.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return SCALAR[dtype](np.asarray(value).astype(NP_DTYPES[dtype]))
+
+    def _gather(self, x: CLArray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                out_dtype: str | None = None) -> CLArray:
+        """A contiguous copy of the strided view (offset, shape, strides) of ``x``,
+        converted to ``out_dtype``."""
+        from .runtime import MAX_DIMS, coalesce, vec8
+
+        dt = self._dt(x)
+        od = out_dtype or dt
+        out = self._empty(shape, od)
+        if out.size == 0:
+            return out
+        cshape, (cst,) = coalesce(shape, strides)
+        if len(cshape) > MAX_DIMS:
+            raise ValueError(f"the OpenCL backend handles views of at most {MAX_DIMS} "
+                             f"non-mergeable axes, got shape {shape}")
+        rt = self.runtime
+        rt.launch(self._elementwise(dt, od)["k_copy_s"], out.size, np.int32(out.size),
+                  np.int32(len(cshape)), vec8(cshape), vec8(cst), np.int32(offset), x.data,
+                  out.data)
+        return out
+
+    def _scatter(self, src: CLArray, out: CLArray, offset: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...]) -> None:
+        """Write contiguous ``src`` into the strided view (offset, shape, strides) of ``out``."""
+        from .runtime import MAX_DIMS, coalesce, vec8
+
+        if src.size == 0:
+            return
+        cshape, (cst,) = coalesce(shape, strides)
+        if len(cshape) > MAX_DIMS:
+            raise ValueError(f"the OpenCL backend handles views of at most {MAX_DIMS} "
+                             f"non-mergeable axes, got shape {shape}")
+        self.runtime.launch(self._elementwise(self._dt(src), self._dt(out))["copy_w"], src.size,
+                            np.int32(src.size), np.int32(len(cshape)), vec8(cshape), vec8(cst),
+                            np.int32(offset), src.data, out.data)
+
+    def _contiguous_view(self, x: CLArray, perm: tuple[int, ...]) -> CLArray:
+        from .runtime import contiguous_strides
+
+        st = contiguous_strides(x.shape)
+        return self._gather(x, 0, tuple(x.shape[p] for p in perm), tuple(st[p] for p in perm))
+
+    # --- host interop and creation ------------------------------------------------------
+    def asarray(self, value: Any, dtype: str) -> CLArray:
+        from .runtime import NP_DTYPES, CLArray
+
+        if isinstance(value, CLArray) and value.runtime is self.runtime:
+            return value if self._dt(value) == dtype else self.cast(value, dtype)
+        if hasattr(value, "get") and not isinstance(value, np.ndarray):
+            value = value.get()  # another device's array (CuPy, PyOpenCL) via the host
+        with np.errstate(over="ignore", invalid="ignore"):
+            host = np.asarray(value, dtype=NP_DTYPES[dtype])
+        return self.runtime.upload(host)
+
+    def to_host(self, x: CLArray) -> np.ndarray:
+        out = x.get()
+        out.flags.writeable = False
+        return out
+
+    def full(self, shape: tuple[int, ...], value: float, dtype: str) -> CLArray:
+        out = self._empty(shape, dtype)
+        self.runtime.launch(self._elementwise(dtype, dtype)["fill"], out.size, np.int32(out.size),
+                            self._scalar(value, dtype), out.data)
+        return out
+
+    def cast(self, x: CLArray, dtype: str) -> CLArray:
+        out = self._empty(x.shape, dtype)
+        self.runtime.launch(self._elementwise(self._dt(x), dtype)["k_copy"], x.size,
+                            np.int32(x.size), x.data, out.data)
+        return out
+
+    def copy(self, x: CLArray) -> CLArray:
+        return self.cast(x, self._dt(x))
+
+    def _random(self, kernel: str, shape: tuple[int, ...], dtype: str, seed: int, p: float,
+                q: float) -> CLArray:
+        out = self._empty(shape, dtype)
+        prog = self._prog("random.cl", ("O", dtype))
+        self.runtime.launch(prog[kernel], out.size, np.int32(out.size),
+                            np.uint64(seed & 0xFFFFFFFFFFFFFFFF), np.float32(p), np.float32(q),
+                            out.data)
+        return out
+
+    def random_uniform(self, shape: tuple[int, ...], dtype: str, seed: int, minval: float,
+                       maxval: float) -> CLArray:
+        return self._random("random_uniform", shape, dtype, seed, minval, maxval - minval)
+
+    def random_normal(self, shape: tuple[int, ...], dtype: str, seed: int, mean: float,
+                      stddev: float) -> CLArray:
+        return self._random("random_normal", shape, dtype, seed, mean, stddev)
+
+    def dropout_mask(self, shape: tuple[int, ...], rate: float, dtype: str,
+                     seed: int) -> CLArray:
+        return self._random("dropout_mask", shape, dtype, seed, rate, 1.0 / (1.0 - rate))
+
+    # --- elementwise --------------------------------------------------------------------
+    def _unary(self, op: str, x: CLArray, out: str | None = None) -> CLArray:
+        dt = self._dt(x)
+        od = out or dt
+        o = self._empty(x.shape, od)
+        try:
+            kernel = self._elementwise(dt, od)[f"k_{op}"]
+        except KeyError:
+            raise TypeError(f"{op} is not defined for {dt} on the OpenCL backend") from None
+        self.runtime.launch(kernel, x.size, np.int32(x.size), x.data, o.data)
+        return o
+
+    def _binary(self, op: str, a: Any, b: Any, out: str | None = None) -> CLArray:
+        from .runtime import MAX_DIMS, CLArray, coalesce, vec8
+
+        rt = self.runtime
+        if isinstance(a, CLArray):
+            dt = self._dt(a)
+        elif isinstance(b, CLArray):
+            dt = self._dt(b)
+        else:
+            raise TypeError(f"{op}: at least one operand must be a device array")
+        od = out or dt
+        try:
+            prog = self._elementwise(dt, od)
+            name = f"k_{op}"
+            prog[name]
+        except KeyError:
+            raise TypeError(f"{op} is not defined for {dt} on the OpenCL backend") from None
+        if not isinstance(b, CLArray):
+            o = self._empty(a.shape, od)
+            rt.launch(prog[name + "_as"], o.size, np.int32(o.size), a.data,
+                      self._scalar(b, dt), o.data)
+            return o
+        if not isinstance(a, CLArray):
+            o = self._empty(b.shape, od)
+            rt.launch(prog[name + "_sa"], o.size, np.int32(o.size), self._scalar(a, dt),
+                      b.data, o.data)
+            return o
+        if a.dtype != b.dtype:
+            raise TypeError(f"{op}: operands of different dtypes ({dt}, {self._dt(b)}); the "
+                            "core casts them to one dtype first")
+        if a.shape == b.shape:
+            o = self._empty(a.shape, od)
+            rt.launch(prog[name], o.size, np.int32(o.size), a.data, b.data, o.data)
+            return o
+        shape = _broadcast_shape(tuple(a.shape), tuple(b.shape))
+        o = self._empty(shape, od)
+        if o.size == 0:
+            return o
+        cshape, (sa, sb) = coalesce(shape, _broadcast_strides(a.shape, shape),
+                                    _broadcast_strides(b.shape, shape))
+        if len(cshape) > MAX_DIMS:
+            raise ValueError(f"{op}: broadcasting over more than {MAX_DIMS} axes")
+        rt.launch(prog[name + "_bc"], o.size, np.int32(o.size), np.int32(len(cshape)),
+                  vec8(cshape), vec8(sa), vec8(sb), a.data, b.data, o.data)
+        return o
+
+    def add(self, a: Any, b: Any) -> CLArray:
+        return self._binary("add", a, b)
+
+    def subtract(self, a: Any, b: Any) -> CLArray:
+        return self._binary("subtract", a, b)
+
+    def multiply(self, a: Any, b: Any) -> CLArray:
+        return self._binary("multiply", a, b)
+
+    def divide(self, a: Any, b: Any) -> CLArray:
+        return self._binary("divide", a, b)
+
+    def power(self, a: Any, b: Any) -> CLArray:
+        return self._binary("power", a, b)
+
+    def maximum(self, a: Any, b: Any) -> CLArray:
+        return self._binary("maximum", a, b)
+
+    def minimum(self, a: Any, b: Any) -> CLArray:
+        return self._binary("minimum", a, b)
+
+    def equal(self, a: Any, b: Any) -> CLArray:
+        return self._binary("equal", a, b, "bool")
+
+    def not_equal(self, a: Any, b: Any) -> CLArray:
+        return self._binary("not_equal", a, b, "bool")
+
+    def less(self, a: Any, b: Any) -> CLArray:
+        return self._binary("less", a, b, "bool")
+
+    def less_equal(self, a: Any, b: Any) -> CLArray:
+        return self._binary("less_equal", a, b, "bool")
+
+    def greater(self, a: Any, b: Any) -> CLArray:
+        return self._binary("greater", a, b, "bool")
+
+    def greater_equal(self, a: Any, b: Any) -> CLArray:
+        return self._binary("greater_equal", a, b, "bool")
+
+    def logical_and(self, a: Any, b: Any) -> CLArray:
+        return self._binary("logical_and", a, b, "bool")
+
+    def logical_or(self, a: Any, b: Any) -> CLArray:
+        return self._binary("logical_or", a, b, "bool")
+
+    def logical_not(self, x: CLArray) -> CLArray:
+        return self._unary("logical_not", x, "bool")
+
+    def isfinite(self, x: CLArray) -> CLArray:
+        return self._unary("isfinite", x, "bool")
+
+    def negative(self, x: CLArray) -> CLArray:
+        return self._unary("negative", x)
+
+    def abs(self, x: CLArray) -> CLArray:
+        return self._unary("abs", x)
+
+    def sign(self, x: CLArray) -> CLArray:
+        return self._unary("sign", x)
+
+    def exp(self, x: CLArray) -> CLArray:
+        return self._unary("exp", x)
+
+    def log(self, x: CLArray) -> CLArray:
+        return self._unary("log", x)
+
+    def sqrt(self, x: CLArray) -> CLArray:
+        return self._unary("sqrt", x)
+
+    def square(self, x: CLArray) -> CLArray:
+        return self._unary("square", x)
+
+    def relu(self, x: CLArray) -> CLArray:
+        return self._unary("relu", x)
+
+    def sigmoid(self, x: CLArray) -> CLArray:
+        return self._unary("sigmoid", x)
+
+    def tanh(self, x: CLArray) -> CLArray:
+        return self._unary("tanh", x)
+
+    def erf(self, x: CLArray) -> CLArray:
+        return self._unary("erf", x)
+
+    def where(self, cond: CLArray, a: CLArray, b: CLArray) -> CLArray:
+        from .runtime import MAX_DIMS, CLArray, coalesce, vec8
+
+        dt = self._dt(a) if isinstance(a, CLArray) else self._dt(b)
+        if not isinstance(a, CLArray):
+            a = self.full((), a, dt)
+        if not isinstance(b, CLArray):
+            b = self.full((), b, dt)
+        if self._dt(cond) != "bool":
+            cond = self.cast(cond, "bool")
+        prog = self._elementwise(dt, dt)
+        if cond.shape == a.shape == b.shape:
+            o = self._empty(a.shape, dt)
+            self.runtime.launch(prog["where_flat"], o.size, np.int32(o.size), cond.data, a.data,
+                                b.data, o.data)
+            return o
+        shape = _broadcast_shape(_broadcast_shape(tuple(cond.shape), tuple(a.shape)),
+                                 tuple(b.shape))
+        o = self._empty(shape, dt)
+        if o.size == 0:
+            return o
+        cshape, (sc, sa, sb) = coalesce(shape, _broadcast_strides(cond.shape, shape),
+                                        _broadcast_strides(a.shape, shape),
+                                        _broadcast_strides(b.shape, shape))
+        if len(cshape) > MAX_DIMS:
+            raise ValueError(f"where: broadcasting over more than {MAX_DIMS} axes")
+        self.runtime.launch(prog["where_bc"], o.size, np.int32(o.size), np.int32(len(cshape)),
+                            vec8(cshape), vec8(sc), vec8(sa), vec8(sb), cond.data, a.data,
+                            b.data, o.data)
+        return o
+
+    def bias_add(self, x: CLArray, bias: CLArray) -> CLArray:
+        dt = self._dt(x)
+        o = self._empty(x.shape, dt)
+        c = int(bias.shape[0]) if bias.shape else 1
+        self.runtime.launch(self._elementwise(dt, dt)["bias_add"], o.size, np.int32(o.size),
+                            np.int32(c), x.data, bias.data, o.data)
+        return o
+
+    def relu_grad(self, g: CLArray, y: CLArray) -> CLArray:
+        dt = self._dt(g)
+        if self._dt(y) != dt:
+            y = self.cast(y, dt)
+        if tuple(y.shape) != tuple(g.shape):
+            return self.multiply(g, self.cast(self.greater(y, 0), dt))
+        o = self._empty(g.shape, dt)
+        prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", "int32"))
+        self.runtime.launch(prog["relu_grad"], o.size, np.int32(o.size), g.data, y.data, o.data)
+        return o
+
+    # --- reductions ---------------------------------------------------------------------
+    def _as_outer_k_inner(self, x: CLArray,
+                          axis: Any) -> tuple[CLArray, int, int, int, tuple[int, ...]]:
+        """``x`` (transposed if needed) as (outer, K, inner) with the reduced axes in K; and
+        the kept shape."""
+        shape = tuple(x.shape)
+        nd = len(shape)
+        axes = tuple(range(nd)) if axis is None else tuple(sorted(a % max(nd, 1) for a in axis))
+        kept = tuple(d for i, d in enumerate(shape) if i not in axes)
+        real = [a for a in axes if shape[a] != 1]
+        if real and real != list(range(real[0], real[-1] + 1)) and any(
+                shape[i] != 1 for i in range(real[0], real[-1] + 1) if i not in axes):
+            # reduced axes are not adjacent: move them last
+            perm = tuple(i for i in range(nd) if i not in axes) + axes
+            x = self._contiguous_view(x, perm)
+            return x, math.prod(kept), math.prod(shape[a] for a in axes), 1, kept
+        if not real:
+            return x, math.prod(kept), 1, 1, kept
+        first, last = real[0], real[-1]
+        outer = math.prod(shape[:first])
+        inner = math.prod(shape[last + 1:])
+        return x, outer, math.prod(shape[a] for a in axes), inner, kept
+
+    def _reduce(self, kind: str, x: CLArray, axis: Any, keepdims: bool,
+                mean: bool = False) -> CLArray:
+        from .runtime import SCALAR
+
+        dt = self._dt(x)
+        shape = tuple(x.shape)
+        nd = len(shape)
+        axes = tuple(range(nd)) if axis is None else tuple(a % max(nd, 1) for a in axis)
+        out_shape = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims else \
+            tuple(d for i, d in enumerate(shape) if i not in axes)
+        xv, outer, k, inner, _ = self._as_outer_k_inner(x, axis)
+        if k == 0:
+            if kind != "sum":
+                raise ValueError(f"zero-size array to reduction operation {kind} which has no "
+                                 "identity")
+            return self.full(out_shape, math.nan if mean else 0, dt)
+        acc = "float32" if dt in LOW else dt
+        rt = self.runtime
+        cur, cur_dt = xv, dt
+        while True:
+            cols = outer * inner
+            if cols >= 1024 or k <= 64:
+                chunk = k
+            else:
+                chunk = max(64, -(-k * cols // 4096))
+            nchunks = -(-k // chunk)
+            final = nchunks == 1
+            od = dt if final else acc
+            out = self._empty(out_shape if final else (outer, nchunks, inner), od)
+            prog = self._prog("reduce.cl", ("A", cur_dt), ("O", od))
+            scale = 1.0 / (math.prod(shape[a] for a in axes) or 1) if (mean and final) else 1.0
+            rt.launch(prog[f"reduce_{kind}"], outer * nchunks * inner, np.int32(outer),
+                      np.int32(k), np.int32(inner), np.int32(chunk), np.int32(nchunks),
+                      SCALAR[cur_dt](scale if cur_dt in FLOATS else 1),
+                      np.int32(bool(mean and final)), cur.data, out.data)
+            if final:
+                return out
+            cur, cur_dt, k = out, od, nchunks
+
+    def sum(self, x: CLArray, axis: Any, keepdims: bool) -> CLArray:
+        return self._reduce("sum", x, axis, keepdims)
+
+    def mean(self, x: CLArray, axis: Any, keepdims: bool) -> CLArray:
+        return self._reduce("sum", x, axis, keepdims, mean=True)
+
+    def max(self, x: CLArray, axis: Any, keepdims: bool) -> CLArray:
+        return self._reduce("max", x, axis, keepdims)
+
+    def min(self, x: CLArray, axis: Any, keepdims: bool) -> CLArray:
+        return self._reduce("min", x, axis, keepdims)
+
+    def argmax(self, x: CLArray, axis: int) -> CLArray:
+        shape = tuple(x.shape)
+        if not shape:
+            return self.full((), 0, "int64")
+        axis %= len(shape)
+        if shape[axis] == 0:
+            raise ValueError("attempt to get argmax of an empty sequence")
+        outer, k, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        out = self._empty(shape[:axis] + shape[axis + 1:], "int64")
+        prog = self._prog("reduce.cl", ("A", self._dt(x)), ("O", self._dt(x)))
+        self.runtime.launch(prog["reduce_argmax"], outer * inner, np.int32(outer), np.int32(k),
+                            np.int32(inner), x.data, out.data)
+        return out
+
+    # --- matmul -------------------------------------------------------------------------
+    def _variant(self) -> str:
+        if self.gemm_variant:
+            return self.gemm_variant
+        return "register" if self.device().kind == "cpu" else "tiled"
+
+    def matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool) -> CLArray:
+        dt = self._dt(a)
+        sa, sb = tuple(a.shape), tuple(b.shape)
+        batch = sa[:-2]
+        m, k = (sa[-1], sa[-2]) if transpose_a else (sa[-2], sa[-1])
+        n = sb[-2] if transpose_b else sb[-1]
+        nb = math.prod(batch)
+        out = self._empty((*batch, m, n), dt)
+        if out.size == 0:
+            return out
+        if k == 0:
+            return self.full(out.shape, 0, dt)
+        variant = self._variant()
+        params = GEMM_REGISTER if variant == "register" else GEMM_TILED
+        acc = "float32" if dt in LOW else dt
+        if variant == "register":
+            # Pack 16-bit or transposed operands once (O(n^2)) into the accumulation type and
+            # the layout the inner loop streams: its loads are then plain vector loads.
+            if transpose_b or dt != acc:
+                b = self._pack(b, transpose_b, acc)
+                transpose_b = False
+            if transpose_a or dt != acc:
+                a = self._pack(a, transpose_a, acc)
+                transpose_a = False
+        opts = tuple(f"-D{key}={val}" for key, val in params.items())
+        prog = self._prog("gemm.cl", ("A", self._dt(a)), ("O", dt), options=opts)
+        name = ("gemm_reg_" if variant == "register" else "gemm_") + \
+            ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
+        vw, wpm, tsm, tsn = params["VW"], params["WPM"], params["TSM"], params["TSN"]
+        if variant == "register":
+            gsize = (-(-n // vw), -(-m // wpm), nb)
+            lsize = None
+        else:
+            wx, wy = tsn // vw, tsm // wpm
+            gsize = (-(-n // tsn) * wx, -(-m // tsm) * wy, nb)
+            lsize = (wx, wy, 1)
+        prog[name](self.runtime.queue, gsize, lsize, np.int32(m), np.int32(n), np.int32(k),
+                   np.int64(m * k), np.int64(k * n), np.int64(m * n), a.data, b.data, out.data)
+        return out
+
+    def _pack(self, x: CLArray, transpose: bool, dtype: str) -> CLArray:
+        from .runtime import contiguous_strides
+
+        shape = tuple(x.shape)
+        if not transpose:
+            return self.cast(x, dtype)
+        st = contiguous_strides(shape)
+        return self._gather(x, 0, (*shape[:-2], shape[-1], shape[-2]),
+                            (*st[:-2], st[-1], st[-2]), dtype)
+
+    # --- shapes and indexing ------------------------------------------------------------
+    def reshape(self, x: CLArray, shape: tuple[int, ...]) -> CLArray:
+        from .runtime import CLArray
+
+        shape = tuple(int(d) for d in shape)
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape = tuple(x.size // known if d == -1 else d for d in shape)
+        if math.prod(shape) != x.size:
+            raise ValueError(f"cannot reshape an array of size {x.size} into shape {shape}")
+        return CLArray(x.runtime, shape, x.dtype, data=x.data, base=x)
+
+    def transpose(self, x: CLArray, perm: tuple[int, ...]) -> CLArray:
+        return self._contiguous_view(x, tuple(perm))
+
+    def broadcast_to(self, x: CLArray, shape: tuple[int, ...]) -> CLArray:
+        shape = tuple(int(d) for d in shape)
+        return self._gather(x, 0, shape, _broadcast_strides(tuple(x.shape), shape))
+
+    def concat(self, xs: list[CLArray], axis: int) -> CLArray:
+        from .runtime import contiguous_strides
+
+        ref = tuple(xs[0].shape)
+        axis %= len(ref)
+        total = sum(int(x.shape[axis]) for x in xs)
+        out_shape = (*ref[:axis], total, *ref[axis + 1:])
+        out = self._empty(out_shape, self._dt(xs[0]))
+        st = contiguous_strides(out_shape)
+        start = 0
+        for x in xs:
+            self._scatter(x, out, start * st[axis], tuple(x.shape), st)
+            start += int(x.shape[axis])
+        return out
+
+    def take(self, x: CLArray, indices: CLArray, axis: int) -> CLArray:
+        indices = self._index_array(indices)
+        shape = tuple(x.shape)
+        axis %= len(shape)
+        outer, size, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        out = self._empty((*shape[:axis], *indices.shape, *shape[axis + 1:]), self._dt(x))
+        prog = self._prog("index.cl", ("A", self._dt(x)), ("O", self._dt(x)),
+                          ("L", self._dt(indices)))
+        self.runtime.launch(prog["take"], out.size, np.int32(out.size), np.int32(size),
+                            np.int32(indices.size), np.int32(inner), x.data, indices.data,
+                            out.data)
+        del outer
+        return out
+
+    def take_grad(self, g: CLArray, indices: CLArray, axis: int,
+                  shape: tuple[int, ...]) -> CLArray:
+        indices = self._index_array(indices)
+        dt = self._dt(g)
+        shape = tuple(int(d) for d in shape)
+        out = self.full(shape, 0, dt)
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        prog = self._prog("index.cl", ("A", dt), ("O", dt), ("L", self._dt(indices)))
+        self.runtime.launch(prog["take_grad"], outer * inner, np.int32(outer),
+                            np.int32(shape[axis]), np.int32(indices.size), np.int32(inner),
+                            g.data, indices.data, out.data)
+        return out
+
+    def _index_array(self, indices: Any) -> CLArray:
+        from .runtime import CLArray
+
+        if not isinstance(indices, CLArray):
+            indices = self.asarray(np.asarray(indices), str(np.asarray(indices).dtype))
+        if self._dt(indices) not in SIGNED + UNSIGNED:
+            raise TypeError(f"indices must be integers, got {self._dt(indices)}")
+        return indices
+
+    def getitem(self, x: CLArray, key: tuple[Any, ...]) -> CLArray:
+        offset, shape, strides = _view(tuple(x.shape), tuple(key))
+        return self._gather(x, offset, shape, strides)
+
+    def getitem_grad(self, g: CLArray, key: tuple[Any, ...],
+                     shape: tuple[int, ...]) -> CLArray:
+        shape = tuple(int(d) for d in shape)
+        out = self.full(shape, 0, self._dt(g))
+        offset, vshape, strides = _view(shape, tuple(key))
+        if math.prod(vshape) != g.size:
+            g = self.broadcast_to(g, vshape)
+        self._scatter(g, out, offset, vshape, strides)
+        return out
+
+    def one_hot(self, indices: CLArray, depth: int, dtype: str) -> CLArray:
+        indices = self._index_array(indices)
+        out = self._empty((*indices.shape, depth), dtype)
+        prog = self._prog("index.cl", ("A", dtype), ("O", dtype), ("L", self._dt(indices)))
+        self.runtime.launch(prog["one_hot"], out.size, np.int32(out.size), np.int32(depth),
+                            indices.data, out.data)
+        return out
+
+    # --- images (NHWC) ------------------------------------------------------------------
+    def _image(self, kernel: str, dt: str, total: int, geometry: tuple[int, ...],
+               *buffers: Any) -> None:
+        prog = self._prog("image.cl", ("A", dt), ("O", dt))
+        self.runtime.launch(prog[kernel], total, np.int32(total),
+                            *(np.int32(v) for v in geometry), *buffers)
+
+    def extract_patches(self, x: CLArray, kh: int, kw: int, sh: int, sw: int,
+                        pads: tuple[int, int, int, int]) -> CLArray:
+        n, h, w, c = x.shape
+        top, bottom, left, right = pads
+        oh = (h + top + bottom - kh) // sh + 1
+        ow = (w + left + right - kw) // sw + 1
+        out = self._empty((n, oh, ow, kh * kw * c), self._dt(x))
+        self._image("extract_patches", self._dt(x), out.size,
+                    (h, w, c, oh, ow, kh, kw, sh, sw, top, left), x.data, out.data)
+        return out
+
+    def extract_patches_grad(self, g: CLArray, x_shape: tuple[int, ...], kh: int, kw: int,
+                             sh: int, sw: int, pads: tuple[int, int, int, int]) -> CLArray:
+        n, h, w, c = (int(d) for d in x_shape)
+        oh, ow = g.shape[1], g.shape[2]
+        out = self._empty((n, h, w, c), self._dt(g))
+        self._image("extract_patches_grad", self._dt(g), out.size,
+                    (h, w, c, oh, ow, kh, kw, sh, sw, pads[0], pads[2]), g.data, out.data)
+        return out
+
+    def max_pool2d(self, x: CLArray, ph: int, pw: int, sh: int, sw: int,
+                   pads: tuple[int, int, int, int]) -> CLArray:
+        n, h, w, c = x.shape
+        top, bottom, left, right = pads
+        oh = (h + top + bottom - ph) // sh + 1
+        ow = (w + left + right - pw) // sw + 1
+        out = self._empty((n, oh, ow, c), self._dt(x))
+        self._image("max_pool2d", self._dt(x), out.size,
+                    (h, w, c, oh, ow, ph, pw, sh, sw, top, left), x.data, out.data)
+        return out
+
+    def max_pool2d_grad(self, g: CLArray, x: CLArray, y: CLArray, ph: int, pw: int, sh: int,
+                        sw: int, pads: tuple[int, int, int, int]) -> CLArray:
+        _, h, w, c = x.shape
+        oh, ow = y.shape[1], y.shape[2]
+        dt = self._dt(g)
+        if self._dt(x) != dt:
+            x, y = self.cast(x, dt), self.cast(y, dt)
+        out = self._empty(tuple(x.shape), dt)
+        self._image("max_pool2d_grad", dt, out.size,
+                    (h, w, c, oh, ow, ph, pw, sh, sw, pads[0], pads[2]), g.data, x.data, y.data,
+                    out.data)
+        return out
+
+    # --- softmax and losses -------------------------------------------------------------
+    def _softmax(self, kernel: str, x: CLArray, axis: int) -> CLArray:
+        dt = self._dt(x)
+        shape = tuple(x.shape)
+        if not shape:
+            x = self.reshape(x, (1,))
+            shape, axis = (1,), 0
+        axis %= len(shape)
+        outer, k, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        out = self._empty(tuple(x.shape), dt)
+        prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", "int32"))
+        self.runtime.launch(prog[kernel], outer * inner, np.int32(outer), np.int32(k),
+                            np.int32(inner), x.data, out.data)
+        return out
+
+    def softmax(self, x: CLArray, axis: int) -> CLArray:
+        return self._softmax("softmax", x, axis)
+
+    def log_softmax(self, x: CLArray, axis: int) -> CLArray:
+        return self._softmax("log_softmax", x, axis)
+
+    def sparse_softmax_cross_entropy(self, logits: CLArray,
+                                     labels: CLArray) -> tuple[CLArray, CLArray]:
+        import pyopencl as cl
+
+        labels = self._index_array(labels)
+        dt = self._dt(logits)
+        n, classes = (int(d) for d in logits.shape)
+        loss = self._empty((n,), dt)
+        probs = self._empty((n, classes), dt)
+        rt = self.runtime
+        bad = rt.allocate(4)
+        cl.enqueue_fill_buffer(rt.queue, bad, np.int32(0), 0, 4)
+        prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", self._dt(labels)))
+        rt.launch(prog["sparse_xent"], n, np.int32(n), np.int32(classes), logits.data,
+                  labels.data, loss.data, probs.data, bad)
+        # The one host read of a training step besides the loss-scale flag: an invalid label
+        # must raise here, as on the CPU backend, not surface later as a NaN.
+        flag = np.zeros(1, dtype=np.int32)
+        cl.enqueue_copy(rt.queue, flag, bad, is_blocking=True)
+        if flag[0]:
+            row = int(flag[0]) - 1
+            label = int(labels.get().reshape(-1)[row])
+            raise ValueError(f"label {label} is out of range: labels must be in "
+                             f"[0, {classes}) for logits with {classes} classes")
+        return loss, probs
+
+    # --- loss scaling and optimizers ----------------------------------------------------
+    def _flag(self) -> CLArray:
+        return self.full((), 1, "bool")
+
+    def unscale_and_check(self, grads: list[CLArray],
+                          inv_scale: float) -> tuple[list[CLArray], CLArray]:
+        flag = self._flag()
+        outs = []
+        for g in grads:
+            o = self._empty(tuple(g.shape), "float32")
+            prog = self._prog("optim.cl", ("A", self._dt(g)))
+            self.runtime.launch(prog["unscale"], g.size, np.int32(g.size),
+                                np.float32(inv_scale), g.data, o.data, flag.data)
+            outs.append(o)
+        return outs, flag
+
+    def all_finite(self, xs: list[CLArray]) -> CLArray:
+        flag = self._flag()
+        for x in xs:
+            prog = self._prog("optim.cl", ("A", self._dt(x)))
+            self.runtime.launch(prog["all_finite"], x.size, np.int32(x.size), x.data, flag.data)
+        return flag
+
+    def _update_args(self, var: CLArray, grad: CLArray, flag: Any) -> tuple[Any, Any, Any]:
+        dt = self._dt(var)
+        if dt not in ("float32", "float64"):
+            raise TypeError(f"optimizer kernels update float32/float64 master weights, got {dt}")
+        if self._dt(grad) != dt:
+            grad = self.cast(grad, dt)
+        if flag is None:
+            return grad, np.int32(0), var.data  # any buffer: the kernel does not read it
+        return grad, np.int32(1), flag.data
+
+    def sgd_update(self, var: CLArray, grad: CLArray, velocity: CLArray | None, lr: float,
+                   momentum: float, nesterov: bool, flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        vel = velocity.data if velocity is not None else var.data
+        self.runtime.launch(prog["sgd"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(momentum), np.int32(bool(nesterov)),
+                            np.int32(velocity is not None), use_flag, fbuf, var.data, grad.data,
+                            vel)
+
+    def rmsprop_update(self, var: CLArray, grad: CLArray, ms: CLArray, mom: CLArray | None,
+                       lr: float, rho: float, momentum: float, epsilon: float,
+                       flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        self.runtime.launch(prog["rmsprop"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(rho), np.float32(momentum), np.float32(epsilon),
+                            np.int32(mom is not None), use_flag, fbuf, var.data, grad.data,
+                            ms.data, (mom if mom is not None else ms).data)
+
+    def adam_update(self, var: CLArray, grad: CLArray, m: CLArray, v: CLArray, lr: float,
+                    beta1: float, beta2: float, epsilon: float, step: int, weight_decay: float,
+                    flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        alpha = lr * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
+        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(alpha), np.float32(beta1), np.float32(beta2),
+                            np.float32(epsilon), np.float32(weight_decay), use_flag, fbuf,
+                            var.data, grad.data, m.data, v.data)

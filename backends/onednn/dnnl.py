@@ -1,0 +1,356 @@
+"""A small ctypes binding of oneDNN's C API: just what a cached matmul primitive needs.
+
+oneDNN ships no Python bindings, and the wheels on PyPI ship ``libdnnl.so`` without headers, so
+the few C declarations used here are written out by hand (oneDNN v3 C API: opaque memory
+descriptors, ``dnnl_matmul_primitive_desc_create``). Nothing here knows about mpcore tensors:
+:class:`Library` finds and loads the library and opens a CPU engine, :class:`MatmulCache` runs
+``C = op(A) @ op(B)`` on NumPy arrays with primitives cached by problem.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Distributions that ship libdnnl.so, in order of preference. The CPU-runtime builds come first:
+# the plain ``onednn`` wheel (2025+) is built with the SYCL CPU runtime, which finds no CPU device
+# unless an OpenCL adapter for SYCL is installed, and the pip wheels ship none.
+DISTRIBUTIONS = ("onednn-cpu-gomp", "onednn-cpu-iomp", "onednn-cpu-tbb", "onednn")
+
+# Runtime libraries some builds link without an rpath; they sit next to libdnnl.so in the
+# environment's lib directory, so they are preloaded from there when a plain load fails.
+_DEPENDENCIES = ("libgomp.so.1", "libiomp5.so", "libtbb.so.12", "libintlc.so.5", "libimf.so",
+                 "libsvml.so", "libsycl.so.9", "libsycl.so.8", "libsycl.so.7")
+
+_STATUS = {0: "success", 1: "out_of_memory", 2: "invalid_arguments", 3: "unimplemented",
+           4: "last_impl_reached", 5: "runtime_error", 6: "not_required"}
+
+_RUNTIMES = {0: "none", 1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool", 0x100: "OpenCL",
+             0x200: "SYCL"}
+
+# dnnl_cpu_isa_t values (dnnl_types.h); names as oneDNN's verbose mode prints them.
+ISA_NAMES = {
+    0x0: "default", 0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0x407: "avx2_vnni",
+    0xC07: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
+    0xE7: "avx512_core_bf16", 0x1EF: "avx512_core_fp16", 0xFEF: "avx512_core_amx",
+    0x1FEF: "avx512_core_amx_fp16",
+}
+
+# dnnl_data_type_t
+DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
+
+_ENGINE_CPU = 1
+_STREAM_DEFAULT = 1
+_QUERY_IMPL_INFO_STR = 8
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS = 1, 17, 33
+
+_Dims = ctypes.c_int64 * 12
+_vp = ctypes.c_void_p
+
+
+class DnnlError(RuntimeError):
+    """A oneDNN call failed, or the library could not be found or loaded."""
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint),
+                ("gpu_runtime", ctypes.c_uint)]
+
+
+class _ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _vp)]
+
+
+def candidate_paths() -> Iterator[tuple[str, Path]]:
+    """(where it came from, path) of every libdnnl.so this environment offers, best first.
+    ``MPCORE_ONEDNN_LIBRARY`` names one explicitly and then is the only candidate."""
+    explicit = os.environ.get("MPCORE_ONEDNN_LIBRARY", "").strip()
+    if explicit:
+        yield "MPCORE_ONEDNN_LIBRARY", Path(explicit)
+        return
+    for dist in DISTRIBUTIONS:
+        try:
+            files = metadata.files(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        libs = [f for f in files if f.name.startswith("libdnnl.so")]
+        # The soname (libdnnl.so.3) is what the build links against; any of them will do.
+        libs.sort(key=lambda f: (f.name.count(".") != 2, f.name))
+        if libs:
+            yield f"{dist} {metadata.version(dist)}", Path(str(libs[0].locate())).resolve()
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as first:
+        for dep in _DEPENDENCIES:
+            candidate = path.parent / dep
+            if candidate.exists():
+                try:
+                    ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError:
+            raise DnnlError(f"cannot load {path}: {first}") from None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    sig = {
+        "dnnl_engine_create": ([ctypes.POINTER(_vp), ctypes.c_int, ctypes.c_size_t]),
+        "dnnl_engine_destroy": [_vp],
+        "dnnl_stream_create": [ctypes.POINTER(_vp), _vp, ctypes.c_uint],
+        "dnnl_stream_wait": [_vp],
+        "dnnl_stream_destroy": [_vp],
+        "dnnl_memory_desc_create_with_strides": [ctypes.POINTER(_vp), ctypes.c_int, i64p,
+                                                 ctypes.c_int, i64p],
+        "dnnl_memory_desc_destroy": [_vp],
+        "dnnl_matmul_primitive_desc_create": [ctypes.POINTER(_vp), _vp, _vp, _vp, _vp, _vp, _vp],
+        "dnnl_primitive_desc_query": [_vp, ctypes.c_int, ctypes.c_int, _vp],
+        "dnnl_primitive_desc_destroy": [_vp],
+        "dnnl_primitive_create": [ctypes.POINTER(_vp), _vp],
+        "dnnl_primitive_execute": [_vp, _vp, ctypes.c_int, ctypes.POINTER(_ExecArg)],
+        "dnnl_primitive_destroy": [_vp],
+        "dnnl_memory_create": [ctypes.POINTER(_vp), _vp, _vp, _vp],
+        "dnnl_memory_set_data_handle": [_vp, _vp],
+        "dnnl_memory_destroy": [_vp],
+    }
+    for name, argtypes in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    lib.dnnl_version.argtypes = []
+    lib.dnnl_version.restype = ctypes.POINTER(_Version)
+    lib.dnnl_get_effective_cpu_isa.argtypes = []
+    lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise DnnlError(f"{what} failed: dnnl_{_STATUS.get(status, str(status))}")
+
+
+class Library:
+    """A loaded libdnnl.so with a CPU engine and an in-order stream."""
+
+    def __init__(self, path: Path, origin: str) -> None:
+        # oneDNN >= 3.4 prints its errors to stdout by default, which would corrupt the JSON
+        # lines benchmarks print; failures are reported through exceptions here instead.
+        os.environ.setdefault("ONEDNN_VERBOSE", "none")
+        self.path = path
+        self.origin = origin
+        self.lib = _load(path)
+        try:
+            _declare(self.lib)
+        except AttributeError as exc:
+            raise DnnlError(f"{path} is not a oneDNN v3 library: {exc}") from None
+        v = self.lib.dnnl_version().contents
+        self.version = f"{v.major}.{v.minor}.{v.patch}"
+        self.cpu_runtime = _RUNTIMES.get(v.cpu_runtime, hex(v.cpu_runtime))
+        if v.major < 3:
+            raise DnnlError(f"oneDNN {self.version} at {path} is too old: the v3 C API is needed")
+        engine = _vp()
+        status = self.lib.dnnl_engine_create(ctypes.byref(engine), _ENGINE_CPU, 0)
+        if status != 0:
+            hint = (" (this build uses the SYCL CPU runtime and found no SYCL CPU device; "
+                    "install onednn-cpu-gomp instead)" if self.cpu_runtime == "SYCL" else "")
+            raise DnnlError(f"oneDNN {self.version} ({origin}) cannot open a CPU engine: "
+                            f"dnnl_{_STATUS.get(status, str(status))}{hint}")
+        self.engine = engine
+        stream = _vp()
+        _check(self.lib.dnnl_stream_create(ctypes.byref(stream), engine, _STREAM_DEFAULT),
+               "dnnl_stream_create")
+        self.stream = stream
+
+    @property
+    def isa(self) -> str:
+        """The instruction set oneDNN dispatches to on this CPU."""
+        code = self.lib.dnnl_get_effective_cpu_isa()
+        return ISA_NAMES.get(code, hex(code))
+
+    def describe(self) -> str:
+        return (f"oneDNN {self.version} ({self.origin}, {self.cpu_runtime} runtime, "
+                f"ISA {self.isa})")
+
+
+def find_library() -> Library:
+    """The first candidate library that loads and opens a CPU engine."""
+    errors = []
+    for origin, path in candidate_paths():
+        try:
+            return Library(path, origin)
+        except DnnlError as exc:
+            errors.append(str(exc))
+    if not errors:
+        raise DnnlError("no oneDNN library found: install it with pip install \"mpcore[onednn]\" "
+                        f"(one of the distributions {', '.join(DISTRIBUTIONS)})")
+    raise DnnlError("; ".join(errors))
+
+
+def _layout(x: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``(array, column_major)``: the operand in a layout oneDNN reads directly, where its
+    last two axes are row- or column-major over dense batch axes. A transposed view of a
+    contiguous array is the column-major case, so the backward pass's operands need no copy."""
+    if x.flags.c_contiguous:
+        return x, False
+    if np.swapaxes(x, -1, -2).flags.c_contiguous:
+        return x, True
+    return np.ascontiguousarray(x), False
+
+
+def _strides(shape: tuple[int, ...], column_major: bool) -> list[int]:
+    """Element strides of a dense layout; NumPy's own may be arbitrary on axes of size 1."""
+    strides = [0] * len(shape)
+    step = 1
+    order = list(range(len(shape)))[::-1]
+    if column_major:
+        order[0], order[1] = order[1], order[0]
+    for axis in order:
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return strides
+
+
+@dataclass
+class _Entry:
+    primitive: Any
+    pd: Any
+    descs: list[Any]
+    mems: list[Any]
+    args: Any
+    impl: str
+    lock: threading.Lock
+
+
+class MatmulCache:
+    """``op(A) @ op(B)`` through oneDNN matmul primitives, cached (LRU) by shapes, layouts and
+    dtypes. Memory objects are cached with their primitive and pointed at each call's arrays,
+    so a cached call is one ``dnnl_primitive_execute``."""
+
+    def __init__(self, library: Library, max_entries: int = 256) -> None:
+        self.library = library
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def info(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
+                "max_entries": self.max_entries}
+
+    def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str) -> np.ndarray:
+        """``a @ b`` for arrays of equal rank >= 2 and equal batch shape, in ``out_dtype``;
+        ``a`` and ``b`` may be transposed views (column-major in their last two axes)."""
+        a, a_cm = _layout(a)
+        b, b_cm = _layout(b)
+        in_dtype = _dtype_name(a.dtype)
+        if _dtype_name(b.dtype) != in_dtype:
+            raise ValueError(f"operands differ in dtype: {a.dtype} and {b.dtype}")
+        out_shape = (*a.shape[:-1], b.shape[-1])
+        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype)
+        entry = self._get(key, out_shape)
+        out = np.empty(out_shape, dtype=a.dtype if out_dtype == in_dtype else out_dtype)
+        lib = self.library.lib
+        with entry.lock:
+            for mem, arr in zip(entry.mems, (a, b, out)):
+                _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
+                       "dnnl_memory_set_data_handle")
+            _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream, 3,
+                                              entry.args), "dnnl_primitive_execute")
+            _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
+        return out
+
+    def implementation(self, key: tuple[Any, ...]) -> str:
+        return self._entries[key].impl
+
+    def _get(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> _Entry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry
+            self.misses += 1
+            entry = self._create(key, out_shape)
+            self._entries[key] = entry
+            while len(self._entries) > self.max_entries:
+                _, old = self._entries.popitem(last=False)
+                self._destroy(old)
+            return entry
+
+    def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> _Entry:
+        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype = key
+        lib = self.library.lib
+        descs: list[Any] = []
+        mems: list[Any] = []
+        pd = _vp()
+        primitive = _vp()
+        try:
+            for shape, cm, dtype in ((a_shape, a_cm, in_dtype), (b_shape, b_cm, in_dtype),
+                                     (out_shape, False, out_dtype)):
+                md = _vp()
+                _check(lib.dnnl_memory_desc_create_with_strides(
+                    ctypes.byref(md), len(shape), _Dims(*shape), DATA_TYPES[dtype],
+                    _Dims(*_strides(shape, cm))), "dnnl_memory_desc_create_with_strides")
+                descs.append(md)
+            _check(lib.dnnl_matmul_primitive_desc_create(
+                ctypes.byref(pd), self.library.engine, descs[0], descs[1], None, descs[2], None),
+                f"dnnl_matmul_primitive_desc_create for {key}")
+            _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
+                   "dnnl_primitive_create")
+            for md in descs:
+                mem = _vp()
+                # DNNL_MEMORY_NONE: the handle is set before each execution
+                _check(lib.dnnl_memory_create(ctypes.byref(mem), md, self.library.engine, None),
+                       "dnnl_memory_create")
+                mems.append(mem)
+        except DnnlError:
+            self._destroy(_Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
+            raise
+        info = ctypes.c_char_p()
+        impl = ""
+        if lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(info)) == 0:
+            impl = (info.value or b"").decode(errors="replace")
+        args = (_ExecArg * 3)(_ExecArg(_ARG_SRC, mems[0]), _ExecArg(_ARG_WEIGHTS, mems[1]),
+                              _ExecArg(_ARG_DST, mems[2]))
+        return _Entry(primitive, pd, descs, mems, args, impl, threading.Lock())
+
+    def _destroy(self, entry: _Entry) -> None:
+        lib = self.library.lib
+        for mem in entry.mems:
+            lib.dnnl_memory_destroy(mem)
+        if entry.primitive:
+            lib.dnnl_primitive_destroy(entry.primitive)
+        if entry.pd:
+            lib.dnnl_primitive_desc_destroy(entry.pd)
+        for md in entry.descs:
+            lib.dnnl_memory_desc_destroy(md)
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._entries:
+                self._destroy(self._entries.popitem()[1])
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in DATA_TYPES:
+        raise ValueError(f"oneDNN matmul here takes {', '.join(DATA_TYPES)}; got {name}")
+    return name

@@ -1,0 +1,44 @@
+/* Shared by every mpcore OpenCL program. The Python side prepends, for each dtype slot X
+ * (A, B, C, O), the macros X_ST (storage type), X_CT (compute type), LOAD_X(p, i),
+ * STORE_X(p, i, v) and X_FLOAT (1 for floating dtypes). float16 is read and written with
+ * vload_half/vstore_half, which need no cl_khr_fp16; bfloat16 is stored as ushort. */
+
+inline float bf16_to_f32(ushort h) { return as_float(((uint)h) << 16); }
+
+/* Round to nearest even; NaN stays a (quiet) NaN with its sign. */
+inline ushort f32_to_bf16(float f) {
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (ushort)(u >> 16);
+}
+
+/* Element offset of the i-th element (row-major order of `shape`) in an array with `strides`.
+ * Shapes are right-aligned in the 8 slots: the last axis is s7. */
+inline int strided_offset(int i, const int nd, const int8 shape, const int8 strides) {
+    int sh[8], st[8];
+    vstore8(shape, 0, sh);
+    vstore8(strides, 0, st);
+    int off = 0;
+    for (int d = 7; d > 7 - nd; --d) {
+        const int q = i / sh[d];
+        off += (i - q * sh[d]) * st[d];
+        i = q;
+    }
+    return off;
+}
+
+/* Counter-based random bits: splitmix64 of (seed, counter), so a seed gives the same values on
+ * every device and launch geometry. */
+inline uint mix_bits(ulong seed, ulong counter) {
+    ulong z = seed * 0x9E3779B97F4A7C15UL + counter * 0xBF58476D1CE4E5B9UL + 0x632BE59BD9B4E019UL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9UL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBUL;
+    z = z ^ (z >> 31);
+    return (uint)(z >> 32);
+}
+
+/* Uniform in [0, 1) with 24 random bits. */
+inline float uniform01(ulong seed, ulong counter) {
+    return (float)(mix_bits(seed, counter) >> 8) * (1.0f / 16777216.0f);
+}

@@ -1,0 +1,64 @@
+/* Softmax, log-softmax and the fused sparse softmax cross-entropy, over the middle axis of a
+ * contiguous (outer, K, inner) array; one work-item per (outer, inner) row, three passes
+ * (max, sum of exponentials, write), all in the compute type (float32 for 16-bit data). */
+
+__kernel void softmax(const int outer, const int k, const int inner,
+                      __global const A_ST *pa, __global O_ST *po) {
+    const int gid = get_global_id(0);
+    if (gid >= outer * inner) return;
+    const long base = (long)(gid / inner) * k * inner + gid % inner;
+    A_CT m = LOAD_A(pa, base);
+    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * inner));
+    A_CT s = 0;
+    for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * inner) - m);
+    const A_CT inv = (A_CT)1 / s;
+    for (int t = 0; t < k; ++t) {
+        const long j = base + (long)t * inner;
+        STORE_O(po, j, exp(LOAD_A(pa, j) - m) * inv);
+    }
+}
+
+__kernel void log_softmax(const int outer, const int k, const int inner,
+                          __global const A_ST *pa, __global O_ST *po) {
+    const int gid = get_global_id(0);
+    if (gid >= outer * inner) return;
+    const long base = (long)(gid / inner) * k * inner + gid % inner;
+    A_CT m = LOAD_A(pa, base);
+    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * inner));
+    A_CT s = 0;
+    for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * inner) - m);
+    const A_CT ls = log(s);
+    for (int t = 0; t < k; ++t) {
+        const long j = base + (long)t * inner;
+        STORE_O(po, j, LOAD_A(pa, j) - m - ls);
+    }
+}
+
+/* loss[r] = log(sum exp(z)) - z[label], probs = softmax(logits). An out-of-range label sets
+ * *bad to 1 + its row (the host turns that into an error naming the label). */
+__kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
+                          __global const L_ST *labels, __global O_ST *loss,
+                          __global O_ST *probs, __global int *bad) {
+    const int r = get_global_id(0);
+    if (r >= n) return;
+    const long base = (long)r * c;
+    const long label = (long)LOAD_L(labels, r);
+    A_CT m = LOAD_A(pa, base);
+    for (int t = 1; t < c; ++t) m = fmax(m, LOAD_A(pa, base + t));
+    A_CT s = 0;
+    for (int t = 0; t < c; ++t) s += exp(LOAD_A(pa, base + t) - m);
+    const A_CT inv = (A_CT)1 / s;
+    for (int t = 0; t < c; ++t) STORE_O(probs, base + t, exp(LOAD_A(pa, base + t) - m) * inv);
+    if (label < 0 || label >= c) {
+        atomic_cmpxchg(bad, 0, r + 1);
+        STORE_O(loss, r, NAN);
+    } else {
+        STORE_O(loss, r, log(s) - (LOAD_A(pa, base + label) - m));
+    }
+}
+
+__kernel void relu_grad(const int n, __global const A_ST *pg, __global const A_ST *py,
+                        __global O_ST *po) {
+    const int i = get_global_id(0);
+    if (i < n) STORE_O(po, i, LOAD_A(py, i) > 0 ? LOAD_A(pg, i) : (A_CT)0);
+}

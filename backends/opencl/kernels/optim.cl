@@ -1,0 +1,81 @@
+/* Loss scaling and fused optimizer updates over float32 (slot A) master weights. `flag` is the
+ * device bool from unscale_and_check (or all_finite); when use_flag is set and *flag is 0 the
+ * update leaves every buffer untouched, so a skipped step needs no host round trip. */
+
+#if A_FLOAT
+#define NOT_FINITE(v) (!isfinite(v))
+#else
+#define NOT_FINITE(v) 0
+#endif
+
+/* o = g * inv_scale in float32; *flag = 0 if any result is not finite (every writer stores
+ * the same 0, so the race is benign). */
+__kernel void unscale(const int n, const float inv_scale, __global const A_ST *pg,
+                      __global float *po, __global uchar *flag) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const float v = (float)LOAD_A(pg, i) * inv_scale;
+    po[i] = v;
+    if (!isfinite(v)) *flag = 0;
+}
+
+__kernel void all_finite(const int n, __global const A_ST *pa, __global uchar *flag) {
+    const int i = get_global_id(0);
+    if (i < n && NOT_FINITE(LOAD_A(pa, i))) *flag = 0;
+}
+
+#define SKIP (use_flag && !flag[0])
+
+__kernel void sgd(const int n, const float lr, const float momentum, const int nesterov,
+                  const int use_velocity, const int use_flag, __global const uchar *flag,
+                  __global A_ST *var, __global const A_ST *grad, __global A_ST *vel) {
+    const int i = get_global_id(0);
+    if (i >= n || SKIP) return;
+    const A_CT g = LOAD_A(grad, i);
+    A_CT w = LOAD_A(var, i);
+    if (use_velocity) {
+        const A_CT v = momentum * LOAD_A(vel, i) - lr * g;
+        STORE_A(vel, i, v);
+        w += nesterov ? momentum * v - lr * g : v;
+    } else {
+        w -= lr * g;
+    }
+    STORE_A(var, i, w);
+}
+
+__kernel void rmsprop(const int n, const float lr, const float rho, const float momentum,
+                      const float epsilon, const int use_mom, const int use_flag,
+                      __global const uchar *flag, __global A_ST *var, __global const A_ST *grad,
+                      __global A_ST *ms, __global A_ST *mom) {
+    const int i = get_global_id(0);
+    if (i >= n || SKIP) return;
+    const A_CT g = LOAD_A(grad, i);
+    const A_CT s = rho * LOAD_A(ms, i) + (1 - rho) * g * g;
+    STORE_A(ms, i, s);
+    const A_CT step = lr * g / sqrt(s + epsilon);
+    if (use_mom) {
+        const A_CT m = momentum * LOAD_A(mom, i) + step;
+        STORE_A(mom, i, m);
+        STORE_A(var, i, LOAD_A(var, i) - m);
+    } else {
+        STORE_A(var, i, LOAD_A(var, i) - step);
+    }
+}
+
+/* Keras Adam: alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) comes from the host; AdamW's
+ * decoupled decay (var -= lr * wd * var) is applied before the step, as Keras does. */
+__kernel void adam(const int n, const float lr, const float alpha, const float beta1,
+                   const float beta2, const float epsilon, const float weight_decay,
+                   const int use_flag, __global const uchar *flag, __global A_ST *var,
+                   __global const A_ST *grad, __global A_ST *pm, __global A_ST *pv) {
+    const int i = get_global_id(0);
+    if (i >= n || SKIP) return;
+    const A_CT g = LOAD_A(grad, i);
+    A_CT w = LOAD_A(var, i);
+    if (weight_decay > 0) w -= lr * weight_decay * w;
+    const A_CT m = LOAD_A(pm, i) + (g - LOAD_A(pm, i)) * (1 - beta1);
+    const A_CT v = LOAD_A(pv, i) + (g * g - LOAD_A(pv, i)) * (1 - beta2);
+    STORE_A(pm, i, m);
+    STORE_A(pv, i, v);
+    STORE_A(var, i, w - alpha * m / (sqrt(v) + epsilon));
+}

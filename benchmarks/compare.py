@@ -1,0 +1,153 @@
+"""mpcore vs the PyTorch peer, side by side: A B A B for several rounds, medians, ratios.
+
+    python benchmarks/compare.py --torch-python /work/torchvenv/bin/python \\
+        --policy float32 mixed_bfloat16 mixed_float16 --units 1024 --batch 1024 --rounds 5
+
+Each round runs, for every policy, ``benchmarks/train_step.py`` (mpcore) and then the peer
+(``shared/peers/torch_mlp.py``) as separate processes, alternating, so both see the same machine
+in the same minute. The table gives median samples/s and these ratios:
+
+- ``vs torch``: mpcore / torch for the same policy (torch's float32, autocast bfloat16, autocast
+  float16 + GradScaler);
+- ``vs own f32``: mpcore's policy / mpcore float32 (when float32 is among the policies).
+
+The last line is one JSON object with every run and the medians. torch is never a dependency of
+mpcore: it lives in its own interpreter (``--torch-python``); without one the peer is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TRAIN_STEP = HERE / "train_step.py"
+DEFAULT_PEER = HERE.parent.parent / "shared" / "peers" / "torch_mlp.py"
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The last JSON line a command prints (it must exit 0)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{' '.join(cmd)} printed no JSON:\n{proc.stdout[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def torch_available(python: str | None) -> str | None:
+    """None if ``python`` can import torch, else why not."""
+    if not python:
+        return "no --torch-python given"
+    if shutil.which(python) is None and not Path(python).exists():
+        return f"{python} not found"
+    probe = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True,
+                           check=False)
+    if probe.returncode != 0:
+        return f"{python} cannot import torch: {probe.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def median(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--path", choices=("loop", "fit"), default="loop")
+    ap.add_argument("--backend", default=None, help="mpcore backend (default: auto-detected)")
+    ap.add_argument("--device", default="cpu", help="torch device for the peer")
+    ap.add_argument("--units", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--torch-python", default=None,
+                    help="an interpreter with torch, e.g. /work/torchvenv/bin/python")
+    ap.add_argument("--peer", default=str(DEFAULT_PEER), help="the peer script")
+    ap.add_argument("--peer-policy", nargs="+", choices=POLICIES, default=None,
+                    help="policies to run the peer for (default: all; torch's CPU float16 "
+                         "autocast is ~100x slower and can take minutes at full size)")
+    ap.add_argument("--onednn", choices=("auto", "force", "off"), default=None,
+                    help="MPCORE_ONEDNN for the mpcore runs (default: inherited)")
+    a = ap.parse_args(argv)
+
+    shape = ["--units", str(a.units), "--batch", str(a.batch), "--steps", str(a.steps),
+             "--warmup", str(a.warmup)]
+    env = dict(os.environ)
+    if a.onednn:
+        env["MPCORE_ONEDNN"] = a.onednn
+    peer_problem = torch_available(a.torch_python)
+    if peer_problem is None and not Path(a.peer).exists():
+        peer_problem = f"peer script {a.peer} not found"
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        p: {"mpcore": [], "torch": []} for p in a.policy}
+    for round_no in range(a.rounds):
+        for policy in a.policy:
+            cmd = [sys.executable, str(TRAIN_STEP), "--path", a.path, "--policy", policy, *shape]
+            if a.backend:
+                cmd += ["--backend", a.backend]
+            rec = run_json(cmd, env)
+            rec["round"] = round_no
+            runs[policy]["mpcore"].append(rec)
+            if peer_problem is None and (a.peer_policy is None or policy in a.peer_policy):
+                assert a.torch_python is not None
+                rec = run_json([a.torch_python, a.peer, "--device", a.device, "--policy", policy,
+                                *shape])
+                rec["round"] = round_no
+                runs[policy]["torch"].append(rec)
+        print(f"round {round_no + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+
+    summary: dict[str, dict[str, Any]] = {}
+    for policy in a.policy:
+        mine = median(runs[policy]["mpcore"], "samples_per_s")
+        theirs = median(runs[policy]["torch"], "samples_per_s")
+        summary[policy] = {"mpcore_samples_per_s": mine, "torch_samples_per_s": theirs,
+                           "mpcore_ms_per_step": median(runs[policy]["mpcore"], "ms_per_step"),
+                           "torch_ms_per_step": median(runs[policy]["torch"], "ms_per_step"),
+                           "vs_torch": ratio(mine, theirs)}
+    own_f32 = summary.get("float32", {}).get("mpcore_samples_per_s")
+    for policy in a.policy:
+        summary[policy]["vs_own_float32"] = ratio(summary[policy]["mpcore_samples_per_s"],
+                                                  own_f32)
+
+    providers = sorted({p for pol in runs.values() for r in pol["mpcore"]
+                        for p in r.get("providers", [])})
+    print(f"\nunits={a.units} batch={a.batch} path={a.path} rounds={a.rounds} "
+          f"(medians of samples/s; mpcore kernel providers: {providers or 'none'})")
+    if peer_problem:
+        print(f"peer skipped: {peer_problem}")
+    header = f"{'policy':<16}{'mpcore':>12}{'torch':>12}{'vs torch':>10}{'vs own f32':>12}"
+    print(header)
+    print("-" * len(header))
+
+    def fmt(v: float | None, spec: str) -> str:
+        return format(v, spec) if v is not None else format("-", f">{spec.split('.')[0]}")
+
+    for policy, s in summary.items():
+        print(f"{policy:<16}{fmt(s['mpcore_samples_per_s'], '12.1f')}"
+              f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(s['vs_torch'], '10.3f')}"
+              f"{fmt(s['vs_own_float32'], '12.3f')}")
+    print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "path": a.path,
+                      "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,
+                      "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

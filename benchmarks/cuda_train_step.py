@@ -1,0 +1,192 @@
+"""CUDA train-step benchmark: the mixed precision guide's model (784-4096-4096-10, batch 8192,
+RMSprop, softmax cross-entropy) trained with the guide's custom training loop, per policy, side
+by side with the PyTorch peer (``torch_mlp.py --device cuda``) in the same run.
+
+    python benchmarks/cuda_train_step.py                       # float32 and mixed_float16
+    python benchmarks/cuda_train_step.py --policy float32 mixed_float16 mixed_bfloat16
+    python benchmarks/cuda_train_step.py --backend cpu --units 64 --batch 128 --no-peer  # smoke
+
+The loop uses the public API only: Variables read in the compute dtype (``read_as``), ops
+(``matmul``, ``bias_add``, ``relu``, ``sparse_softmax_cross_entropy`` in float32), a
+GradientTape, ``mp.optimizers.RMSprop`` wrapped in ``mp.LossScaleOptimizer`` for
+mixed_float16 (``get_scaled_loss``, ``get_unscaled_gradients``, ``apply_gradients``). Input is
+random MNIST-shaped data, as the peer's. Prints one JSON line per configuration, then a summary
+line with the ratios the CUDA issue asks for (mixed_float16 vs float32, vs PyTorch AMP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import mpcore as mp
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+PEER_PATHS = (".device/torch_mlp.py", "../shared/peers/torch_mlp.py")
+
+
+def flops_per_step(batch: int, units: int) -> int:
+    return 6 * batch * (784 * units + units * units + units * 10)
+
+
+class GuideLoop:
+    """The guide's custom training loop over 784-units-units-10 Dense layers."""
+
+    def __init__(self, backend: mp.Backend, policy: str, units: int, batch: int,
+                 seed: int = 0) -> None:
+        self.policy = mp.Policy(policy)
+        self.compute = self.policy.compute_dtype
+        rng = np.random.default_rng(seed)
+        self.variables: list[mp.Variable] = []
+        for i, (fan_in, fan_out) in enumerate(itertools.pairwise([784, units, units, 10])):
+            limit = math.sqrt(6.0 / (fan_in + fan_out))  # Glorot uniform, as Keras' Dense
+            kernel = rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32)
+            self.variables.append(mp.Variable(kernel, name=f"kernel_{i}", backend=backend))
+            self.variables.append(mp.Variable(np.zeros(fan_out, np.float32), name=f"bias_{i}",
+                                              backend=backend))
+        optimizer = mp.optimizers.RMSprop()
+        self.optimizer = (mp.LossScaleOptimizer(optimizer) if self.policy.loss_scale is not None
+                          else optimizer)
+        self.scaled = self.policy.loss_scale is not None
+        # A layer casts its floating input to the compute dtype; the batch is reused, so once.
+        x = mp.constant(rng.random((batch, 784), dtype=np.float32), backend=backend)
+        self.x = mp.ops.cast(x, self.compute)
+        self.y = mp.constant(rng.integers(0, 10, batch).astype(np.int32), backend=backend)
+        self.loss: mp.Tensor | None = None
+        self.applied = 0
+        self.steps = 0
+
+    def forward(self) -> mp.Tensor:
+        h = self.x
+        layers = len(self.variables) // 2
+        for i in range(layers):
+            kernel, bias = self.variables[2 * i], self.variables[2 * i + 1]
+            h = mp.ops.bias_add(mp.ops.matmul(h, kernel.read_as(self.compute)),
+                                bias.read_as(self.compute))
+            if i < layers - 1:
+                h = mp.ops.relu(h)
+        # the guide's float32 output: softmax (fused with the loss) in float32
+        return mp.ops.mean(mp.ops.sparse_softmax_cross_entropy(self.y, mp.ops.cast(h, "float32")))
+
+    def step(self) -> None:
+        with mp.GradientTape() as tape:
+            loss = self.forward()
+            target = self.optimizer.get_scaled_loss(loss) if self.scaled else loss
+        grads = tape.gradient(target, self.variables)
+        if self.scaled:
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        # With loss scaling this is the step's one device-to-host read (the loss-scale decision)
+        applied = self.optimizer.apply_gradients(zip(grads, self.variables))
+        self.applied += 1 if applied is None or applied else 0
+        self.steps += 1
+        self.loss = loss
+
+
+def measure(backend: mp.Backend, policy: str, units: int, batch: int, steps: int,
+            warmup: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"bench": "cuda_train_step", "backend": backend.name,
+                              "policy": policy, "units": units, "batch": batch}
+    try:
+        record["device"] = backend.device().name
+        verdict = mp.check_policy(policy, backend)
+        record["verdict"] = "fast" if verdict.fast else (
+            "supported" if verdict.supported else "unsupported")
+        if not verdict.supported:
+            return {**record, "skipped": verdict.reason}
+    except Exception as exc:
+        return {**record, "skipped": f"{type(exc).__name__}: {exc}"}
+    loop = GuideLoop(backend, policy, units, batch)
+    for _ in range(warmup):
+        loop.step()
+    backend.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loop.step()
+        backend.synchronize()
+        times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
+    loss = float(loop.loss) if loop.loss is not None else math.nan
+    record.update({"ms_per_step": round(dt * 1e3, 3), "samples_per_s": round(batch / dt, 1),
+                   "gflops": round(flops_per_step(batch, units) / dt / 1e9, 1),
+                   "steps": steps, "applied_steps": loop.applied, "all_steps": loop.steps,
+                   "loss": round(loss, 5) if math.isfinite(loss) else None})
+    return record
+
+
+def run_peer(path: str, device: str, policy: str, units: int, batch: int, steps: int,
+             warmup: int) -> dict[str, Any]:
+    cmd = [sys.executable, path, "--device", device, "--policy", policy, "--units", str(units),
+           "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+        return {"bench": "torch_peer", **json.loads(out.stdout.strip().splitlines()[-1])}
+    except Exception as exc:
+        stderr = getattr(exc, "stderr", "") or ""
+        return {"bench": "torch_peer", "policy": policy,
+                "skipped": f"{type(exc).__name__}: {exc} {stderr.strip()[-300:]}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", nargs="+", choices=POLICIES,
+                    default=["float32", "mixed_float16"])
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--units", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--peer", default=None, help="path of torch_mlp.py (default: "
+                                                  + " or ".join(PEER_PATHS) + ")")
+    ap.add_argument("--no-peer", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        backend = mp.get_backend(a.backend)
+        backend.kernels()
+    except Exception as exc:
+        print(json.dumps({"bench": "cuda_train_step", "backend": a.backend,
+                          "skipped": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 0
+    ours: dict[str, dict[str, Any]] = {}
+    for policy in a.policy:
+        ours[policy] = measure(backend, policy, a.units, a.batch, a.steps, a.warmup)
+        print(json.dumps(ours[policy]), flush=True)
+    peer_path = a.peer or next((p for p in PEER_PATHS if os.path.exists(p)), None)
+    peers: dict[str, dict[str, Any]] = {}
+    if not a.no_peer and peer_path is not None:
+        device = "cuda" if backend.name == "cuda" else "cpu"
+        for policy in a.policy:
+            peers[policy] = run_peer(peer_path, device, policy, a.units, a.batch, a.steps,
+                                     a.warmup)
+            print(json.dumps(peers[policy]), flush=True)
+
+    def rate(r: dict[str, Any] | None) -> float | None:
+        return r.get("samples_per_s") if r else None
+
+    summary: dict[str, Any] = {"bench": "cuda_train_step_summary", "backend": backend.name,
+                               "device": ours[a.policy[0]].get("device"),
+                               "units": a.units, "batch": a.batch}
+    base = rate(ours.get("float32"))
+    for policy in a.policy:
+        mine = rate(ours[policy])
+        if mine and base and policy != "float32":
+            summary[f"{policy}_vs_float32"] = round(mine / base, 2)
+        theirs = rate(peers.get(policy))
+        if mine and theirs:
+            summary[f"{policy}_vs_torch"] = round(mine / theirs, 2)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

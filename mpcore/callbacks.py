@@ -1,0 +1,203 @@
+"""Callbacks for ``Model.fit``: History, ModelCheckpoint, EarlyStopping, LambdaCallback,
+LossScaleHistory.
+
+``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
+their own except where they say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class Callback:
+    """Base class; ``self.model`` is set by ``fit``."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.params: dict[str, Any] = {}
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None: ...
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None: ...
+    def on_epoch_begin(self, epoch: int, logs: dict[str, float] | None = None) -> None: ...
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None: ...
+    def on_train_batch_begin(self, batch: int, logs: dict[str, float] | None = None) -> None: ...
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None: ...
+
+
+class CallbackList(Callback):
+    def __init__(self, callbacks: Sequence[Callback] | None = None) -> None:
+        super().__init__()
+        self.callbacks = list(callbacks or [])
+        for cb in self.callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be mp.callbacks.Callback instances, got "
+                                f"{type(cb).__name__}")
+
+    def set_model(self, model: Any) -> None:
+        for cb in self.callbacks:
+            cb.set_model(model)
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        for cb in self.callbacks:
+            cb.set_params(params)
+
+    def _each(self, method: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, method)(*args)
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        self._each("on_train_begin", logs)
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        self._each("on_train_end", logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self._each("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self._each("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        self._each("on_train_batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        self._each("on_train_batch_end", batch, logs)
+
+
+class History(Callback):
+    """``history.history``: metric name -> one value per epoch; ``history.epoch``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self.epoch.append(epoch)
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(value)
+
+
+class LossScaleHistory(Callback):
+    """Records the loss scale after every training step (``scales``), and which steps were
+    skipped (``skipped``); reads no device value (the scale lives on the host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scales: list[float] = []
+        self.skipped: list[int] = []
+        self._step = 0
+        self._last_skipped = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        opt = getattr(self.model, "optimizer", None)
+        scale = getattr(opt, "loss_scale", None)
+        self.scales.append(float(scale()) if scale is not None else 1.0)
+        skipped = getattr(opt, "skipped_steps", 0)
+        if skipped > self._last_skipped:
+            self.skipped.append(self._step)
+        self._last_skipped = skipped
+        self._step += 1
+
+
+class LambdaCallback(Callback):
+    """Callbacks from plain functions: ``on_epoch_end=lambda epoch, logs: ...`` etc."""
+
+    def __init__(self, **hooks: Callable[..., None]) -> None:
+        super().__init__()
+        valid = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+                 "on_train_batch_begin", "on_train_batch_end")
+        for name, fn in hooks.items():
+            if name not in valid:
+                raise ValueError(f"unknown hook {name!r}; valid: {', '.join(valid)}")
+            setattr(self, name, fn)
+
+
+def _improved(mode: str, current: float, best: float, min_delta: float) -> bool:
+    if mode == "min":
+        return current < best - min_delta
+    return current > best + min_delta
+
+
+def _mode_for(monitor: str, mode: str) -> str:
+    if mode not in ("auto", "min", "max"):
+        raise ValueError(f"mode must be auto, min or max, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "max" if "acc" in monitor else "min"
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs;
+    ``restore_best_weights`` puts back the weights of the best epoch."""
+
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
+                 mode: str = "auto", restore_best_weights: bool = False) -> None:
+        super().__init__()
+        self.monitor, self.min_delta, self.patience = monitor, abs(min_delta), int(patience)
+        self.mode = _mode_for(monitor, mode)
+        self.restore_best_weights = restore_best_weights
+        self.stopped_epoch: int | None = None
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        self.wait = 0
+        self.best = math.inf if self.mode == "min" else -math.inf
+        self.best_weights: list[Any] | None = None
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        logs = logs or {}
+        if self.monitor not in logs:
+            raise KeyError(f"EarlyStopping monitors {self.monitor!r}, which is not in the logs; "
+                           f"available: {', '.join(logs) or 'none'}")
+        current = logs[self.monitor]
+        if _improved(self.mode, current, self.best, self.min_delta):
+            self.best, self.wait = current, 0
+            if self.restore_best_weights:
+                self.best_weights = self.model.get_weights()
+            return
+        self.wait += 1
+        if self.wait > self.patience:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+            if self.restore_best_weights and self.best_weights is not None:
+                self.model.set_weights(self.best_weights)
+
+
+class ModelCheckpoint(Callback):
+    """Write a checkpoint (or only the weights) after every epoch, atomically. ``filepath`` may
+    hold ``{epoch}`` and log keys (``"ckpt-{epoch:02d}-{val_loss:.3f}.mpck"``);
+    ``save_best_only`` writes only when ``monitor`` improved."""
+
+    def __init__(self, filepath: str, monitor: str = "val_loss", save_best_only: bool = False,
+                 save_weights_only: bool = False, mode: str = "auto") -> None:
+        super().__init__()
+        self.filepath, self.monitor = str(filepath), monitor
+        self.save_best_only, self.save_weights_only = save_best_only, save_weights_only
+        self.mode = _mode_for(monitor, mode)
+        self.best = math.inf if self.mode == "min" else -math.inf
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        logs = logs or {}
+        if self.save_best_only:
+            current = logs.get(self.monitor)
+            if current is None:
+                raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, which is not in the "
+                               f"logs; available: {', '.join(logs) or 'none'}")
+            if not _improved(self.mode, current, self.best, 0.0):
+                return
+            self.best = current
+        path = self.filepath.format(epoch=epoch + 1, **logs)
+        if self.save_weights_only:
+            self.model.save_weights(path)
+        else:
+            self.model.save_checkpoint(path, epoch=epoch + 1)

@@ -1,0 +1,5 @@
+"""Datasets: ``mp.datasets.mnist.load_data()``, as Keras."""
+
+from mpcore.datasets import mnist
+
+__all__ = ["mnist"]

@@ -1,0 +1,252 @@
+"""``mpcore demo``: the Keras mixed precision guide, end to end, on the current backend.
+
+It prints the device and the compatibility check, builds the guide's model (Dense-relu,
+Dense-relu, Dense, then a float32 softmax), trains it on MNIST with float32 and with the best
+mixed policy for the device (or ``--policy``), and prints test accuracy, time per sample and the
+speed ratio. Decisions, written out in the output too:
+
+- Units: 4096 when the mixed policy is judged fast on an accelerator (as the guide does on a
+  GPU), else 64 (the guide's CPU size); ``--units`` overrides.
+- Best mixed policy: mixed_float16 where it is fast (the guide's GPU choice), else
+  mixed_bfloat16 where it is fast; where neither is, mixed_bfloat16 (no loss scaling needed,
+  float32's range) and the output says it will not be faster.
+- Batch size: the guide's 8192, unless that would give fewer than 10 steps per epoch (the
+  8,000-image offline split leaves 6,400 training samples: 1 step), then 128; ``--batch-size``
+  overrides.
+- Time per sample: the mean over epochs after the first (the first includes warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mpcore.cli import subcommand
+
+GUIDE_BATCH = 8192
+SMALL_BATCH = 128
+MIN_STEPS = 10
+VALIDATION_SPLIT = 0.2
+
+
+def choose_policy(backend: Any) -> tuple[str, str]:
+    """(policy, why) for the current backend's device."""
+    from mpcore.verdict import check_policy
+
+    verdicts = {p: check_policy(p, backend) for p in ("mixed_float16", "mixed_bfloat16")}
+    if verdicts["mixed_float16"].fast:
+        return "mixed_float16", "mixed_float16 is fast on this device"
+    if verdicts["mixed_bfloat16"].fast:
+        return "mixed_bfloat16", "mixed_bfloat16 is fast on this device"
+    for p in ("mixed_bfloat16", "mixed_float16"):
+        if verdicts[p].supported:
+            return p, (f"no mixed policy is fast on this device; {p} is supported (emulated), so "
+                       "expect no speed-up")
+    raise RuntimeError(f"backend {backend.name!r} supports no mixed policy")
+
+
+def build_model(units: int) -> Any:
+    """The guide's model, under the current policy."""
+    import mpcore as mp
+
+    inputs = mp.Input(shape=(784,), name="digits")
+    x = mp.layers.Dense(units, activation="relu", name="dense_1")(inputs)
+    x = mp.layers.Dense(units, activation="relu", name="dense_2")(x)
+    x = mp.layers.Dense(10, name="dense_logits")(x)
+    outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
+    return mp.Model(inputs=inputs, outputs=outputs)
+
+
+def _prepare(x: Any, y: Any, backend: Any) -> tuple[Any, Any]:
+    from mpcore import ops
+
+    images = ops.constant(x, backend=backend)
+    flat = ops.reshape(images, (images.shape[0], -1))
+    return ops.divide(ops.cast(flat, "float32"), 255.0), ops.constant(y, backend=backend)
+
+
+def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
+        batch_size: int | None = None, plot: str | None = None, seed: int = 0,
+        verbose: int = 1, out: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Run the demo; returns {"runs": {policy: {...}}, "units", "batch_size", "split"}."""
+    import mpcore as mp
+    from mpcore.callbacks import LossScaleHistory
+    from mpcore.datasets import mnist
+    from mpcore.policy import POLICIES
+    from mpcore.registry import detection_note
+    from mpcore.verdict import check_policy, compatibility_message
+
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise RuntimeError("--plot needs matplotlib: pip install 'mpcore[plot]'") from None
+    backend = mp.get_backend()
+    device = backend.device()
+    out("mpcore demo: the Keras mixed precision guide on MNIST")
+    out(f"Backend: {backend.name} ({detection_note()})")
+    out(f"Device: {device.name} [{device.kind}, {device.vendor or '?'}, "
+        f"{device.capability or '-'}]")
+    if policy is None:
+        policy, why = choose_policy(backend)
+    else:
+        if policy not in POLICIES or policy == "float32":
+            raise ValueError(f"--policy must be a mixed policy, one of mixed_float16, "
+                             f"mixed_bfloat16, got {policy!r}")
+        why = "chosen with --policy"
+    out(compatibility_message(policy, backend))
+    out(f"Mixed policy: {policy} ({why})")
+    verdict = check_policy(policy, backend)
+    if units is None:
+        accelerator = verdict.fast and device.kind != "cpu"
+        units = 4096 if accelerator else 64
+        out(f"Units: {units} ({'a fast accelerator' if accelerator else 'no fast accelerator'}; "
+            "the guide uses 4096 on a GPU, 64 on a CPU; --units to override)")
+    else:
+        out(f"Units: {units} (--units)")
+
+    data = mnist.load()
+    if data.split == "offline":
+        out(f"Data: OFFLINE SPLIT of the MNIST test set ({data.source}): first "
+            f"{len(data.x_train):,} images to train, last {len(data.x_test):,} to test; not the "
+            "full 60,000/10,000 set")
+    else:
+        out(f"Data: MNIST, {len(data.x_train):,} train / {len(data.x_test):,} test images "
+            f"({data.source})")
+    x_train, y_train = _prepare(data.x_train, data.y_train, backend)
+    x_test, y_test = _prepare(data.x_test, data.y_test, backend)
+    fit_samples = int(len(data.x_train) * (1 - VALIDATION_SPLIT))
+    if batch_size is None:
+        if math.ceil(fit_samples / GUIDE_BATCH) < MIN_STEPS:
+            batch_size = SMALL_BATCH
+            out(f"Batch size: {batch_size} (the guide's {GUIDE_BATCH} would give "
+                f"{math.ceil(fit_samples / GUIDE_BATCH)} step(s) per epoch on {fit_samples:,} "
+                "training samples; --batch-size to override)")
+        else:
+            batch_size = GUIDE_BATCH
+            out(f"Batch size: {batch_size} (the guide's)")
+    else:
+        out(f"Batch size: {batch_size} (--batch-size)")
+
+    runs: dict[str, dict[str, Any]] = {}
+    for name in ("float32", policy):
+        out(f"\n== training with {name}: {epochs} epoch(s), validation_split="
+            f"{VALIDATION_SPLIT} ==")
+        mp.random.set_seed(seed)  # the same initial weights and shuffles for both runs
+        with mp.policy_scope(name):
+            model = build_model(units)
+        model.compile(loss="sparse_categorical_crossentropy",
+                      optimizer=mp.optimizers.RMSprop(), metrics=["accuracy"])
+        scales = LossScaleHistory()
+        history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
+                            validation_split=VALIDATION_SPLIT, verbose=verbose,
+                            callbacks=[scales])
+        loss, accuracy = model.evaluate(x_test, y_test, batch_size=batch_size, verbose=0)
+        times = history.history["time_per_sample"]
+        steady = times[1:] or times
+        runs[name] = {"test_accuracy": accuracy, "test_loss": loss,
+                      "time_per_sample": sum(steady) / len(steady),
+                      "history": history.history, "loss_scales": scales.scales,
+                      "skipped_steps": getattr(model.optimizer, "skipped_steps", 0),
+                      "dense_dtype": model.get_layer("dense_1").compute_dtype,
+                      "output_dtype": model.outputs[0].dtype}
+        out(f"{name}: test accuracy {accuracy:.4f}, test loss {loss:.4f}")
+
+    base = runs["float32"]["time_per_sample"]
+    out(f"\nResults on {backend.name} ({device.name}), {units} units, batch {batch_size}, "
+        f"{epochs} epoch(s):")
+    out(f"{'policy':<16}{'test accuracy':>15}{'time/sample':>15}{'speed vs float32':>19}")
+    for name, r in runs.items():
+        ratio = base / r["time_per_sample"] if r["time_per_sample"] else float("nan")
+        r["speedup"] = ratio
+        out(f"{name:<16}{r['test_accuracy']:>15.4f}{r['time_per_sample'] * 1e6:>12.1f} us"
+            f"{ratio:>18.2f}x")
+    if policy == "mixed_float16":
+        out(f"mixed_float16 skipped {runs[policy]['skipped_steps']} step(s) with Inf/NaN "
+            f"gradients; final loss scale {runs[policy]['loss_scales'][-1]:g}")
+    if not verdict.fast:
+        out(f"Note: {policy} is not fast here: {verdict.reason}")
+    result = {"runs": runs, "units": units, "batch_size": batch_size, "split": data.split,
+              "policy": policy}
+    if plot is not None:
+        _plot(result, plot)
+        out(f"Plot written to {plot}")
+    return result
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, (ax_loss, ax_acc, ax_scale) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for name, r in runs.items():
+        h = r["history"]
+        epochs = range(1, len(h["loss"]) + 1)
+        ax_loss.plot(epochs, h["loss"], marker="o", label=f"{name} train")
+        if "val_loss" in h:
+            ax_loss.plot(epochs, h["val_loss"], linestyle="--", label=f"{name} val")
+        ax_acc.plot(epochs, h["accuracy"], marker="o", label=f"{name} train")
+        if "val_accuracy" in h:
+            ax_acc.plot(epochs, h["val_accuracy"], linestyle="--", label=f"{name} val")
+    ax_loss.set(title="loss per epoch", xlabel="epoch", ylabel="loss")
+    ax_acc.set(title="accuracy per epoch", xlabel="epoch", ylabel="accuracy")
+    mixed = result["policy"]
+    scales = runs[mixed]["loss_scales"]
+    if mixed == "mixed_float16":
+        ax_scale.plot(range(1, len(scales) + 1), scales)
+        ax_scale.set_yscale("log", base=2)
+        ax_scale.set(title=f"loss scale per step ({mixed})", xlabel="step", ylabel="loss scale")
+    else:
+        ax_scale.text(0.5, 0.5, f"{mixed}: no loss scaling\n(bfloat16 has float32's range)",
+                      ha="center", va="center", transform=ax_scale.transAxes)
+        ax_scale.set(title="loss scale per step", xticks=[], yticks=[])
+    for ax in (ax_loss, ax_acc):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"mpcore demo: {result['units']} units, batch {result['batch_size']}, "
+                 f"MNIST {result['split']} split")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--units", type=int, default=None,
+                        help="units of the two hidden layers (default: 4096 on a fast "
+                             "accelerator, 64 otherwise)")
+    parser.add_argument("--policy", choices=("mixed_float16", "mixed_bfloat16"), default=None,
+                        help="the mixed policy to compare with float32 (default: the best "
+                             "for the device)")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: the guide's 8192, or 128 when that would give fewer "
+                             "than 10 steps per epoch")
+    parser.add_argument("--plot", metavar="FILE.png", default=None,
+                        help="draw loss/accuracy per epoch and the loss scale per step "
+                             "(needs matplotlib)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                        help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
+
+
+@subcommand("demo", "the Keras mixed precision guide on MNIST: float32 vs the best mixed "
+            "policy for this device", _configure)
+def _demo(args: argparse.Namespace) -> int:
+    from mpcore.datasets.mnist import MnistUnavailableError
+
+    if args.epochs < 1:
+        print("mpcore demo: --epochs must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        run(units=args.units, policy=args.policy, epochs=args.epochs,
+            batch_size=args.batch_size, plot=args.plot, seed=args.seed, verbose=args.verbose)
+    except (MnistUnavailableError, RuntimeError) as exc:
+        print(f"mpcore demo: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,401 @@
+"""Layer, the symbolic KerasTensor, Input and InputLayer.
+
+Dtype rules (the Keras mixed precision guide's):
+
+- A layer holds a ``dtype_policy``: the global policy when it is constructed, or ``dtype=`` (a
+  policy name such as ``"float32"`` / ``"mixed_float16"`` or a :class:`~mpcore.Policy`).
+- ``__call__`` casts floating inputs to the layer's ``compute_dtype``; integer and bool inputs are
+  never cast (they are labels or indices).
+- Variables are created in ``variable_dtype`` and read inside ``call`` with
+  ``Variable.read_as(compute_dtype)``, which casts once per value and tape, so a float32 weight
+  read in float16 is cast once per training step however often it is read.
+
+Calling a layer on a :class:`KerasTensor` (what :func:`Input` returns) builds the layer and
+records a :class:`Node` of the functional graph. The output's shape and dtype are found by running
+the layer once on a batch of one zero example (outside any GradientTape): one code path for the
+symbolic and the eager call, so they can never disagree. Only the batch axis may be None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from mpcore import dtypes as _dtypes
+from mpcore import ops
+from mpcore import policy as _policy
+from mpcore import tape as _tape
+from mpcore.tensor import Tensor, Variable
+
+Shape = tuple[int | None, ...]
+
+_NAME_COUNTS: dict[str, int] = {}
+
+
+def unique_name(base: str) -> str:
+    """``base``, then ``base_1``, ``base_2`` ... (Keras' layer naming)."""
+    n = _NAME_COUNTS.get(base, 0)
+    _NAME_COUNTS[base] = n + 1
+    return base if n == 0 else f"{base}_{n}"
+
+
+def _snake(name: str) -> str:
+    s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
+
+
+@contextlib.contextmanager
+def no_tapes() -> Iterator[None]:
+    """Run ops invisible to every active GradientTape (shape inference)."""
+    state = _tape._state
+    saved = state.tapes
+    state.tapes = []
+    state.generation += 1
+    try:
+        yield
+    finally:
+        state.tapes = saved
+        state.generation += 1
+
+
+# --- the symbolic graph -------------------------------------------------------------------
+class KerasTensor:
+    """A placeholder of the functional API: a shape (batch axis None) and a dtype."""
+
+    def __init__(self, shape: Shape, dtype: str, name: str | None = None,
+                 node: Node | None = None) -> None:
+        self.shape: Shape = tuple(shape)
+        self.dtype = dtype
+        self.name = name
+        self._node = node
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        name = f", name={self.name}" if self.name else ""
+        return f"<KerasTensor shape={self.shape}, dtype={self.dtype}{name}>"
+
+
+class Node:
+    """One call of a layer in the functional graph."""
+
+    def __init__(self, layer: Layer, inputs: Any, outputs: Any) -> None:
+        self.layer = layer
+        self.inputs = inputs
+        self.outputs = outputs
+        self.flat_inputs: list[KerasTensor] = flatten(inputs)
+        self.flat_outputs: list[KerasTensor] = flatten(outputs)
+
+
+def flatten(structure: Any) -> list[Any]:
+    if isinstance(structure, (list, tuple)):
+        return [v for item in structure for v in flatten(item)]
+    if isinstance(structure, dict):
+        return [v for key in structure for v in flatten(structure[key])]
+    return [structure]
+
+
+def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(map_structure(fn, v) for v in structure)
+    if isinstance(structure, dict):
+        return {k: map_structure(fn, v) for k, v in structure.items()}
+    return fn(structure)
+
+
+def is_symbolic(structure: Any) -> bool:
+    return any(isinstance(x, KerasTensor) for x in flatten(structure))
+
+
+def _policy_from(dtype: Any) -> _policy.Policy:
+    if dtype is None or isinstance(dtype, _policy.Policy):
+        return _policy.get(dtype)
+    if isinstance(dtype, str):
+        return _policy.Policy(dtype)
+    return _policy.Policy(_dtypes.canonical(dtype))
+
+
+# --- Layer --------------------------------------------------------------------------------
+class Layer:
+    """Base class of layers (and of Model). Subclasses implement ``build(input_shape)`` (create
+    weights with :meth:`add_weight`) and ``call(inputs, training=None)``."""
+
+    #: Whether __call__ casts floating inputs to the compute dtype (Model: no, its layers do).
+    _autocast = True
+
+    def __init__(self, *, name: str | None = None, dtype: Any = None, trainable: bool = True,
+                 input_shape: Sequence[int | None] | None = None,
+                 input_dim: int | None = None) -> None:
+        object.__setattr__(self, "_layers", [])
+        self.name = name if name is not None else unique_name(_snake(type(self).__name__))
+        self._dtype_policy = _policy_from(dtype)
+        self.trainable = bool(trainable)
+        self.built = False
+        self._weights: list[Variable] = []
+        self._build_shape: Shape | None = None
+        # (min rank, exact rank or None, {axis: size}): what build() fixed about the input
+        self._input_rule: tuple[int, int | None, dict[int, int]] | None = None
+        if input_dim is not None:
+            input_shape = (input_dim,)
+        self._input_shape_arg: Shape | None = (None if input_shape is None
+                                               else tuple(input_shape))
+        self._call_takes_training = "training" in inspect.signature(self.call).parameters
+        self._inbound_nodes: list[Node] = []
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        # Track sublayers assigned as attributes, so their weights are the model's weights.
+        if isinstance(value, Layer):
+            layers = self.__dict__.get("_layers")
+            if layers is not None and all(value is not x for x in layers):
+                layers.append(value)
+        object.__setattr__(self, key, value)
+
+    # --- dtype policy -----------------------------------------------------------------
+    @property
+    def dtype_policy(self) -> _policy.Policy:
+        return self._dtype_policy
+
+    @property
+    def compute_dtype(self) -> str:
+        return self._dtype_policy.compute_dtype
+
+    @property
+    def variable_dtype(self) -> str:
+        return self._dtype_policy.variable_dtype
+
+    @property
+    def dtype(self) -> str:
+        """The variable dtype (as Keras' ``layer.dtype``)."""
+        return self._dtype_policy.variable_dtype
+
+    # --- weights ----------------------------------------------------------------------
+    def add_weight(self, name: str, shape: Sequence[int], initializer: Any = "zeros",
+                   trainable: bool = True, dtype: Any = None) -> Variable:
+        """A Variable of ``shape`` in the variable dtype (or ``dtype``), named
+        ``"<layer>/<name>"``."""
+        from mpcore.layers import initializers
+
+        dt = self.variable_dtype if dtype is None else _dtypes.canonical(dtype)
+        init = initializers.get(initializer)
+        var = Variable(init(tuple(int(d) for d in shape), dt), dtype=dt, trainable=trainable,
+                       name=f"{self.name}/{name}")
+        self._weights.append(var)
+        return var
+
+    def _sublayers(self) -> list[Layer]:
+        return list(self._layers)
+
+    @property
+    def weights(self) -> list[Variable]:
+        out: list[Variable] = []
+        seen: set[int] = set()
+        for v in self._all_weights():
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        return out
+
+    variables = weights
+
+    def _all_weights(self) -> Iterator[Variable]:
+        yield from self._weights
+        for layer in self._sublayers():
+            yield from layer._all_weights()
+
+    @property
+    def trainable_weights(self) -> list[Variable]:
+        if not self.trainable:
+            return []
+        out = [v for v in self._weights if v.trainable]
+        for layer in self._sublayers():
+            out += layer.trainable_weights
+        return _unique(out)
+
+    trainable_variables = trainable_weights
+
+    @property
+    def non_trainable_weights(self) -> list[Variable]:
+        trainable = {id(v) for v in self.trainable_weights}
+        return [v for v in self.weights if id(v) not in trainable]
+
+    non_trainable_variables = non_trainable_weights
+
+    def count_params(self) -> int:
+        return sum(v.size for v in self.weights)
+
+    def get_weights(self) -> list[Any]:
+        """Host copies of the weights (``t.numpy()`` of a device copy, so later updates of the
+        variables never show through)."""
+        return [_host_copy(v) for v in self.weights]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        own = self.weights
+        weights = list(weights)
+        if len(weights) != len(own):
+            raise ValueError(f"layer {self.name!r} has {len(own)} weights "
+                             f"({', '.join(v.name for v in own) or 'none'}), got {len(weights)}")
+        for var, value in zip(own, weights):
+            shape = tuple(getattr(value, "shape", ()) or ops.constant(value).shape)
+            if shape != var.shape:
+                raise ValueError(f"weight {var.name!r} has shape {var.shape}, got a value of "
+                                 f"shape {shape}")
+        for var, value in zip(own, weights):
+            var.assign(value)
+
+    # --- building and calling -----------------------------------------------------------
+    def build(self, input_shape: Any) -> None:
+        """Create weights for inputs of ``input_shape`` (the batch axis may be None)."""
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement call()")
+
+    def _expect_input(self, min_ndim: int, ndim: int | None = None,
+                      axes: dict[int, int] | None = None) -> None:
+        self._input_rule = (min_ndim, ndim, dict(axes or {}))
+
+    def _check_input(self, shape: Shape) -> None:
+        rule = self._input_rule
+        if rule is None:
+            return
+        min_ndim, ndim, axes = rule
+        where = f"layer {self.name!r} ({type(self).__name__})"
+        if ndim is not None and len(shape) != ndim:
+            raise ValueError(f"{where} expects inputs of rank {ndim}, got shape {shape}")
+        if len(shape) < min_ndim:
+            raise ValueError(f"{where} expects inputs of rank >= {min_ndim}, got shape {shape}")
+        for axis, size in axes.items():
+            got = shape[axis]
+            if got is not None and got != size:
+                built = f" (built for {self._build_shape})" if self._build_shape else ""
+                raise ValueError(f"{where} expects axis {axis} of its input to be {size}"
+                                 f"{built}, got input shape {shape}")
+
+    def _maybe_build(self, shape: Any) -> None:
+        if not self.built:
+            self.build(shape)
+            self.built = True
+            self._build_shape = shape if isinstance(shape, tuple) else None
+
+    def _autocast_inputs(self, inputs: Any) -> Any:
+        compute = self.compute_dtype
+
+        def convert(x: Any) -> Any:
+            if x is None:
+                return None
+            t = x if isinstance(x, Tensor) else ops.constant(x)
+            if self._autocast and t.dtype != compute and _dtypes.is_floating(t.dtype):
+                t = ops.cast(t, compute)
+            return t
+
+        return map_structure(convert, inputs)
+
+    def __call__(self, inputs: Any, training: bool | None = None, **kwargs: Any) -> Any:
+        if is_symbolic(inputs):
+            return self._symbolic_call(inputs, **kwargs)
+        inputs = self._autocast_inputs(inputs)
+        first = flatten(inputs)[0]
+        shape = first.shape if isinstance(first, Tensor) else None
+        if not self.built:
+            self._maybe_build(shape if len(flatten(inputs)) == 1 else
+                              map_structure(lambda t: t.shape, inputs))
+        if shape is not None and len(flatten(inputs)) == 1:
+            self._check_input(shape)
+        if self._call_takes_training:
+            kwargs["training"] = training
+        return self.call(inputs, **kwargs)
+
+    def _symbolic_call(self, inputs: Any, **kwargs: Any) -> Any:
+        flat = flatten(inputs)
+        if not self.built:
+            single = len(flat) == 1
+            self._maybe_build(flat[0].shape if single else map_structure(lambda k: k.shape,
+                                                                          inputs))
+        if len(flat) == 1:
+            self._check_input(flat[0].shape)
+
+        def dummy(kt: KerasTensor) -> Tensor:
+            return ops.zeros(tuple(1 if d is None else d for d in kt.shape), kt.dtype)
+
+        with no_tapes():
+            out = self.__call__(map_structure(dummy, inputs), training=False, **kwargs)
+        outputs = map_structure(
+            lambda t: KerasTensor((None, *t.shape[1:]), t.dtype, name=self.name), out)
+        node = Node(self, inputs, outputs)
+        for kt in node.flat_outputs:
+            kt._node = node
+        self._inbound_nodes.append(node)
+        return outputs
+
+    @property
+    def output(self) -> Any:
+        if not self._inbound_nodes:
+            raise AttributeError(f"layer {self.name!r} has not been called on a KerasTensor")
+        return self._inbound_nodes[0].outputs
+
+    @property
+    def output_shape(self) -> Any:
+        return map_structure(lambda kt: kt.shape, self.output)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"name": self.name, "trainable": self.trainable,
+                "dtype": self._dtype_policy.get_config()}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r}, built={self.built}>"
+
+
+def _unique(variables: list[Variable]) -> list[Variable]:
+    seen: set[int] = set()
+    out = []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _host_copy(var: Variable) -> Any:
+    be = var.backend
+    return be.to_host(be.kernels()["copy"](var.data))
+
+
+# --- Input --------------------------------------------------------------------------------
+class InputLayer(Layer):
+    """The source of a functional graph: holds the input's shape and dtype."""
+
+    def __init__(self, shape: Sequence[int | None] | None = None, batch_size: int | None = None,
+                 dtype: Any = None, name: str | None = None,
+                 input_shape: Sequence[int | None] | None = None) -> None:
+        shape = shape if shape is not None else input_shape
+        if shape is None:
+            raise ValueError("InputLayer needs a shape (without the batch axis), e.g. (784,)")
+        if isinstance(shape, int):
+            shape = (shape,)
+        dims = tuple(shape)
+        for d in dims:
+            if d is not None and (not isinstance(d, int) or d < 1):
+                raise ValueError(f"Input shape entries must be positive ints or None, got "
+                                 f"{tuple(shape)}")
+        super().__init__(name=name or unique_name("input_layer"))
+        self.input_dtype = "float32" if dtype is None else _dtypes.canonical(dtype)
+        self.batch_shape: Shape = (batch_size, *dims)
+        self.built = True
+        tensor = KerasTensor(self.batch_shape, self.input_dtype, name=self.name)
+        node = Node(self, [], tensor)
+        tensor._node = node
+        self._inbound_nodes.append(node)
+        self.tensor = tensor
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        return inputs
+
+
+def Input(shape: Sequence[int | None] | int | None = None,  # noqa: N802 - Keras' name
+          batch_size: int | None = None, dtype: Any = None, name: str | None = None) -> KerasTensor:
+    """A symbolic input of ``shape`` (without the batch axis), dtype float32 by default."""
+    return InputLayer(shape, batch_size=batch_size, dtype=dtype, name=name).tensor

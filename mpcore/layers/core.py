@@ -1,0 +1,154 @@
+"""Dense, Activation, Dropout, Flatten and LayerNormalization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpcore import ops
+from mpcore.layers import activations
+from mpcore.layers.base import Layer
+from mpcore.tensor import Tensor
+
+
+class Dense(Layer):
+    """``activation(inputs @ kernel + bias)`` over the last axis of the inputs: one matmul (an
+    *allow* op, so 16-bit under a mixed policy), a fused bias add where the backend has one,
+    and the activation in the compute dtype."""
+
+    def __init__(self, units: int, activation: Any = None, use_bias: bool = True,
+                 kernel_initializer: Any = "glorot_uniform", bias_initializer: Any = "zeros",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise ValueError(f"Dense {self.name!r}: units must be a positive int, got {units!r}")
+        self.units = units
+        self.activation = activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = kernel_initializer
+        self.bias_initializer = bias_initializer
+
+    def build(self, input_shape: Any) -> None:
+        in_dim = input_shape[-1]
+        if in_dim is None:
+            raise ValueError(f"Dense {self.name!r} needs a known last axis, got input shape "
+                             f"{input_shape}")
+        self.kernel = self.add_weight("kernel", (in_dim, self.units), self.kernel_initializer)
+        self.bias = (self.add_weight("bias", (self.units,), self.bias_initializer)
+                     if self.use_bias else None)
+        self._expect_input(2, axes={-1: in_dim})
+
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+        dt = self.compute_dtype
+        y = ops.matmul(inputs, self.kernel.read_as(dt))
+        if self.bias is not None:
+            y = ops.bias_add(y, self.bias.read_as(dt))
+        return self.activation(y)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units,
+                "activation": activations.name_of(self.activation), "use_bias": self.use_bias}
+
+
+class Activation(Layer):
+    """An activation as a layer. ``Activation("softmax", dtype="float32")`` casts its (16-bit)
+    input to float32 and outputs float32: the guide's way of keeping the model's outputs in
+    float32 under a mixed policy."""
+
+    def __init__(self, activation: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.activation = activations.get(activation)
+
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+        return self.activation(inputs)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "activation": activations.name_of(self.activation)}
+
+
+class Dropout(Layer):
+    """Inverted dropout: in training, zero each value with probability ``rate`` and scale the
+    rest by ``1/(1-rate)``; the identity otherwise. Masks draw seeds from ``mp.random`` (or
+    ``seed``), so a restored random state repeats them exactly."""
+
+    def __init__(self, rate: float, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 0.0 <= float(rate) < 1.0:
+            raise ValueError(f"Dropout {self.name!r}: rate must be in [0, 1), got {rate!r}")
+        self.rate = float(rate)
+        self.seed = seed
+
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+        if not training or self.rate == 0.0:
+            return inputs
+        return ops.dropout(inputs, self.rate, self.seed)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+class Flatten(Layer):
+    """(N, d1, d2, ...) -> (N, d1*d2*...)."""
+
+    def build(self, input_shape: Any) -> None:
+        self._expect_input(1)
+
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+        if inputs.ndim == 1:
+            return ops.reshape(inputs, (inputs.shape[0], 1))
+        return ops.reshape(inputs, (inputs.shape[0], -1))
+
+
+class LayerNormalization(Layer):
+    """Normalize over ``axis`` (the last by default) with learned ``gamma``/``beta``.
+
+    The statistics and the normalization are computed in float32 whatever the policy (16-bit
+    inputs are cast up first), then cast to the compute dtype, as Keras does."""
+
+    def __init__(self, axis: int | tuple[int, ...] = -1, epsilon: float = 1e-3,
+                 center: bool = True, scale: bool = True, beta_initializer: Any = "zeros",
+                 gamma_initializer: Any = "ones", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.axis = axis
+        self.epsilon = float(epsilon)
+        self.center, self.scale = bool(center), bool(scale)
+        self.beta_initializer, self.gamma_initializer = beta_initializer, gamma_initializer
+
+    def build(self, input_shape: Any) -> None:
+        rank = len(input_shape)
+        axes = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+        for a in axes:
+            if not -rank <= a < rank:
+                raise ValueError(f"LayerNormalization {self.name!r}: axis {a} is out of range "
+                                 f"for input shape {input_shape}")
+        self._axes = tuple(sorted(a % rank for a in axes))
+        if any(input_shape[a] is None for a in self._axes):
+            raise ValueError(f"LayerNormalization {self.name!r}: the normalized axes of "
+                             f"{input_shape} must be known")
+        param_shape = tuple(input_shape[a] if a in self._axes else 1 for a in range(rank))
+        # Weights hold only the normalized axes; other layouts are reshaped to broadcast.
+        core = tuple(input_shape[a] for a in self._axes)
+        self._param_shape = core if self._axes == (rank - 1,) else param_shape
+        self.gamma = (self.add_weight("gamma", core, self.gamma_initializer)
+                      if self.scale else None)
+        self.beta = self.add_weight("beta", core, self.beta_initializer) if self.center else None
+        self._expect_input(rank, rank, {a: input_shape[a] for a in self._axes})
+
+    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
+        stat_dtype = "float64" if inputs.dtype == "float64" else "float32"
+        x = ops.cast(inputs, stat_dtype)
+        mean = ops.mean(x, self._axes, keepdims=True)
+        centered = ops.subtract(x, mean)
+        var = ops.mean(ops.square(centered), self._axes, keepdims=True)
+        y = ops.multiply(centered, ops.rsqrt(ops.add(var, self.epsilon)))
+        if self.gamma is not None:
+            y = ops.multiply(y, self._broadcastable(self.gamma.read_as(stat_dtype)))
+        if self.beta is not None:
+            y = ops.add(y, self._broadcastable(self.beta.read_as(stat_dtype)))
+        return ops.cast(y, self.compute_dtype)
+
+    def _broadcastable(self, w: Tensor) -> Tensor:
+        return w if w.shape == self._param_shape else ops.reshape(w, self._param_shape)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon,
+                "center": self.center, "scale": self.scale}

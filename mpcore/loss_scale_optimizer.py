@@ -1,0 +1,158 @@
+"""LossScaleOptimizer: loss scaling around any optimizer, as in the Keras guide.
+
+The custom training loop of the guide::
+
+    with mp.GradientTape() as tape:
+        loss = loss_object(y, model(x))
+        scaled_loss = opt.get_scaled_loss(loss)
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled_loss, model.trainable_variables))
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+
+``get_unscaled_gradients`` runs the multi-tensor ``unscale_and_check`` kernel: every gradient
+(16-bit ones included) comes back in float32, divided by the scale, together with one device
+flag "all finite". ``apply_gradients`` hands that flag to the inner optimizer's update (which
+leaves every variable and slot untouched when it is false) and then to ``loss_scale.update``,
+which reads it: the one host read of a training step. A step with any Inf/NaN gradient is
+skipped as a whole, the scale shrinks, and ``skipped_steps`` counts it; ``iterations`` counts
+every step, skipped or not.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from mpcore import loss_scale as _ls
+from mpcore import ops
+from mpcore.optimizers import Optimizer, _split
+from mpcore.tensor import Tensor, Variable
+
+
+class LossScaleOptimizer(Optimizer):
+    """Wraps ``inner_optimizer`` with ``loss_scale``: "dynamic" (the default), a number (a
+    fixed scale) or a :class:`~mpcore.LossScale`."""
+
+    def __init__(self, inner_optimizer: Optimizer, loss_scale: Any = "dynamic") -> None:
+        if isinstance(inner_optimizer, LossScaleOptimizer):
+            raise TypeError("LossScaleOptimizer cannot wrap another LossScaleOptimizer; wrap "
+                            "its inner_optimizer instead")
+        if not isinstance(inner_optimizer, Optimizer):
+            raise TypeError("LossScaleOptimizer wraps an mp.optimizers.Optimizer, got "
+                            f"{type(inner_optimizer).__name__}")
+        scale = _ls.get(loss_scale)
+        if scale is None:
+            raise ValueError("LossScaleOptimizer needs a loss scale: 'dynamic', a number or a "
+                             "LossScale (use the inner optimizer directly for none)")
+        self._inner = inner_optimizer
+        self._loss_scale = scale
+        self.skipped_steps = 0
+        self._flag: Tensor | None = None
+        self._unscaled = False
+        self._warned = False
+        self.name = f"LossScaleOptimizer({inner_optimizer.name})"
+
+    # --- delegation ---------------------------------------------------------------------
+    @property
+    def inner_optimizer(self) -> Optimizer:
+        return self._inner
+
+    @property
+    def loss_scale(self) -> _ls.LossScale:
+        return self._loss_scale
+
+    @property
+    def iterations(self) -> int:  # type: ignore[override]
+        return self._inner.iterations
+
+    @iterations.setter
+    def iterations(self, value: int) -> None:
+        self._inner.iterations = int(value)
+
+    @property
+    def learning_rate(self) -> float:  # type: ignore[override]
+        return self._inner.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self._inner.learning_rate = value
+
+    @property
+    def use_fused_kernels(self) -> bool:  # type: ignore[override]
+        return self._inner.use_fused_kernels
+
+    @use_fused_kernels.setter
+    def use_fused_kernels(self, value: bool) -> None:
+        self._inner.use_fused_kernels = value
+
+    def build(self, var_list: Sequence[Variable]) -> None:
+        self._inner.build(var_list)
+
+    def variables(self) -> list[Variable]:
+        return self._inner.variables()
+
+    def get_slot(self, var: Variable, name: str) -> Variable:
+        return self._inner.get_slot(var, name)
+
+    # --- loss scaling -------------------------------------------------------------------
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
+        self._unscaled = False
+        if callable(loss) and not isinstance(loss, Tensor):
+            return lambda: self.get_scaled_loss(loss())
+        return ops.multiply(loss, self._loss_scale())
+
+    def get_unscaled_gradients(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
+        """``grads`` divided by the scale, in float32; None stays None. Also computes the
+        "all finite" flag that ``apply_gradients`` uses (no host read here)."""
+        out, flag = ops.unscale_and_check(list(grads), 1.0 / self._loss_scale())
+        self._flag = flag
+        self._unscaled = True
+        return out
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
+        """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""
+        grads, variables = _split(grads_and_vars)
+        flag = self._flag
+        if not self._unscaled or flag is None:
+            if not self._warned:
+                warnings.warn("LossScaleOptimizer.apply_gradients was called without "
+                              "get_scaled_loss()/get_unscaled_gradients(): the gradients are "
+                              "applied as given (not unscaled); only the Inf/NaN check is done",
+                              UserWarning, stacklevel=2)
+                self._warned = True
+            flag = ops.all_finite(grads) if grads else None
+        self._flag = None
+        self._unscaled = False
+        if flag is None:  # nothing to update
+            self._inner.iterations += 1
+            return True
+        self._inner._apply(grads, variables, flag)
+        applied = self._loss_scale.update(flag)
+        if not applied:
+            self.skipped_steps += 1
+        return applied
+
+    # --- state --------------------------------------------------------------------------
+    def get_state(self, var_list: Sequence[Variable]) -> dict[str, Any]:
+        return {"class": "LossScaleOptimizer", "inner": self._inner.get_state(var_list),
+                "loss_scale": _ls.serialize(self._loss_scale),
+                "loss_scale_state": self._loss_scale.state_dict(),
+                "skipped_steps": self.skipped_steps}
+
+    def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
+        if state.get("class") != "LossScaleOptimizer":
+            raise ValueError(f"optimizer state of {state.get('class')!r} cannot be loaded into "
+                             "a LossScaleOptimizer")
+        self._inner.set_state(var_list, state["inner"])
+        self._loss_scale = _ls.deserialize(state["loss_scale"])
+        self._loss_scale.load_state_dict(state["loss_scale_state"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+    def get_config(self) -> dict[str, Any]:
+        return {"inner_optimizer": {"class_name": type(self._inner).__name__,
+                                    "config": self._inner.get_config()},
+                "loss_scale": _ls.serialize(self._loss_scale)}
+
+    def __repr__(self) -> str:
+        return f"<mp.LossScaleOptimizer {self._inner!r} loss_scale={self._loss_scale!r}>"

@@ -1,0 +1,182 @@
+"""Metrics: running values kept on the device (a total and a count per metric), read on the host
+only when ``result()`` is asked for, so updating them costs no host round trip per step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpcore import dtypes as _dtypes
+from mpcore import ops
+from mpcore.tensor import Tensor
+
+
+class Metric:
+    """Base class: ``update_state(y_true, y_pred, sample_weight=None)``, ``result()`` (a Python
+    float), ``reset_state()``."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__.lower()
+
+    def update_state(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def result(self) -> float:
+        raise NotImplementedError
+
+    def reset_state(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r}>"
+
+
+class Mean(Metric):
+    """The (weighted) mean of every value it has seen."""
+
+    def __init__(self, name: str = "mean") -> None:
+        super().__init__(name)
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        self._total: Tensor | None = None
+        self._count: Tensor | float = 0.0
+
+    def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        """Add ``values``; ``sample_weight`` is a number (weights every value) or a tensor
+        broadcastable to ``values``."""
+        v = values if isinstance(values, Tensor) else ops.constant(values)
+        if v.dtype != "float32" and v.dtype != "float64":
+            v = ops.cast(v, "float32")
+        count: Tensor | float
+        if sample_weight is None:
+            total = ops.sum(v)
+            count = float(v.size)
+        elif isinstance(sample_weight, (int, float)):
+            total = ops.multiply(ops.sum(v), float(sample_weight))
+            count = float(v.size) * float(sample_weight)
+        else:
+            w = sample_weight if isinstance(sample_weight, Tensor) else ops.constant(
+                sample_weight, dtype=v.dtype)
+            w = ops.cast(w, v.dtype)
+            if w.shape != v.shape:
+                w = ops.broadcast_to(ops.reshape(w, w.shape + (1,) * (v.ndim - w.ndim)),
+                                     v.shape)
+            total = ops.sum(ops.multiply(v, w))
+            count = ops.sum(w)
+        self._total = total if self._total is None else ops.add(self._total, total)
+        if isinstance(count, float) and isinstance(self._count, float):
+            self._count += count
+        else:
+            self._count = ops.add(self._count, count)
+
+    def result(self) -> float:
+        if self._total is None:
+            return 0.0
+        count = self._count
+        if isinstance(count, float):
+            return float(self._total) / count if count else 0.0
+        return float(ops.divide(self._total, count))
+
+
+class MeanMetricWrapper(Mean):
+    """The mean of ``fn(y_true, y_pred)`` over every example seen."""
+
+    def __init__(self, fn: Callable[[Any, Any], Tensor], name: str | None = None) -> None:
+        super().__init__(name or getattr(fn, "__name__", "metric"))
+        self.fn = fn
+
+    def update_state(self, y_true: Any, y_pred: Any,  # type: ignore[override]
+                     sample_weight: Any = None) -> None:
+        super().update_state(self.fn(y_true, y_pred), sample_weight)
+
+
+def _tensor(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else ops.constant(x)
+
+
+def _as_labels(y: Tensor, like: Tensor) -> Tensor:
+    """Integer labels of shape ``like.shape[:-1]`` from (N,) or (N, 1) labels."""
+    if y.ndim == like.ndim and y.shape[-1] == 1:
+        y = ops.reshape(y, y.shape[:-1])
+    if not _dtypes.is_integer(y.dtype):
+        y = ops.cast(y, "int64")
+    return y
+
+
+def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Tensor:
+    """1.0 where ``argmax(y_pred)`` equals the integer label, else 0.0."""
+    pred = _tensor(y_pred)
+    labels = _as_labels(_tensor(y_true), pred)
+    return ops.cast(ops.equal(ops.argmax(pred, -1), labels), "float32")
+
+
+def categorical_accuracy(y_true: Any, y_pred: Any) -> Tensor:
+    pred = _tensor(y_pred)
+    return ops.cast(ops.equal(ops.argmax(pred, -1), ops.argmax(_tensor(y_true), -1)),
+                    "float32")
+
+
+def binary_accuracy(y_true: Any, y_pred: Any, threshold: float = 0.5) -> Tensor:
+    pred = ops.cast(ops.greater(_tensor(y_pred), threshold), "float32")
+    return ops.mean(ops.cast(ops.equal(pred, ops.cast(_tensor(y_true), "float32")), "float32"),
+                    axis=-1)
+
+
+def accuracy(y_true: Any, y_pred: Any) -> Tensor:
+    """Exact equality of predictions and labels."""
+    return ops.cast(ops.equal(_tensor(y_true), _tensor(y_pred)), "float32")
+
+
+class SparseCategoricalAccuracy(MeanMetricWrapper):
+    def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
+        super().__init__(sparse_categorical_accuracy, name)
+
+
+class CategoricalAccuracy(MeanMetricWrapper):
+    def __init__(self, name: str = "categorical_accuracy") -> None:
+        super().__init__(categorical_accuracy, name)
+
+
+class BinaryAccuracy(MeanMetricWrapper):
+    def __init__(self, name: str = "binary_accuracy", threshold: float = 0.5) -> None:
+        super().__init__(lambda t, p: binary_accuracy(t, p, threshold), name)
+
+
+class Accuracy(MeanMetricWrapper):
+    def __init__(self, name: str = "accuracy") -> None:
+        super().__init__(accuracy, name)
+
+
+_BY_NAME: dict[str, Callable[[], Metric]] = {
+    "sparse_categorical_accuracy": SparseCategoricalAccuracy,
+    "categorical_accuracy": CategoricalAccuracy,
+    "binary_accuracy": BinaryAccuracy,
+    "mean": Mean,
+}
+_ACCURACY_BY_LOSS = {
+    "SparseCategoricalCrossentropy": SparseCategoricalAccuracy,
+    "CategoricalCrossentropy": CategoricalAccuracy,
+    "BinaryCrossentropy": BinaryAccuracy,
+}
+
+
+def get(identifier: Any, loss: Any = None) -> Metric:
+    """A Metric from a name, a Metric, or a function ``(y_true, y_pred) -> values``.
+
+    ``"accuracy"``/``"acc"`` picks the accuracy that matches ``loss``, as Keras does (sparse
+    categorical for SparseCategoricalCrossentropy ...), and keeps the name the user wrote."""
+    if isinstance(identifier, Metric):
+        return identifier
+    if isinstance(identifier, str):
+        key = identifier.lower()
+        if key in ("accuracy", "acc"):
+            cls = _ACCURACY_BY_LOSS.get(type(loss).__name__, Accuracy)
+            return cls(name=identifier)  # type: ignore[call-arg]
+        if key not in _BY_NAME:
+            raise ValueError(f"unknown metric {identifier!r}; valid names: "
+                             f"{', '.join(['accuracy', 'acc', *sorted(_BY_NAME)])}")
+        return _BY_NAME[key]()
+    if callable(identifier):
+        return MeanMetricWrapper(identifier)
+    raise TypeError(f"a metric is a name, a Metric or a callable, got {identifier!r}")

@@ -1,0 +1,478 @@
+"""Model: a functional graph of layers (``mp.Model(inputs, outputs)``) or a subclass with its
+own ``call``, plus the Keras training API: compile, fit, evaluate, predict, train_on_batch,
+summary, weights and checkpoints.
+
+Training on a device: ``fit`` moves ``x`` and ``y`` to the backend once and slices batches there
+(a shuffled epoch gathers with one ``take`` per batch from a permutation drawn from
+``mp.random``). A step makes no host read of its own except the loss-scale update's single read
+of the "all finite" flag under mixed_float16; metrics accumulate on the device and are read when
+the progress bar refreshes (at most a few times a second) and at the end of each epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _pyrandom
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpcore import callbacks as _callbacks
+from mpcore import checkpoint as _checkpoint
+from mpcore import loss_scale as _ls
+from mpcore import losses as _losses
+from mpcore import metrics as _metrics
+from mpcore import ops
+from mpcore import optimizers as _optimizers
+from mpcore import random as _random
+from mpcore.layers.base import (
+    InputLayer,
+    KerasTensor,
+    Layer,
+    Node,
+    flatten,
+    map_structure,
+    unique_name,
+)
+from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.tape import GradientTape
+from mpcore.tensor import Tensor
+
+_REFRESH_S = 0.25  # progress-bar refresh period: each refresh reads the metrics once
+
+
+class Model(Layer):
+    """``Model(inputs=..., outputs=...)`` over KerasTensors, or subclass it and write
+    ``call``. The model's own ``dtype_policy`` (the global policy when it is created) decides
+    whether ``compile`` adds loss scaling: a mixed_float16 model gets a LossScaleOptimizer
+    (with the policy's loss scale, dynamic by default), a mixed_bfloat16 one does not."""
+
+    _autocast = False
+
+    def __init__(self, inputs: Any = None, outputs: Any = None, name: str | None = None,
+                 **kwargs: Any) -> None:
+        default = "functional" if inputs is not None else "model"
+        super().__init__(name=name or unique_name(default), **kwargs)
+        self._is_graph = False
+        self.optimizer: Any = None
+        self.loss: _losses.Loss | None = None
+        self.compiled_metrics: list[_metrics.Metric] = []
+        self._loss_tracker = _metrics.Mean("loss")
+        self.stop_training = False
+        self.history: _callbacks.History | None = None
+        self._train_steps = 0
+        if inputs is not None or outputs is not None:
+            if inputs is None or outputs is None:
+                raise ValueError("a functional Model needs both inputs= and outputs=")
+            self._init_graph(inputs, outputs)
+
+    # --- the graph ----------------------------------------------------------------------
+    def _init_graph(self, inputs: Any, outputs: Any) -> None:
+        flat_in = flatten(inputs)
+        for kt in flat_in:
+            if not isinstance(kt, KerasTensor) or not isinstance(
+                    getattr(kt._node, "layer", None), InputLayer):
+                raise TypeError(f"Model inputs must come from mp.Input(...), got {kt!r}")
+        flat_out = flatten(outputs)
+        for kt in flat_out:
+            if not isinstance(kt, KerasTensor):
+                raise TypeError(f"Model outputs must be KerasTensors (a layer called on an "
+                                f"Input), got {type(kt).__name__}")
+        input_ids = {id(kt) for kt in flat_in}
+        order: list[Node] = []
+        seen: set[int] = set()
+
+        def visit(kt: KerasTensor) -> None:
+            node = kt._node
+            assert node is not None
+            if id(node) in seen:
+                return
+            seen.add(id(node))
+            if isinstance(node.layer, InputLayer):
+                if id(kt) not in input_ids:
+                    raise ValueError(f"the outputs depend on input {kt.name!r}, which is not "
+                                     "among the model's inputs")
+                return
+            for parent in node.flat_inputs:
+                visit(parent)
+            order.append(node)
+
+        for kt in flat_out:
+            visit(kt)
+        self._graph_inputs, self._flat_inputs = inputs, flat_in
+        self._graph_outputs, self._flat_outputs = outputs, flat_out
+        self._nodes = order
+        layers: list[Layer] = [kt._node.layer for kt in flat_in]  # type: ignore[union-attr]
+        for node in order:
+            if all(node.layer is not x for x in layers):
+                layers.append(node.layer)
+        self._layers = layers
+        self._is_graph = True
+        self.built = True
+
+    @property
+    def layers(self) -> list[Layer]:
+        return list(self._layers)
+
+    def get_layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise ValueError(f"no layer {name!r} in model {self.name!r}; layers: "
+                         f"{', '.join(x.name for x in self.layers)}")
+
+    @property
+    def inputs(self) -> list[KerasTensor]:
+        return list(self._flat_inputs) if self._is_graph else []
+
+    @property
+    def outputs(self) -> list[KerasTensor]:
+        return list(self._flat_outputs) if self._is_graph else []
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        if not self._is_graph:
+            raise NotImplementedError(f"model {self.name!r} has no graph: create it with "
+                                      "Model(inputs, outputs) or subclass Model and write call()")
+        flat = flatten(inputs)
+        if len(flat) != len(self._flat_inputs):
+            raise ValueError(f"model {self.name!r} takes {len(self._flat_inputs)} input(s) "
+                             f"({', '.join(str(k.name) for k in self._flat_inputs)}), got "
+                             f"{len(flat)}")
+        values: dict[int, Tensor] = {}
+        for kt, t in zip(self._flat_inputs, flat):
+            if not isinstance(t, Tensor):
+                t = ops.constant(t)
+            if len(t.shape) != len(kt.shape) or any(
+                    want is not None and want != got for want, got in zip(kt.shape, t.shape)):
+                raise ValueError(f"model {self.name!r}: input {kt.name!r} expects shape "
+                                 f"{kt.shape}, got {t.shape}")
+            if t.dtype != kt.dtype:
+                t = ops.cast(t, kt.dtype)
+            values[id(kt)] = t
+        for node in self._nodes:
+            args = map_structure(lambda k: values[id(k)], node.inputs)
+            out = node.layer(args, training=training)
+            for kt, t in zip(node.flat_outputs, flatten(out)):
+                values[id(kt)] = t
+        return map_structure(lambda k: values[id(k)], self._graph_outputs)
+
+    # --- compile --------------------------------------------------------------------------
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
+                metrics: Sequence[Any] | None = None) -> None:
+        """Set the optimizer (a name or an Optimizer), the loss (a name, a Loss or a
+        function) and the metrics (names, Metrics or functions)."""
+        opt = _optimizers.get(optimizer)
+        policy = self.dtype_policy
+        if (policy.compute_dtype == "float16" and policy.is_mixed
+                and not isinstance(opt, LossScaleOptimizer) and policy.loss_scale is not None):
+            # A fresh LossScale: the policy's instance may be shared by other models.
+            opt = LossScaleOptimizer(opt, _ls.deserialize(_ls.serialize(policy.loss_scale)))
+        loss_obj = None if loss is None else _losses.get(loss)
+        compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
+        names = [m.name for m in compiled]
+        if len(set(names)) != len(names) or "loss" in names:
+            raise ValueError(f"metric names must be unique and not 'loss', got {names}")
+        # Only a compile that fully succeeded replaces the previous one.
+        self.optimizer, self.loss, self.compiled_metrics = opt, loss_obj, compiled
+
+    def _require_compiled(self, need_optimizer: bool = True) -> None:
+        if self.loss is None or (need_optimizer and self.optimizer is None):
+            raise RuntimeError(f"model {self.name!r} must be compiled with a loss (and an "
+                               "optimizer) first: model.compile(loss=..., optimizer=...)")
+
+    @property
+    def metrics_names(self) -> list[str]:
+        return ["loss", *(m.name for m in self.compiled_metrics)]
+
+    # --- one step -------------------------------------------------------------------------
+    def train_step(self, x: Any, y: Any) -> Any:
+        """Forward, loss, (scaled) gradients, update; updates the metrics on the device and
+        returns the (unscaled, float32) loss tensor."""
+        opt = self.optimizer
+        scaled = isinstance(opt, LossScaleOptimizer)
+        with GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss(y, y_pred)  # type: ignore[misc]
+            target = opt.get_scaled_loss(loss) if scaled else loss
+        variables = self.trainable_variables
+        grads = tape.gradient(target, variables)
+        if scaled:
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, variables))
+        self._train_steps += 1
+        n = flatten(y)[0].shape[0]
+        self._loss_tracker.update_state(ops.stop_gradient(loss), sample_weight=float(n))
+        for metric in self.compiled_metrics:
+            metric.update_state(y, ops.stop_gradient(flatten(y_pred)[0]))
+        return loss
+
+    def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
+                       return_dict: bool = False) -> Any:
+        """One training step on one batch; returns the loss (and metrics) as Python floats."""
+        self._require_compiled()
+        if reset_metrics:
+            self.reset_metrics()
+        self.train_step(self._to_device(x), self._to_device(y))
+        return self._results(return_dict)
+
+    def test_step(self, x: Any, y: Any) -> None:
+        y_pred = self(x, training=False)
+        loss = self.loss(y, y_pred)  # type: ignore[misc]
+        n = flatten(y)[0].shape[0]
+        self._loss_tracker.update_state(loss, sample_weight=float(n))
+        for metric in self.compiled_metrics:
+            metric.update_state(y, flatten(y_pred)[0])
+
+    def reset_metrics(self) -> None:
+        self._loss_tracker.reset_state()
+        for metric in self.compiled_metrics:
+            metric.reset_state()
+
+    def _results(self, return_dict: bool) -> Any:
+        logs = {"loss": self._loss_tracker.result()}
+        for metric in self.compiled_metrics:
+            logs[metric.name] = metric.result()
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    # --- data -----------------------------------------------------------------------------
+    def _to_device(self, data: Any) -> Any:
+        return map_structure(lambda a: a if isinstance(a, Tensor) else ops.constant(a), data)
+
+    @staticmethod
+    def _count(data: Any, what: str) -> int:
+        sizes = {t.shape[0] if t.ndim else 0 for t in flatten(data)}
+        if len(sizes) != 1:
+            raise ValueError(f"all arrays of {what} need the same number of samples, got sizes "
+                             f"{sorted(sizes)}")
+        return sizes.pop()
+
+    @staticmethod
+    def _rows(data: Any, start: int, stop: int, order: Tensor | None) -> Any:
+        if order is None:
+            return map_structure(lambda t: t[start:stop], data)
+        idx = order[start:stop]
+        return map_structure(lambda t: ops.take(t, idx, 0), data)
+
+    def _output_classes(self, x: Any) -> int | None:
+        if self._is_graph:
+            shape = self._flat_outputs[0].shape
+        else:
+            shape = flatten(self(self._rows(x, 0, 1, None), training=False))[0].shape
+        return shape[-1] if shape else None
+
+    def _validate_labels(self, x: Any, y: Any, what: str) -> None:
+        """Once per fit/evaluate, on the host: sparse labels must index the output classes."""
+        if not isinstance(self.loss, _losses.SparseCategoricalCrossentropy):
+            return
+        labels = flatten(y)[0]
+        if labels.size == 0:
+            return
+        classes = self._output_classes(x)
+        if classes is None:
+            return
+        lo, hi = ops.min(labels).item(), ops.max(labels).item()
+        if lo < 0 or hi >= classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{what} holds label {bad}, but labels must be in [0, {classes}) "
+                             f"for model {self.name!r}, whose output has {classes} classes")
+
+    # --- fit / evaluate / predict ---------------------------------------------------------
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+            verbose: int | str = 1, callbacks: Sequence[_callbacks.Callback] | None = None,
+            validation_split: float = 0.0, validation_data: Any = None, shuffle: bool = True,
+            initial_epoch: int = 0) -> _callbacks.History:
+        """Train for ``epochs`` (from ``initial_epoch``). ``validation_split`` holds out the
+        last fraction of the data before shuffling, as Keras; ``verbose``: 0 silent, 1 a
+        progress bar per epoch (tqdm), 2 one line per epoch. Returns the History."""
+        self._require_compiled()
+        if x is None or y is None:
+            raise ValueError("fit needs x and y")
+        if not 0.0 <= validation_split < 1.0:
+            raise ValueError(f"validation_split must be in [0, 1), got {validation_split!r}")
+        verbose = 1 if verbose == "auto" else int(verbose)
+        batch_size = 32 if batch_size is None else int(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        xd, yd = self._to_device(x), self._to_device(y)
+        n = self._count(xd, "x")
+        if self._count(yd, "y") != n:
+            raise ValueError(f"x has {n} samples but y has {self._count(yd, 'y')}")
+        val: tuple[Any, Any] | None = None
+        if validation_data is not None:
+            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+                raise ValueError("validation_data must be a pair (x_val, y_val)")
+            val = (self._to_device(validation_data[0]), self._to_device(validation_data[1]))
+        elif validation_split:
+            split = int(n * (1.0 - validation_split))
+            if split < 1 or split >= n:
+                raise ValueError(f"validation_split={validation_split} leaves no training or "
+                                 f"no validation samples out of {n}")
+            val = (self._rows(xd, split, n, None), self._rows(yd, split, n, None))
+            xd, yd, n = self._rows(xd, 0, split, None), self._rows(yd, 0, split, None), split
+        if n == 0:
+            raise ValueError("fit got no training samples")
+        self._validate_labels(xd, yd, "y")
+        if val is not None:
+            self._validate_labels(val[0], val[1], "the validation labels")
+        steps = math.ceil(n / batch_size)
+        history = _callbacks.History()
+        cbs = _callbacks.CallbackList([history, *(callbacks or [])])
+        cbs.set_model(self)
+        cbs.set_params({"epochs": epochs, "steps": steps, "batch_size": batch_size,
+                        "samples": n, "verbose": verbose})
+        self.stop_training = False
+        self.history = history
+        backend = flatten(xd)[0].backend
+        cbs.on_train_begin()
+        for epoch in range(initial_epoch, epochs):
+            self.reset_metrics()
+            cbs.on_epoch_begin(epoch)
+            order = None
+            if shuffle:
+                perm = list(range(n))
+                _pyrandom.Random(_random.next_seed()).shuffle(perm)
+                order = ops.constant(perm, dtype="int64", backend=backend)
+            bar = _progress_bar(epoch, epochs, steps) if verbose == 1 else None
+            start = last_refresh = time.perf_counter()
+            for step in range(steps):
+                cbs.on_train_batch_begin(step)
+                lo, hi = step * batch_size, min((step + 1) * batch_size, n)
+                self.train_step(self._rows(xd, lo, hi, order), self._rows(yd, lo, hi, order))
+                cbs.on_train_batch_end(step, {"batch": step, "size": hi - lo})
+                if bar is not None:
+                    bar.update(1)
+                    now = time.perf_counter()
+                    if now - last_refresh >= _REFRESH_S and step + 1 < steps:
+                        last_refresh = now
+                        bar.set_postfix_str(_format(self._results(True)), refresh=True)
+                if self.stop_training:
+                    break
+            backend.synchronize()
+            elapsed = time.perf_counter() - start
+            logs = self._results(True)
+            if val is not None:
+                val_logs = self.evaluate(val[0], val[1], batch_size=batch_size, verbose=0,
+                                         return_dict=True, _validate=False)
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            timing = f"{elapsed:.2f}s, {elapsed / n * 1e6:.0f}us/sample"
+            if bar is not None:
+                bar.set_postfix_str(f"{_format(logs)} - {timing}", refresh=True)
+                bar.close()
+            elif verbose == 2:
+                print(f"Epoch {epoch + 1}/{epochs} - {timing} - {_format(logs)}", flush=True)
+            logs["time_per_sample"] = elapsed / n
+            cbs.on_epoch_end(epoch, logs)
+            if self.stop_training:
+                break
+        cbs.on_train_end()
+        return history
+
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+                 verbose: int | str = 1, return_dict: bool = False,
+                 _validate: bool = True) -> Any:
+        """The loss (and metrics) over ``x``/``y``: a float, or [loss, *metrics], or a dict."""
+        self._require_compiled(need_optimizer=False)
+        batch_size = 32 if batch_size is None else int(batch_size)
+        xd, yd = self._to_device(x), self._to_device(y)
+        n = self._count(xd, "x")
+        if self._count(yd, "y") != n:
+            raise ValueError(f"x has {n} samples but y has {self._count(yd, 'y')}")
+        if _validate:
+            self._validate_labels(xd, yd, "y")
+        self.reset_metrics()
+        steps = math.ceil(n / batch_size)
+        start = time.perf_counter()
+        for step in range(steps):
+            lo, hi = step * batch_size, min((step + 1) * batch_size, n)
+            self.test_step(self._rows(xd, lo, hi, None), self._rows(yd, lo, hi, None))
+        logs = self._results(True)
+        if verbose:
+            elapsed = time.perf_counter() - start
+            print(f"{steps}/{steps} - {elapsed:.2f}s - {_format(logs)}", flush=True)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = 0) -> Any:
+        """Outputs for ``x``, batch by batch, as host arrays (``t.numpy()``)."""
+        batch_size = 32 if batch_size is None else int(batch_size)
+        xd = self._to_device(x)
+        n = self._count(xd, "x")
+        outs: list[Any] = []
+        for lo in range(0, n, batch_size):
+            outs.append(self(self._rows(xd, lo, min(lo + batch_size, n), None), training=False))
+        if not outs:
+            raise ValueError("predict got no samples")
+        flat = [flatten(o) for o in outs]
+        joined = [ops.concat([f[i] for f in flat], axis=0).numpy() for i in range(len(flat[0]))]
+        return joined[0] if len(joined) == 1 else joined
+
+    def predict_on_batch(self, x: Any) -> Any:
+        return self.predict(x, batch_size=max(1, self._count(self._to_device(x), "x")))
+
+    # --- weights and checkpoints ------------------------------------------------------------
+    def save_weights(self, filepath: str) -> None:
+        """Write the weights atomically (see :mod:`mpcore.checkpoint`)."""
+        _checkpoint.save_weights(self, filepath)
+
+    def load_weights(self, filepath: str) -> None:
+        _checkpoint.load_weights(self, filepath)
+
+    def save_checkpoint(self, filepath: str, **extra: Any) -> None:
+        """Weights, optimizer slots and iterations, loss-scale state, the step count and
+        ``mp.random``'s state, written atomically; ``extra`` values are stored alongside."""
+        _checkpoint.save(filepath, self, **extra)
+
+    def load_checkpoint(self, filepath: str) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote (compile the model first); returns the
+        ``extra`` values."""
+        return _checkpoint.restore(filepath, self)
+
+    # --- summary ----------------------------------------------------------------------------
+    def summary(self, print_fn: Callable[[str], Any] | None = None, line_length: int = 88) -> None:
+        """Print the layers, their output shapes, dtype policies and parameter counts."""
+        out = print_fn or (lambda s: print(s, file=sys.stdout))
+        cols = (30, 22, 18, 12)
+        rule = "_" * sum(cols)
+        out(f'Model: "{self.name}"')
+        out(rule)
+        out(_row(("Layer (type)", "Output Shape", "Policy", "Param #"), cols))
+        out("=" * sum(cols))
+        for layer in self.layers:
+            try:
+                shape = str(layer.output_shape)
+            except AttributeError:
+                shape = "?"
+            if isinstance(layer, InputLayer):
+                shape = str(layer.batch_shape)
+            out(_row((f"{layer.name} ({type(layer).__name__})", shape,
+                      layer.dtype_policy.name, str(layer.count_params())), cols))
+        out("=" * sum(cols))
+        trainable = sum(v.size for v in self.trainable_weights)
+        total = self.count_params()
+        out(f"Total params: {total:,}")
+        out(f"Trainable params: {trainable:,}")
+        out(f"Non-trainable params: {total - trainable:,}")
+        out(rule)
+
+
+def _row(values: Sequence[str], widths: Sequence[int]) -> str:
+    return "".join(f" {v:<{w - 1}}" if len(v) < w - 1 else f" {v[:w - 2]}~"
+                   for v, w in zip(values, widths))
+
+
+def _format(logs: dict[str, float]) -> str:
+    return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
+
+
+def _progress_bar(epoch: int, epochs: int, steps: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
+                dynamic_ncols=True, leave=True, file=sys.stderr)
+

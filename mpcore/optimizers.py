@@ -1,0 +1,342 @@
+"""Optimizers: SGD (momentum, Nesterov), RMSprop, Adam and AdamW, with Keras' formulas.
+
+They update float32 master variables with float32 slots. On a backend with the fused kernel
+(``sgd_update``, ``rmsprop_update``, ``adam_update``: see ``mpcore.backend.OPTIONAL_KERNELS``)
+each variable is updated in place by one kernel call; otherwise the same float32 arithmetic runs
+as ops and the results are assigned. Both paths perform the same operations in the same order.
+
+``learning_rate`` is a float or a callable ``schedule(step: int) -> float`` (called with
+``iterations`` before each update). ``_apply(grads, variables, flag)`` is what
+:class:`~mpcore.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
+``unscale_and_check``: when the flag is false, variables and slots keep their values (the fused
+kernels skip the write; the composite path selects the old values on the device), so a skipped
+step needs no host read of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+from mpcore import ops
+from mpcore.tensor import Tensor, Variable
+
+LearningRate = float | Callable[[int], float]
+
+
+class Optimizer:
+    """Base class. Subclasses name their ``slots`` and implement ``_update`` (the composite
+    path) and ``_fused`` (the kernel call)."""
+
+    kernel: ClassVar[str] = ""
+
+    def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None) -> None:
+        if not callable(learning_rate):
+            learning_rate = float(learning_rate)
+            if not (math.isfinite(learning_rate) and learning_rate >= 0):
+                raise ValueError(f"learning_rate must be a finite number >= 0 or a callable "
+                                 f"schedule, got {learning_rate!r}")
+        self._learning_rate: LearningRate = learning_rate
+        self.name = name or type(self).__name__
+        self.iterations = 0
+        #: Use the backend's fused update kernel when it has one (False forces the op path).
+        self.use_fused_kernels = True
+        self._slots: dict[int, dict[str, Variable]] = {}
+        self._var_list: list[Variable] = []
+
+    # --- hyperparameters ---------------------------------------------------------------
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the next step (a schedule is evaluated at ``iterations``)."""
+        lr = self._learning_rate
+        return float(lr(self.iterations)) if callable(lr) else lr
+
+    @learning_rate.setter
+    def learning_rate(self, value: LearningRate) -> None:
+        self._learning_rate = value if callable(value) else float(value)
+
+    lr = learning_rate
+
+    def slot_names(self) -> tuple[str, ...]:
+        return ()
+
+    # --- state --------------------------------------------------------------------------
+    def build(self, var_list: Sequence[Variable]) -> None:
+        """Create the slots of every variable not seen yet (zeros, in the variable's dtype)."""
+        for var in var_list:
+            if id(var) in self._slots:
+                continue
+            self._slots[id(var)] = {
+                name: Variable(ops.zeros(var.shape, var.dtype, var.backend), dtype=var.dtype,
+                               trainable=False, name=f"{var.name}/{name}")
+                for name in self.slot_names()}
+            self._var_list.append(var)
+
+    def get_slot(self, var: Variable, name: str) -> Variable:
+        try:
+            return self._slots[id(var)][name]
+        except KeyError:
+            raise KeyError(f"no slot {name!r} for variable {var.name!r}; slots: "
+                           f"{', '.join(self.slot_names()) or 'none'}") from None
+
+    def variables(self) -> list[Variable]:
+        return [slot for var in self._var_list for slot in self._slots[id(var)].values()]
+
+    def get_state(self, var_list: Sequence[Variable]) -> dict[str, Any]:
+        """Host copies of ``iterations`` and of the slots of ``var_list`` (in that order)."""
+        self.build(var_list)
+        slots = []
+        for var in var_list:
+            entry = {}
+            for name, slot in self._slots[id(var)].items():
+                be = slot.backend
+                entry[name] = be.to_host(be.kernels()["copy"](slot.data))
+            slots.append(entry)
+        return {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
+
+    def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
+        if state.get("class") != type(self).__name__:
+            raise ValueError(f"optimizer state of {state.get('class')!r} cannot be loaded into "
+                             f"{type(self).__name__}")
+        if len(state["slots"]) != len(var_list):
+            raise ValueError(f"optimizer state has slots for {len(state['slots'])} variables, "
+                             f"the model has {len(var_list)}")
+        self.build(var_list)
+        for var, entry in zip(var_list, state["slots"]):
+            slots = self._slots[id(var)]
+            if set(entry) != set(slots):
+                raise ValueError(f"slots {sorted(entry)} do not match {sorted(slots)} for "
+                                 f"variable {var.name!r}")
+            for name, value in entry.items():
+                slots[name].assign(value)
+        self.iterations = int(state["iterations"])
+
+    def get_config(self) -> dict[str, Any]:
+        lr = self._learning_rate
+        return {"name": self.name, "learning_rate": lr}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Optimizer:
+        return cls(**config)
+
+    # --- updates ------------------------------------------------------------------------
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
+        """Apply one step; variables whose gradient is None are left alone. Returns True."""
+        grads, variables = _split(grads_and_vars)
+        self._apply(grads, variables, None)
+        return True
+
+    def minimize(self, loss: Callable[[], Tensor], var_list: Sequence[Variable]) -> bool:
+        from mpcore.tape import GradientTape
+
+        with GradientTape() as tape:
+            value = loss()
+        return self.apply_gradients(zip(tape.gradient(value, list(var_list)), var_list))
+
+    def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
+               flag: Tensor | None) -> None:
+        self.build(variables)
+        lr = self.learning_rate
+        step = self.iterations + 1
+        for grad, var in zip(grads, variables):
+            if grad.shape != var.shape:
+                raise ValueError(f"gradient of shape {grad.shape} for variable {var.name!r} of "
+                                 f"shape {var.shape}")
+            if grad.dtype != var.dtype:
+                grad = ops.cast(grad, var.dtype)
+            slots = self._slots[id(var)]
+            kernel = (var.backend.kernels().get(self.kernel)
+                      if self.use_fused_kernels and var.dtype == "float32" else None)
+            if kernel is not None:
+                self._fused(kernel, var, grad, slots, lr, step,
+                            None if flag is None else flag.data)
+                var.mark_updated()
+                for slot in slots.values():
+                    slot.mark_updated()
+                continue
+            new_var, new_slots = self._update(var.value(), grad,
+                                              {k: s.value() for k, s in slots.items()}, lr, step)
+            if flag is not None:
+                new_var = ops.where(flag, new_var, var.value())
+                new_slots = {k: ops.where(flag, v, slots[k].value())
+                             for k, v in new_slots.items()}
+            var.assign(new_var)
+            for name, value in new_slots.items():
+                slots[name].assign(value)
+        self.iterations += 1
+
+    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
+                step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
+               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<mp.optimizers.{type(self).__name__} learning_rate={self._learning_rate!r}>"
+
+
+def _split(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
+           ) -> tuple[list[Tensor], list[Variable]]:
+    grads, variables = [], []
+    for grad, var in grads_and_vars:
+        if not isinstance(var, Variable):
+            raise TypeError(f"apply_gradients takes (gradient, Variable) pairs, got a "
+                            f"{type(var).__name__} as the variable")
+        if grad is None:
+            continue
+        grads.append(grad)
+        variables.append(var)
+    return grads, variables
+
+
+def _sub(a: Tensor, b: Tensor) -> Tensor:
+    return ops.subtract(a, b)
+
+
+class SGD(Optimizer):
+    """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
+    ``var -= lr*g`` without momentum."""
+
+    kernel = "sgd_update"
+
+    def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
+                 nesterov: bool = False, name: str | None = None) -> None:
+        super().__init__(learning_rate, name)
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+
+    def slot_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum > 0 else ()
+
+    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
+                step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        g_lr = ops.multiply(grad, lr)
+        if self.momentum == 0:
+            return _sub(var, g_lr), {}
+        v = _sub(ops.multiply(slots["momentum"], self.momentum), g_lr)
+        if self.nesterov:
+            return ops.add(var, _sub(ops.multiply(v, self.momentum), g_lr)), {"momentum": v}
+        return ops.add(var, v), {"momentum": v}
+
+    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
+               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
+        velocity = slots.get("momentum")
+        kernel(var.data, grad.data, None if velocity is None else velocity.data, lr,
+               self.momentum, self.nesterov, flag)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
+
+
+class RMSprop(Optimizer):
+    """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
+    ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
+
+    kernel = "rmsprop_update"
+
+    def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
+                 momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None) -> None:
+        super().__init__(learning_rate, name)
+        if not 0.0 <= rho < 1.0:
+            raise ValueError(f"rho must be in [0, 1), got {rho!r}")
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+
+    def slot_names(self) -> tuple[str, ...]:
+        return ("velocity", "momentum") if self.momentum > 0 else ("velocity",)
+
+    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
+                step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        ms = ops.add(ops.multiply(slots["velocity"], self.rho),
+                     ops.multiply(ops.multiply(grad, grad), 1.0 - self.rho))
+        inc = ops.divide(ops.multiply(grad, lr), ops.sqrt(ops.add(ms, self.epsilon)))
+        if self.momentum == 0:
+            return _sub(var, inc), {"velocity": ms}
+        mom = ops.add(ops.multiply(slots["momentum"], self.momentum), inc)
+        return _sub(var, mom), {"velocity": ms, "momentum": mom}
+
+    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
+               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
+        mom = slots.get("momentum")
+        kernel(var.data, grad.data, slots["velocity"].data, None if mom is None else mom.data,
+               lr, self.rho, self.momentum, self.epsilon, flag)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon}
+
+
+class Adam(Optimizer):
+    """Keras' Adam: ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``;
+    ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)`` and
+    ``t = iterations + 1`` (under a LossScaleOptimizer ``iterations`` counts skipped steps
+    too). ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW)."""
+
+    kernel = "adam_update"
+
+    def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(learning_rate, name)
+        for label, beta in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"{label} must be in [0, 1), got {beta!r}")
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.weight_decay = float(weight_decay or 0.0)
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+
+    def slot_names(self) -> tuple[str, ...]:
+        return ("m", "v")
+
+    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
+                step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        if self.weight_decay:
+            var = _sub(var, ops.multiply(var, lr * self.weight_decay))
+        alpha = lr * math.sqrt(1.0 - self.beta_2**step) / (1.0 - self.beta_1**step)
+        m = ops.add(slots["m"], ops.multiply(_sub(grad, slots["m"]), 1.0 - self.beta_1))
+        v = ops.add(slots["v"], ops.multiply(_sub(ops.multiply(grad, grad), slots["v"]),
+                                             1.0 - self.beta_2))
+        update = ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), self.epsilon))
+        return _sub(var, update), {"m": m, "v": v}
+
+    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
+               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
+        kernel(var.data, grad.data, slots["m"].data, slots["v"].data, lr, self.beta_1,
+               self.beta_2, self.epsilon, step, self.weight_decay, flag)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon, "weight_decay": self.weight_decay or None}
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (default 0.004, as Keras)."""
+
+    def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.004,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 name: str | None = None) -> None:
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name)
+
+
+_BY_NAME: dict[str, type[Optimizer]] = {"sgd": SGD, "rmsprop": RMSprop, "adam": Adam,
+                                        "adamw": AdamW}
+
+
+def get(identifier: Any) -> Optimizer:
+    """An optimizer from a name (``"rmsprop"``, ``"adam"`` ...) or an Optimizer instance."""
+    if isinstance(identifier, Optimizer):
+        return identifier
+    if isinstance(identifier, str):
+        key = identifier.lower()
+        if key not in _BY_NAME:
+            raise ValueError(f"unknown optimizer {identifier!r}; valid names: "
+                             f"{', '.join(sorted(_BY_NAME))}")
+        return _BY_NAME[key]()
+    raise TypeError(f"an optimizer is a name or an mp.optimizers.Optimizer, got {identifier!r}")

@@ -1,0 +1,99 @@
+"""Shared fixtures: every available backend, the global policy reset, dtype-aware tolerances.
+
+The ``backend`` fixture runs a test on each of cpu, opencl and cuda that works here; the others
+are skipped with the reason (an OpenCL backend whose kernels do not load yet is skipped with its
+error, CUDA with the backend's own "not available" reason). The backend-generic suites (ops,
+gradients, loss scaling) are what every backend is held to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mpcore as mp
+from mpcore import registry
+
+BACKEND_NAMES = ("cpu", "opencl", "cuda")
+
+# (rtol, atol) by the dtype a result is delivered in: about one or two roundings of that dtype.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (2e-2, 2e-2),
+    "float32": (1e-5, 1e-6),
+    "float64": (1e-10, 1e-12),
+}
+
+NUMPY_DTYPES: dict[str, Any] = {
+    "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
+    "float64": np.float64,
+}
+
+_availability: dict[str, str | None] = {}
+
+
+def backend_problem(name: str) -> str | None:
+    """None when backend ``name`` works here (kernels included), else why not. Cached: an
+    OpenCL backend may compile its kernels on first use."""
+    if name not in _availability:
+        try:
+            be = mp.get_backend(name)
+            be.kernels()
+            be.device()
+        except Exception as exc:  # any failure to come up is a reason to skip, shown as is
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if len(first) > 160:
+                first = first[:160] + "..."
+            _availability[name] = f"{name}: {type(exc).__name__}: {first}"
+        else:
+            _availability[name] = None
+    return _availability[name]
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend(request: pytest.FixtureRequest) -> Iterator[mp.Backend]:
+    """Each available backend in turn, made current for the test; the previous one returns."""
+    problem = backend_problem(request.param)
+    if problem is not None:
+        pytest.skip(problem)
+    previous, note = registry._current, registry._detection_note
+    be = mp.set_backend(request.param)
+    try:
+        yield be
+    finally:
+        registry._current, registry._detection_note = previous, note
+
+
+@pytest.fixture(autouse=True)
+def _reset_global_policy() -> Iterator[None]:
+    yield
+    mp.set_global_policy(None)
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def check_close(actual: Any, expected: Any, dtype: str, scale: float = 1.0) -> None:
+    """Compare a tensor (or array) with a float64 reference at ``dtype``'s tolerance, widened
+    by ``scale`` for results that went through several roundings."""
+    rtol, atol = tolerance(dtype)
+    got = np.asarray(actual).astype(np.float64)
+    want = np.asarray(expected, dtype=np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != expected {want.shape}"
+    np.testing.assert_allclose(got, want, rtol=rtol * scale, atol=atol * scale)
+
+
+@pytest.fixture
+def assert_close() -> Callable[..., None]:
+    return check_close
+
+
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` as ``dtype`` would hold them, back in float64 (the reference's inputs)."""
+    with np.errstate(over="ignore"):  # beyond a 16-bit range is inf, as in the backends
+        return np.asarray(values).astype(NUMPY_DTYPES[dtype]).astype(np.float64)

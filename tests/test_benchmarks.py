@@ -1,0 +1,83 @@
+"""The benchmark scripts run on tiny sizes and print valid JSON (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+TORCH_PYTHON = Path("/work/torchvenv/bin/python")
+
+
+def run(script: str, *args: str) -> list[dict[str, Any]]:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert lines, f"{script} printed nothing"
+    return [json.loads(ln) for ln in lines if ln.startswith("{")]
+
+
+def test_kernels_quick() -> None:
+    records = run("kernels.py", "--quick", "--backend", "cpu")
+    matmuls = [r for r in records if r["bench"] == "matmul"]
+    assert {r["dtype"] for r in matmuls} == {"float32", "float16", "bfloat16"}
+    for r in matmuls:
+        assert r["gflops"] > 0 and r["ms"] > 0
+    memory = {r["bench"]: r for r in records if "units" in r}
+    assert memory["unscale_and_check"]["gbps"] > 0
+    for name in ("sgd_update", "rmsprop_update", "adam_update"):
+        assert "gbps" in memory[name] or "skipped" in memory[name]
+
+
+def test_train_step_loop_every_policy() -> None:
+    records = run("train_step.py", "--quick", "--path", "loop", "--backend", "cpu")
+    assert [r["policy"] for r in records] == ["float32", "mixed_float16", "mixed_bfloat16"]
+    for r in records:
+        assert r["path"] == "loop" and r["backend"] == "cpu"
+        for key in ("ms_per_step", "samples_per_s", "gflops", "peak_traced_mb", "max_rss_mb"):
+            assert r[key] > 0, key
+        assert r["loss"] is not None and 0 < r["loss"] < 10  # ~ln(10) for random labels
+
+
+def test_train_step_fit_runs_or_says_why_not() -> None:
+    records = run("train_step.py", "--quick", "--path", "fit", "--policy", "float32")
+    (r,) = records
+    assert r["path"] == "fit"
+    assert "samples_per_s" in r or r["skipped"]
+
+
+def test_unknown_backend_is_reported_not_raised() -> None:
+    (r,) = run("train_step.py", "--quick", "--policy", "float32", "--backend", "nonesuch")
+    assert "nonesuch" in r["skipped"]
+
+
+@pytest.mark.parametrize("with_torch", [False, True])
+def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
+    args = ["--policy", "float32", "mixed_bfloat16", "--units", "16", "--batch", "8",
+            "--steps", "1", "--warmup", "1", "--rounds", "2"]
+    if with_torch:
+        if not TORCH_PYTHON.exists():
+            pytest.skip(f"no torch interpreter at {TORCH_PYTHON}")
+        args += ["--torch-python", str(TORCH_PYTHON)]
+    proc = subprocess.run([sys.executable, str(BENCH / "compare.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vs torch" in proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "compare"
+    assert len(result["runs"]["float32"]["mpcore"]) == 2
+    summary = result["summary"]
+    assert summary["float32"]["vs_own_float32"] == 1.0
+    assert summary["mixed_bfloat16"]["mpcore_samples_per_s"] > 0
+    if with_torch:
+        assert result["peer_skipped"] is None
+        assert summary["float32"]["vs_torch"] > 0
+    else:
+        assert "no --torch-python" in result["peer_skipped"]

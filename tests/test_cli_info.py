@@ -1,0 +1,113 @@
+"""``mpcore info`` and ``python -m mpcore info``: the table and its JSON twin."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import mpcore as mp
+from mpcore.cli import format_info, info_report, main
+from mpcore.policy import POLICIES
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MPCORE_BACKEND"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="module")
+def table() -> str:
+    proc = run([sys.executable, "-m", "mpcore", "info"])
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    proc = run([sys.executable, "-m", "mpcore", "info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_table_lists_every_backend(table: str) -> None:
+    first = table.splitlines()[0]
+    assert first.startswith("mpcore backends (selected: ")
+    for b in mp.backends():
+        line = next(x for x in table.splitlines() if x[2:].startswith(f"{b.name}: "))
+        reason = b.unavailable_reason()
+        if reason is None:
+            assert "available" in line
+        else:
+            assert f"not available: {reason}" in line
+            if b.install_hint:
+                assert f"(install with {b.install_hint})" in line
+
+
+def test_table_marks_the_selected_backend_and_shows_policies(table: str) -> None:
+    selected = next(x for x in table.splitlines() if x.startswith("* "))
+    assert selected[2:].startswith(mp.get_backend().name + ":")
+    assert f"selected: {mp.get_backend().name};" in table.splitlines()[0]
+    cpu = mp.get_backend("cpu")
+    s = cpu.policy_support("mixed_bfloat16", cpu.device())
+    assert s.reason in table
+    for policy in POLICIES:
+        assert any(line.strip().startswith(policy + " ") for line in table.splitlines())
+    assert f"device 0: {cpu.device().name}" in table
+
+
+def test_json_has_the_same_facts(report: dict, table: str) -> None:
+    assert report["selected"] == mp.get_backend().name
+    assert report["selection"] and report["selection"] in table.splitlines()[0]
+    names = [b["name"] for b in report["backends"]]
+    assert names == [b.name for b in mp.backends()]
+    for entry in report["backends"]:
+        be = mp.get_backend(entry["name"]) if entry["available"] else None
+        if entry["name"] == "cuda" and not entry["available"]:
+            assert entry["install"] == 'pip install "mpcore[cuda]"'
+        if be is None:
+            assert entry["reason"]
+            continue
+        assert set(entry["policies"]) == set(POLICIES)
+        device = be.device()
+        for policy, verdict in entry["policies"].items():
+            s = be.policy_support(policy, device)
+            assert verdict == {"supported": s.supported, "fast": s.fast, "reason": s.reason}
+        assert entry["devices"][0]["name"] == device.name
+    assert report["plugin_errors"] == [{"plugin": e.plugin, "target": e.target,
+                                        "error": e.error} for e in mp.plugin_errors()]
+
+
+def test_console_script() -> None:
+    exe = shutil.which("mpcore")
+    if exe is None:
+        pytest.skip("the mpcore console script is not on PATH")
+    proc = run([exe, "info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["selected"] == mp.get_backend().name
+
+
+def test_in_process_main(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == format_info(info_report()).strip()
+    assert main([]) == 2  # no command: help
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])
+
+
+def test_measure_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpcore import verdict
+
+    real = verdict.measure_matmul_speed
+    monkeypatch.setattr(verdict, "measure_matmul_speed",
+                        lambda be, dtype, n=1024: real(be, dtype, 128))
+    report = info_report(measure=True)
+    cpu = next(b for b in report["backends"] if b["name"] == "cpu")
+    assert set(cpu["measured"]) == {"float16", "bfloat16"}
+    assert all(m["gflops"] > 0 and m["n"] == 128 for m in cpu["measured"].values())
+    assert "measured bfloat16 matmul (n=128)" in format_info(report)

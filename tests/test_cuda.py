@@ -1,0 +1,538 @@
+"""The CUDA backend: rules and messages (anywhere), kernel sources (NVRTC, no GPU needed), and
+the kernels themselves against the CPU backend (on a GPU; skipped elsewhere with the reason).
+
+The backend-generic suites (test_ops, test_gradients, ...) also run on CUDA through the
+``backend`` fixture when a GPU is present; the GPU tests here add what they do not cover:
+batched 16-bit GEMMs, bit-exact casts, the device flag, the fused optimizer kernels, image
+kernels and random numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpcore_cuda import CudaBackend, TensorCoreWarning, check_tensor_core_dims, kernels, rules
+from mpcore_cuda.rules import compatibility_check, cuda_policy_support, device_string
+from mpcore_cuda.tensor_cores import reset_warnings
+
+import mpcore as mp
+from mpcore.backend import OPTIONAL_KERNELS, Device
+
+# --- described devices ---------------------------------------------------------------------
+P100 = Device("Tesla P100-PCIE-16GB", "NVIDIA", "gpu", "6.0")
+GTX1080 = Device("NVIDIA GeForce GTX 1080", "NVIDIA", "gpu", "6.1")
+V100 = Device("Tesla V100-SXM2-16GB", "NVIDIA", "gpu", "7.0")
+T4 = Device("Tesla T4", "NVIDIA", "gpu", "7.5")
+A100 = Device("NVIDIA A100-SXM4-40GB", "NVIDIA", "gpu", "8.0")
+H100 = Device("NVIDIA H100 80GB HBM3", "NVIDIA", "gpu", "9.0")
+NO_CC = Device("Radeon RX 7900", "AMD", "gpu", "")
+
+SEE = ("See https://developer.nvidia.com/cuda-gpus for a list of GPUs and their compute "
+       "capabilities.")
+SUFFIX = ("If you will use compatible GPU(s) not attached to this host, e.g. by running a "
+          "multi-worker model, you can ignore this warning. This message will only be logged once")
+
+
+# --- availability: cheap, no CuPy import -----------------------------------------------------
+def test_import_mpcore_does_not_import_cupy() -> None:
+    code = ("import sys, mpcore, mpcore_cuda; b = mpcore.get_backend('cuda') "
+            "if mpcore_cuda.CudaBackend().is_available() else None; "
+            "[x.unavailable_reason() for x in mpcore.backends()]; "
+            "print('cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "MPCORE_BACKEND": "cpu"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_backend_is_registered_with_every_kernel() -> None:
+    be = next(b for b in mp.backends() if b.name == "cuda")
+    assert isinstance(be, CudaBackend) and be.priority == 300
+    assert be.missing_kernels() == []
+    missing_optional = [k for k in OPTIONAL_KERNELS if not callable(getattr(be, k, None))]
+    assert missing_optional == []
+
+
+def test_hidden_devices_make_it_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    reason = CudaBackend().unavailable_reason()
+    assert reason is not None and "no CUDA device" in reason
+
+
+_REASON = CudaBackend().unavailable_reason()
+
+
+@pytest.mark.skipif(_REASON is None, reason="a CUDA GPU is present")
+def test_unavailable_reason_and_error_without_gpu() -> None:
+    assert _REASON in ("CuPy not installed", "no CUDA device") or "no CUDA device" in _REASON
+    with pytest.raises(RuntimeError, match=r"backend 'cuda' is not available: .*mpcore\[cuda\]"):
+        mp.set_backend("cuda")
+
+
+# --- rules: pure functions of device descriptions -----------------------------------------
+@pytest.mark.parametrize(("device", "f16_fast", "bf16_fast"), [
+    (P100, False, False), (GTX1080, False, False), (V100, True, False), (T4, True, False),
+    (A100, True, True), (H100, True, True)])
+def test_policy_rules(device: Device, f16_fast: bool, bf16_fast: bool) -> None:
+    for policy in ("mixed_float16", "float16"):
+        s = cuda_policy_support(policy, device.capability, (14, 0))
+        assert s.supported and s.fast == f16_fast
+        assert f"compute capability {device.capability}" in s.reason
+        assert ("tensor cores" in s.reason) and (("< 7.0" in s.reason) != f16_fast)
+    s = cuda_policy_support("mixed_bfloat16", device.capability, (14, 0))
+    assert s.supported and s.fast == bf16_fast
+    assert ("< 8.0" in s.reason) != bf16_fast
+    for policy in ("float32", "float64"):
+        assert cuda_policy_support(policy, device.capability).fast
+
+
+def test_bfloat16_needs_cupy_14() -> None:
+    s = cuda_policy_support("mixed_bfloat16", "9.0", (13, 6))
+    assert not s.supported and not s.fast
+    assert "CuPy 13.6 has no bfloat16" in s.reason and "mpcore[cuda]" in s.reason
+    assert cuda_policy_support("mixed_float16", "9.0", (13, 6)).fast
+    assert cuda_policy_support("mixed_bfloat16", "9.0", None).fast  # version unknown
+    ok, text = compatibility_check("mixed_bfloat16", [H100], (13, 6))
+    assert not ok and "CuPy 13.6" in text
+
+
+def test_rule_errors_name_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"valid names: .*mixed_float16"):
+        cuda_policy_support("mixed_float8", "8.0")
+    with pytest.raises(ValueError, match=r"looks like '8\.0'"):
+        cuda_policy_support("mixed_float16", "eight")
+    s = cuda_policy_support("mixed_float16", "")
+    assert not s.supported and "no CUDA compute capability" in s.reason
+    assert rules.parse_capability((8, 6)) == (8, 6) and rules.parse_capability("3.10") == (3, 10)
+
+
+def test_message_one_fast_gpu() -> None:
+    ok, text = compatibility_check("mixed_float16", [T4])
+    assert ok
+    header = "Mixed precision compatibility check (mixed_float16): OK"
+    assert f"{header}\n{text}" == (
+        "Mixed precision compatibility check (mixed_float16): OK\n"
+        "Your GPU will likely run quickly with dtype policy mixed_float16 as it has compute "
+        "capability of at least 7.0. Your GPU: Tesla T4, compute capability 7.5")
+
+
+def test_message_several_fast_gpus() -> None:
+    ok, text = compatibility_check("mixed_float16", [V100, A100, H100])
+    assert ok and text == ("Your GPUs will likely run quickly with dtype policy mixed_float16 as "
+                           "they all have compute capability of at least 7.0")
+
+
+def test_message_one_slow_gpu() -> None:
+    ok, text = compatibility_check("mixed_float16", [P100])
+    assert not ok and text == (
+        "Your GPU may run slowly with dtype policy mixed_float16 because it does not have "
+        "compute capability of at least 7.0. Your GPU:\n"
+        "  Tesla P100-PCIE-16GB, compute capability 6.0\n" + SEE + "\n" + SUFFIX)
+
+
+def test_message_several_slow_gpus_merges_identical_lines() -> None:
+    ok, text = compatibility_check("mixed_float16", [GTX1080, GTX1080, GTX1080, P100])
+    assert not ok and text == (
+        "Your GPUs may run slowly with dtype policy mixed_float16 because they do not have "
+        "compute capability of at least 7.0. Your GPUs:\n"
+        "  NVIDIA GeForce GTX 1080, compute capability 6.1 (x3)\n"
+        "  Tesla P100-PCIE-16GB, compute capability 6.0\n" + SEE + "\n" + SUFFIX)
+
+
+def test_message_some_of_several_slow() -> None:
+    ok, text = compatibility_check("mixed_float16", [V100, V100, P100])
+    assert not ok and text == (
+        "Some of your GPUs may run slowly with dtype policy mixed_float16 because they do not "
+        "all have compute capability of at least 7.0. Your GPUs:\n"
+        "  Tesla V100-SXM2-16GB, compute capability 7.0 (x2)\n"
+        "  Tesla P100-PCIE-16GB, compute capability 6.0\n" + SEE + "\n" + SUFFIX)
+    # fast GPUs are listed first, then the slow ones (as in the guide's check)
+    ok, text = compatibility_check("mixed_float16", [P100, H100])
+    assert text.splitlines()[1:3] == ["  NVIDIA H100 80GB HBM3, compute capability 9.0",
+                                      "  Tesla P100-PCIE-16GB, compute capability 6.0"]
+
+
+def test_message_gpu_without_compute_capability() -> None:
+    ok, text = compatibility_check("mixed_float16", [NO_CC])
+    assert not ok
+    assert text.splitlines()[1] == ("  Radeon RX 7900, no compute capability (probably not an "
+                                    "Nvidia GPU)")
+    assert device_string(Device("", capability="")) == (
+        "Unknown GPU, no compute capability (probably not an Nvidia GPU)")
+
+
+def test_message_no_gpu() -> None:
+    ok, text = compatibility_check("mixed_float16", [])
+    assert not ok and text == (
+        "The dtype policy mixed_float16 may run slowly because this machine does not have a "
+        "GPU. Only Nvidia GPUs with compute capability of at least 7.0 run quickly with "
+        "mixed_float16.\n" + SUFFIX)
+
+
+def test_message_bfloat16_uses_8_0() -> None:
+    ok, text = compatibility_check("mixed_bfloat16", [A100])
+    assert ok and text.endswith("at least 8.0. Your GPU: NVIDIA A100-SXM4-40GB, compute "
+                                "capability 8.0")
+    ok, text = compatibility_check("mixed_bfloat16", [T4, A100])
+    assert not ok and text.startswith("Some of your GPUs may run slowly with dtype policy "
+                                      "mixed_bfloat16")
+    assert compatibility_check("float32", [P100]) == (True, "float32 runs natively on CUDA GPUs")
+
+
+# --- the tensor-core tip ----------------------------------------------------------------------
+def test_tensor_core_tip_warns_once_per_layer() -> None:
+    reset_warnings()
+    with pytest.warns(TensorCoreWarning, match=r"'dense_1': units=4095 not a multiple of 8"):
+        assert check_tensor_core_dims("dense_1", {"units": 4095, "inputs": 784},
+                                      "mixed_float16") == ["units=4095"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_tensor_core_dims("dense_1", {"units": 4095, "inputs": 784},
+                                      mp.Policy("mixed_float16")) == ["units=4095"]
+        assert check_tensor_core_dims("dense_2", {"units": 4096}, "mixed_float16") == []
+        assert check_tensor_core_dims("dense_3", [10], "mixed_bfloat16") == []
+        assert check_tensor_core_dims("dense_4", [10], "float32") == []
+        mp.get_backend("cpu").layer_hint("dense_5", {"units": 10}, "mixed_float16")
+    with pytest.warns(TensorCoreWarning, match="'conv': filters=12, channels=3"):
+        CudaBackend().layer_hint("conv", {"filters": 12, "channels": 3}, "mixed_float16")
+    with pytest.warns(TensorCoreWarning, match="dim0=10"):
+        check_tensor_core_dims("logits", [10], "float16")
+    reset_warnings()
+
+
+# --- kernel sources: consistent, and compiled by NVRTC where it is installed ---------------
+_GLOBAL = re.compile(r"__global__\s+void\s+(\w+)\s*\(")
+
+
+def test_kernel_sources_are_complete_and_used() -> None:
+    defined = set(_GLOBAL.findall(kernels.SOURCE))
+    instantiated = {e.split("<", 1)[0] for e in kernels.name_expressions()}
+    assert instantiated | set(kernels.PLAIN_KERNELS) == defined
+    assert "#include" not in kernels.SOURCE  # compiles with no CUDA headers at all
+    with open(os.path.join(os.path.dirname(kernels.__file__), "backend.py"),
+              encoding="utf-8") as f:
+        backend_src = f.read()
+    launched = set(re.findall(r'_k\.(?:template|function)\(\s*"(\w+)"', backend_src))
+    assert launched <= defined
+    assert {name for name in defined if f'"{name}"' in backend_src} == defined  # all launched
+
+
+def _nvrtc() -> tuple[Any, str | None]:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as exc:  # ImportError, or the library cannot be loaded
+        return None, (f"NVRTC is not usable here ({type(exc).__name__}: {str(exc)[:80]}); "
+                      'pip install "cupy-cuda12x>=14" nvidia-cuda-nvrtc-cu12')
+    return nvrtc, None
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])
+def test_kernels_compile_with_nvrtc(arch: str) -> None:
+    nvrtc, why = _nvrtc()
+    if nvrtc is None:
+        pytest.skip(why or "")
+    major = nvrtc.getVersion()[0]
+    if arch == "sm_70" and major >= 13:
+        pytest.skip(f"NVRTC {major} no longer targets Volta (sm_70)")
+    prog = nvrtc.createProgram(kernels.SOURCE, "kernels.cu", [], [])
+    try:
+        names = kernels.name_expressions()
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *kernels.OPTIONS])
+        except Exception:
+            pytest.fail(f"{arch}: {nvrtc.getProgramLog(prog)}")
+        log = nvrtc.getProgramLog(prog)
+        problems = [line for line in log.splitlines()
+                    if line.strip() and "are deprecated" not in line]
+        assert problems == [], log
+        assert len(nvrtc.getCUBIN(prog)) > 0
+        for name in names:
+            assert nvrtc.getLoweredName(prog, name)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+# --- on a GPU: kernels against the CPU backend ---------------------------------------------
+gpu = pytest.mark.skipif(_REASON is not None, reason=f"cuda: {_REASON}")
+FLOATS = ("float16", "bfloat16", "float32")
+NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
+      "float64": np.float64}
+TOL = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-10}
+
+
+@pytest.fixture(scope="module")
+def cuda() -> CudaBackend:
+    if _REASON is not None:
+        pytest.skip(f"cuda: {_REASON}")
+    be = mp.get_backend("cuda")
+    be.kernels()
+    return be  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def cpu() -> mp.Backend:
+    be = mp.get_backend("cpu")
+    be.kernels()
+    return be
+
+
+def _rand(shape: tuple[int, ...], dtype: str, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale).astype(NP[dtype])
+
+
+def _host(be: mp.Backend, x: Any) -> np.ndarray:
+    return np.asarray(be.to_host(x)).astype(np.float64)
+
+
+def _same(cuda: Any, cpu: Any, got: Any, want: Any, dtype: str, scale: float = 1.0) -> None:
+    np.testing.assert_allclose(_host(cuda, got), _host(cpu, want), rtol=TOL[dtype] * scale,
+                               atol=TOL[dtype] * scale)
+
+
+@gpu
+def test_devices_describe_the_gpu(cuda: CudaBackend) -> None:
+    dev = cuda.device()
+    assert dev.vendor == "NVIDIA" and dev.kind == "gpu" and re.fullmatch(r"\d+\.\d+",
+                                                                        dev.capability)
+    d = dev.describe()
+    assert d["sm_count"] > 0 and d["memory_total"] >= d["memory_free"] > 0
+    assert d["compute_capability"] == dev.capability
+    message = mp.verdict.compatibility_message("mixed_float16", cuda)
+    assert message.startswith("Mixed precision compatibility check (mixed_float16): ")
+    assert f"{dev.name}, compute capability {dev.capability}" in message
+
+
+@gpu
+@pytest.mark.parametrize("src", FLOATS)
+@pytest.mark.parametrize("dst", FLOATS)
+def test_casts_round_to_nearest_even_bit_exactly(cuda: CudaBackend, src: str, dst: str) -> None:
+    values = np.concatenate([_rand((4096,), "float32", 1, 3.0),
+                             np.array([0.0, -0.0, np.inf, -np.inf, 1e-8, 70000.0, 1 + 2**-8,
+                                       1 + 3 * 2**-8, 65519.0, 65520.0], np.float32)])
+    x = values.astype(NP[src])
+    got = cuda.to_host(cuda.cast(cuda.asarray(x, src), dst))
+    want = x.astype(NP[dst])
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    nan = cuda.to_host(cuda.cast(cuda.asarray(np.array([np.nan], NP[src]), src), dst))
+    assert np.isnan(nan.astype(np.float32)).all()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True),
+                                        (True, True)])
+def test_matmul_2d_and_batched(cuda: CudaBackend, cpu: mp.Backend, dtype: str, ta: bool,
+                               tb: bool) -> None:
+    for batch in ((), (3,), (2, 2)):
+        a = _rand((*batch, 24, 40) if ta else (*batch, 40, 24), dtype, 2)
+        b = _rand((*batch, 16, 40) if tb else (*batch, 40, 16), dtype, 3)
+        got = cuda.matmul(cuda.asarray(a, dtype), cuda.asarray(b, dtype), ta, tb)
+        assert got.dtype == NP[dtype] and got.shape == (*batch, 24, 16)
+        want = cpu.matmul(cpu.asarray(a, dtype), cpu.asarray(b, dtype), ta, tb)
+        _same(cuda, cpu, got, want, dtype, scale=4.0)
+
+
+@gpu
+def test_matmul_16_bit_accumulates_in_float32(cuda: CudaBackend) -> None:
+    # 4096 products of 1 * 2**-11 sum to 2; float16 accumulation would stall at 0.5 + ...
+    a = np.ones((2, 4096), np.float16)
+    b = np.full((4096, 2), 2.0**-11, np.float16)
+    for dtype in ("float16", "bfloat16"):
+        out = cuda.matmul(cuda.asarray(a, dtype), cuda.asarray(b, dtype), False, False)
+        np.testing.assert_allclose(_host(cuda, out), 2.0, rtol=1e-3)
+        batched = cuda.matmul(cuda.asarray(a[None], dtype), cuda.asarray(b[None], dtype),
+                              False, False)
+        np.testing.assert_allclose(_host(cuda, batched), 2.0, rtol=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [*FLOATS, "float64"])
+def test_fused_elementwise_kernels(cuda: CudaBackend, cpu: mp.Backend, dtype: str) -> None:
+    x = _rand((33, 70), dtype, 4, 3.0)
+    bias = _rand((70,), dtype, 5)
+    g = _rand((33, 70), dtype, 6)
+    cx, cb, cg = (cuda.asarray(v, dtype) for v in (x, bias, g))
+    px, pb, pg = (cpu.asarray(v, dtype) for v in (x, bias, g))
+    for name in ("relu", "sigmoid", "erf", "tanh", "exp"):
+        _same(cuda, cpu, getattr(cuda, name)(cx), getattr(cpu, name)(px), dtype, 2.0)
+    _same(cuda, cpu, cuda.bias_add(cx, cb), cpu.bias_add(px, pb), dtype)
+    y = cuda.relu(cx)
+    _same(cuda, cpu, cuda.relu_grad(cg, y), cpu.relu_grad(pg, cpu.relu(px)), dtype)
+    _same(cuda, cpu, cuda.add(cx, 2.0), cpu.add(px, 2.0), dtype)
+    assert cuda.add(cx, 2.0).dtype == NP[dtype]
+    _same(cuda, cpu, cuda.subtract(1.0, cx), cpu.subtract(1.0, px), dtype)
+    oh = cuda.one_hot(cuda.asarray([0, 3, 9], "int64"), 10, dtype)
+    np.testing.assert_array_equal(_host(cuda, oh), np.eye(10)[[0, 3, 9]])
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [*FLOATS, "float64"])
+@pytest.mark.parametrize("axis", [None, (0,), (1,), (0, 1)])
+def test_reductions(cuda: CudaBackend, cpu: mp.Backend, dtype: str, axis: Any) -> None:
+    x = _rand((257, 65), dtype, 7)
+    cx, px = cuda.asarray(x, dtype), cpu.asarray(x, dtype)
+    for name in ("sum", "mean", "max", "min"):
+        got = getattr(cuda, name)(cx, axis, False)
+        assert got.dtype == NP[dtype]
+        _same(cuda, cpu, got, getattr(cpu, name)(px, axis, False), dtype, 4.0)
+    np.testing.assert_array_equal(_host(cuda, cuda.argmax(cx, 1)), _host(cpu, cpu.argmax(px, 1)))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softmax_and_cross_entropy(cuda: CudaBackend, cpu: mp.Backend, dtype: str) -> None:
+    x = _rand((300, 1000), dtype, 8, 10.0)
+    labels = np.random.default_rng(9).integers(0, 1000, 300)
+    cx, px = cuda.asarray(x, dtype), cpu.asarray(x, dtype)
+    for axis in (0, 1):
+        _same(cuda, cpu, cuda.softmax(cx, axis), cpu.softmax(px, axis), dtype, 10.0)
+        _same(cuda, cpu, cuda.log_softmax(cx, axis), cpu.log_softmax(px, axis), dtype, 10.0)
+    cl = cuda.asarray(labels, "int64")
+    loss, probs = cuda.sparse_softmax_cross_entropy(cx, cl)
+    want_loss, want_probs = cpu.sparse_softmax_cross_entropy(px, labels)
+    _same(cuda, cpu, loss, want_loss, dtype, 10.0)
+    _same(cuda, cpu, probs, want_probs, dtype, 10.0)
+    g = _rand((300,), dtype, 10)
+    dx = cuda.sparse_softmax_cross_entropy_grad(probs, cl, cuda.asarray(g, dtype))
+    want = (want_probs - np.eye(1000)[labels]) * g[:, None]
+    np.testing.assert_allclose(_host(cuda, dx), want, rtol=1e-4, atol=1e-6)
+    bad_loss, _ = cuda.sparse_softmax_cross_entropy(cx[:2], cuda.asarray([0, 1000], "int64"))
+    assert np.isnan(_host(cuda, bad_loss)[1]) and np.isfinite(_host(cuda, bad_loss)[0])
+
+
+@gpu
+def test_training_through_ops_uses_the_fused_backward(cuda: CudaBackend) -> None:
+    mp.set_backend("cuda")
+    try:
+        logits = mp.Variable(_rand((64, 10), "float32", 11))
+        labels = mp.constant(np.arange(64) % 10, dtype="int64")
+        with mp.GradientTape() as tape:
+            loss = mp.ops.mean(mp.ops.sparse_softmax_cross_entropy(labels, logits))
+        (grad,) = tape.gradient(loss, [logits])
+        z = np.asarray(logits.numpy(), np.float64)
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        np.testing.assert_allclose(grad.numpy(), (p - np.eye(10)[np.arange(64) % 10]) / 64,
+                                   rtol=1e-4, atol=1e-7)
+    finally:
+        mp.set_backend("cpu")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unscale_and_check_sets_the_device_flag(cuda: CudaBackend, dtype: str) -> None:
+    grads = [_rand((n,), dtype, n, 100.0) for n in (1, 1000, 70000, 3, 5, 6, 7, 8, 9, 10)]
+    dev = [cuda.asarray(g, dtype) for g in grads]
+    outs, flag = cuda.unscale_and_check(dev, 0.25)
+    assert isinstance(flag, cuda.cp.ndarray) and flag.shape == () and bool(flag)
+    for g, o in zip(grads, outs):
+        assert o.dtype == np.float32
+        np.testing.assert_array_equal(cuda.to_host(o), g.astype(np.float32) * np.float32(0.25))
+    for bad in (np.inf, -np.inf, np.nan):
+        g = grads[2].copy()
+        g[69999] = bad
+        _, flag = cuda.unscale_and_check([*dev[:9], cuda.asarray(g, dtype)], 1.0)
+        assert not bool(flag)
+        assert not bool(cuda.all_finite([dev[0], cuda.asarray(g, dtype)]))
+    assert bool(cuda.all_finite(dev))
+    # finite float32 values that overflow float32 once scaled are not finite
+    big = cuda.asarray(np.array([3e38], np.float32), "float32")
+    assert not bool(cuda.unscale_and_check([big], 2.0)[1])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "nesterov", "rmsprop",
+                                  "rmsprop_momentum", "adam", "adamw"])
+def test_fused_optimizer_updates_match_the_cpu(cuda: CudaBackend, cpu: mp.Backend,
+                                               kind: str) -> None:
+    n = 5000
+    w, g, s1, s2 = (_rand((n,), "float32", i) for i in range(4))
+    s1 = np.abs(s1)
+    s2 = np.abs(s2)
+
+    def run(be: Any, flag: Any) -> list[np.ndarray]:
+        arrs = [be.copy(be.asarray(v, "float32")) for v in (w, g, s1, s2)]
+        var, grad, a, b = arrs
+        if kind.startswith("sgd") or kind == "nesterov":
+            be.sgd_update(var, grad, None if kind == "sgd" else a, 0.1, 0.9,
+                          kind == "nesterov", flag)
+        elif kind.startswith("rmsprop"):
+            be.rmsprop_update(var, grad, a, b if kind.endswith("momentum") else None, 0.01,
+                              0.9, 0.5, 1e-7, flag)
+        else:
+            be.adam_update(var, grad, a, b, 0.001, 0.9, 0.999, 1e-7, 3,
+                           0.004 if kind == "adamw" else 0.0, flag)
+        return [np.asarray(be.to_host(x)) for x in (var, a, b)]
+
+    for flag_value in (None, True):
+        got = run(cuda, None if flag_value is None else cuda.cp.asarray(flag_value))
+        want = run(cpu, None if flag_value is None else np.asarray(flag_value))
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7)
+    skipped = run(cuda, cuda.cp.asarray(False))
+    for x, start in zip(skipped, (w, s1, s2)):
+        np.testing.assert_array_equal(x, start)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize(("k", "s", "pads"), [(3, 1, (1, 1, 1, 1)), (2, 2, (0, 0, 0, 0)),
+                                              (3, 2, (0, 1, 0, 1))])
+def test_image_kernels(cuda: CudaBackend, cpu: mp.Backend, dtype: str, k: int, s: int,
+                       pads: tuple[int, int, int, int]) -> None:
+    x = _rand((2, 9, 8, 3), dtype, 12)
+    cx, px = cuda.asarray(x, dtype), cpu.asarray(x, dtype)
+    patches = cuda.extract_patches(cx, k, k, s, s, pads)
+    want = cpu.extract_patches(px, k, k, s, s, pads)
+    np.testing.assert_array_equal(_host(cuda, patches), _host(cpu, want))
+    g = _rand(want.shape, dtype, 13)
+    _same(cuda, cpu, cuda.extract_patches_grad(cuda.asarray(g, dtype), x.shape, k, k, s, s,
+                                                pads),
+          cpu.extract_patches_grad(cpu.asarray(g, dtype), x.shape, k, k, s, s, pads), dtype, 4.0)
+    y = cuda.max_pool2d(cx, k, k, s, s, pads)
+    py = cpu.max_pool2d(px, k, k, s, s, pads)
+    np.testing.assert_array_equal(_host(cuda, y), _host(cpu, py))
+    gy = _rand(py.shape, dtype, 14)
+    _same(cuda, cpu, cuda.max_pool2d_grad(cuda.asarray(gy, dtype), cx, y, k, k, s, s, pads),
+          cpu.max_pool2d_grad(cpu.asarray(gy, dtype), px, py, k, k, s, s, pads), dtype, 4.0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [*FLOATS, "float64"])
+def test_random_numbers(cuda: CudaBackend, dtype: str) -> None:
+    u = _host(cuda, cuda.random_uniform((200_000,), dtype, 7, -2.0, 3.0))
+    assert u.min() >= -2.0 and u.max() <= 3.0 and abs(u.mean() - 0.5) < 0.03
+    assert abs(u.std() - 5 / 12**0.5) < 0.03
+    again = _host(cuda, cuda.random_uniform((200_000,), dtype, 7, -2.0, 3.0))
+    np.testing.assert_array_equal(u, again)
+    other = _host(cuda, cuda.random_uniform((200_000,), dtype, 8, -2.0, 3.0))
+    assert not np.array_equal(u, other)
+    z = _host(cuda, cuda.random_normal((200_000,), dtype, 9, 1.0, 2.0))
+    assert abs(z.mean() - 1.0) < 0.03 and abs(z.std() - 2.0) < 0.05
+    m = _host(cuda, cuda.dropout_mask((200_000,), 0.25, dtype, 10))
+    assert set(np.unique(m)) <= {0.0, float(np.asarray(1 / 0.75, NP[dtype]))}
+    assert abs((m == 0).mean() - 0.25) < 0.01
+
+
+@gpu
+def test_indexing_kernels(cuda: CudaBackend, cpu: mp.Backend) -> None:
+    for dtype in FLOATS:
+        g = _rand((4, 6), dtype, 15)
+        idx = np.array([1, 3, 1, 0])
+        got = cuda.take_grad(cuda.asarray(g, dtype), cuda.asarray(idx, "int64"), 0, (5, 6))
+        _same(cuda, cpu, got, cpu.take_grad(cpu.asarray(g, dtype), idx, 0, (5, 6)), dtype)
+        assert got.dtype == NP[dtype]

@@ -1,0 +1,64 @@
+"""`mpcore demo`: its output (compatibility check, device, data split, table) and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpcore import cli, demo
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")
+
+
+@pytest.fixture(autouse=True)
+def offline_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED))
+
+
+def test_demo_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--epochs", "2", "--verbose", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Mixed precision compatibility check (mixed_bfloat16)" in out
+    assert "Device: " in out and "Backend: cpu" in out
+    assert "Units: 64" in out
+    assert "OFFLINE SPLIT" in out and "8,000" in out
+    assert "Batch size: 128 (the guide's 8192 would give 1 step(s)" in out
+    table = out[out.index("Results on"):].splitlines()
+    assert table[1].split() == ["policy", "test", "accuracy", "time/sample", "speed", "vs",
+                                "float32"]
+    rows = {line.split()[0]: line.split() for line in table[2:4]}
+    assert set(rows) == {"float32", "mixed_bfloat16"}
+    assert rows["float32"][-1] == "1.00x"
+    for row in rows.values():
+        assert 0.8 < float(row[1]) <= 1.0
+
+
+def test_demo_policy_units_and_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "demo.png"
+    lines: list[str] = []
+    result = demo.run(units=32, policy="mixed_float16", epochs=1, batch_size=256,
+                      plot=str(plot), verbose=0, out=lines.append)
+    text = "\n".join(lines)
+    assert "Mixed policy: mixed_float16 (chosen with --policy)" in text
+    assert "Units: 32 (--units)" in text and "Batch size: 256 (--batch-size)" in text
+    assert "skipped" in text and "final loss scale" in text
+    mixed = result["runs"]["mixed_float16"]
+    assert mixed["dense_dtype"] == "float16" and mixed["output_dtype"] == "float32"
+    assert len(mixed["loss_scales"]) == 25  # 6,400 samples / 256 per step
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--policy", "float8"])
+    assert "invalid choice" in capsys.readouterr().err
+    assert cli.main(["demo", "--epochs", "0"]) == 2
+
+
+def test_choose_policy_on_the_cpu() -> None:
+    import mpcore as mp
+
+    policy, why = demo.choose_policy(mp.get_backend("cpu"))
+    assert policy == "mixed_bfloat16" and "no mixed policy is fast" in why

@@ -1,0 +1,226 @@
+"""The oneDNN bfloat16 matmul provider for the CPU backend (mpcore_onednn).
+
+Correctness runs with ``MPCORE_ONEDNN=force`` so it is checked on any x86 CPU (oneDNN emulates
+bfloat16 where the CPU lacks avx512_bf16/amx_bf16); it is skipped, with the reason, where the
+library cannot be loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import mpcore_onednn
+import numpy as np
+import pytest
+from mpcore_cpu import CpuBackend
+from mpcore_onednn import dnnl
+
+import mpcore as mp
+from mpcore.backend import Device
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _library_or_skip() -> dnnl.Library:
+    try:
+        return mpcore_onednn.library()
+    except dnnl.DnnlError as exc:
+        pytest.skip(f"oneDNN cannot be loaded here: {exc}")
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CPU backend's kernel table with oneDNN forced on (a fresh backend instance)."""
+    _library_or_skip()
+    monkeypatch.setenv("MPCORE_ONEDNN", "force")
+    backend = CpuBackend()
+    kernels = backend.kernels()
+    assert [s.provider for s in backend.kernel_sets] == ["mpcore_onednn"]
+    return backend, kernels["matmul"]
+
+
+def _bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32).astype(BF16)
+
+
+def _check(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out`` is bf16(a @ b) with float32 accumulation: off by one bfloat16 rounding of the
+    result, plus float32 summation-order noise relative to sum |a||b|."""
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    ref = a32 @ b32
+    bound = 2.0**-8 * np.abs(ref) + 1e-5 * (np.abs(a32) @ np.abs(b32)) + 1e-30
+    assert out.dtype == BF16
+    assert out.shape == ref.shape
+    err = np.abs(out.astype(np.float32) - ref)
+    assert (err <= bound).all(), f"max error {err.max()} exceeds the bfloat16 rounding bound"
+
+
+SHAPES = [(1, 1, 1), (3, 17, 5), (33, 1, 65), (64, 64, 64), (130, 257, 63), (7, 300, 2)]
+
+
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("mkn", SHAPES)
+def test_matmul_transposes_and_odd_shapes(forced: Any, mkn: tuple[int, int, int],
+                                          transpose_a: bool, transpose_b: bool) -> None:
+    _, matmul = forced
+    m, k, n = mkn
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    # stored the way the backward pass hands them over: transposed operands are contiguous
+    # arrays of the transposed shape, read in place
+    a = _bf16(rng, (k, m) if transpose_a else (m, k))
+    b = _bf16(rng, (n, k) if transpose_b else (k, n))
+    out = matmul(a, b, transpose_a, transpose_b)
+    _check(out, a.T if transpose_a else a, b.T if transpose_b else b)
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, False),
+                                                     (False, True), (True, True)])
+def test_batched_matmul(forced: Any, transpose_a: bool, transpose_b: bool) -> None:
+    _, matmul = forced
+    rng = np.random.default_rng(7)
+    a = _bf16(rng, (4, 9, 6) if transpose_a else (4, 6, 9))
+    b = _bf16(rng, (4, 5, 9) if transpose_b else (4, 9, 5))
+    out = matmul(a, b, transpose_a, transpose_b)
+    _check(out, np.swapaxes(a, -1, -2) if transpose_a else a,
+           np.swapaxes(b, -1, -2) if transpose_b else b)
+
+
+def test_non_contiguous_operand_is_still_correct(forced: Any) -> None:
+    _, matmul = forced
+    rng = np.random.default_rng(3)
+    a = _bf16(rng, (20, 30))[::2, 1::3]   # neither row- nor column-major
+    b = _bf16(rng, (10, 8))
+    _check(matmul(a, b, False, False), a, b)
+
+
+def test_other_dtypes_go_to_the_cpu_matmul(forced: Any) -> None:
+    _, matmul = forced
+    cache = matmul.cache
+    before = cache.info()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((8, 5), dtype=np.float32)
+    b = rng.standard_normal((5, 4), dtype=np.float32)
+    np.testing.assert_array_equal(matmul(a, b, False, False), np.matmul(a, b))
+    h = matmul(a.astype(np.float16), b.T.astype(np.float16), False, True)
+    assert h.dtype == np.float16
+    assert cache.info() == before  # oneDNN was not asked
+
+
+def test_primitives_are_cached_by_shape_and_layout(forced: Any) -> None:
+    _, matmul = forced
+    cache = matmul.cache
+    rng = np.random.default_rng(2)
+    a, b = _bf16(rng, (16, 24)), _bf16(rng, (24, 8))
+    start = cache.info()
+    for _ in range(3):
+        matmul(a, b, False, False)
+    info = cache.info()
+    assert info["misses"] == start["misses"] + 1
+    assert info["hits"] == start["hits"] + 2
+    matmul(a.T.copy(), b, True, False)   # another layout: another primitive
+    matmul(_bf16(rng, (16, 24)), b, False, False)   # new data, same problem: reused
+    info2 = cache.info()
+    assert info2["misses"] == info["misses"] + 1
+    assert info2["hits"] == info["hits"] + 1
+    assert info2["size"] == start["size"] + 2
+
+
+def test_cache_evicts_least_recently_used() -> None:
+    lib = _library_or_skip()
+    cache = dnnl.MatmulCache(lib, max_entries=2)
+    rng = np.random.default_rng(4)
+    for n in (3, 4, 5, 3):
+        a, b = _bf16(rng, (2, 6)), _bf16(rng, (6, n))
+        _check(cache.matmul(a, b, "bfloat16"), a, b)
+    assert len(cache) == 2
+    assert cache.info()["misses"] == 4  # n=3 was evicted by n=5 before it came back
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_training_gradients_through_the_ops(forced: Any) -> None:
+    """The backward pass's transposed matmuls, end to end through mp.ops and GradientTape."""
+    backend, _ = forced
+    rng = np.random.default_rng(5)
+    x32 = rng.standard_normal((12, 20), dtype=np.float32)
+    w32 = rng.standard_normal((20, 7), dtype=np.float32)
+    x = mp.constant(x32.astype(BF16), backend=backend)
+    w = mp.Variable(w32, backend=backend)
+    with mp.GradientTape() as tape:
+        y = mp.ops.matmul(x, w.read_as("bfloat16"))
+        loss = mp.ops.sum(mp.ops.cast(y, "float32"))
+    assert y.dtype == "bfloat16"
+    (gw,) = tape.gradient(loss, [w])
+    ref = x32.astype(BF16).astype(np.float32).T @ np.ones((12, 7), np.float32)
+    np.testing.assert_allclose(np.asarray(gw), ref, rtol=2**-7, atol=1e-2)
+
+
+def test_off_leaves_the_backend_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPCORE_ONEDNN", "off")
+    backend = CpuBackend()
+    assert mpcore_onednn.mpcore_kernels(backend) is None
+    assert backend.kernel_sets == ()
+    assert backend.kernels()["matmul"] == backend.matmul
+    assert "off" in mpcore_onednn.status()
+
+
+def test_auto_skips_a_cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPCORE_ONEDNN", "auto")
+    backend = _CpuWith(frozenset({"avx512f"}))
+    assert mpcore_onednn.mpcore_kernels(backend) is None
+    assert "lacks avx512_bf16" in mpcore_onednn.status()
+    verdict = backend.policy_support("mixed_bfloat16", backend.device())
+    assert verdict.supported and not verdict.fast
+
+
+class _CpuWith(CpuBackend):
+    """The real CPU backend, judged as a CPU with other flags: the verdict and the plugin's
+    choice are functions of the device description."""
+
+    def __init__(self, features: frozenset[str]) -> None:
+        self._features = features
+
+    def devices(self) -> list[Device]:
+        return [Device(name="described CPU", vendor="test", features=self._features)]
+
+
+@pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
+def test_auto_uses_it_on_a_bf16_cpu_and_the_verdict_turns_fast(
+        monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    lib = _library_or_skip()
+    monkeypatch.setenv("MPCORE_ONEDNN", "auto")
+    backend = _CpuWith(frozenset({"avx512f", flag}))
+    kernel_set = mpcore_onednn.mpcore_kernels(backend)
+    assert kernel_set is not None
+    assert kernel_set.fast_dtypes == {"bfloat16"}
+    assert lib.version in kernel_set.reason and lib.isa in kernel_set.reason
+    support = backend.policy_support("mixed_bfloat16", backend.device())
+    assert support.fast, support.reason
+    assert flag in support.reason and "oneDNN" in support.reason
+    assert not backend.policy_support("mixed_float16", backend.device()).fast
+
+
+def test_invalid_mode_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPCORE_ONEDNN", "sometimes")
+    with pytest.raises(ValueError, match="auto, force, off"):
+        mpcore_onednn.mpcore_kernels(CpuBackend())
+
+
+@pytest.mark.parametrize("path", ["/nonexistent/libdnnl.so.3", "libm.so.6"])
+def test_a_library_that_fails_to_load_never_breaks_the_cpu_backend(
+        monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    monkeypatch.setattr(mpcore_onednn, "_library", None)
+    monkeypatch.setattr(mpcore_onednn, "_load_error", None)
+    monkeypatch.setenv("MPCORE_ONEDNN", "force")
+    monkeypatch.setenv("MPCORE_ONEDNN_LIBRARY", path)
+    backend = CpuBackend()
+    assert mpcore_onednn.mpcore_kernels(backend) is None
+    assert mpcore_onednn.status().startswith("not used: ")
+    kernels = backend.kernels()   # through the plugin manager, as at first use
+    assert backend.kernel_sets == ()
+    a = np.ones((3, 4), BF16)
+    out = kernels["matmul"](a, a, False, True)
+    assert out.dtype == BF16 and float(out[0, 0]) == 4.0
+    assert not backend.policy_support("mixed_bfloat16", backend.device()).fast
