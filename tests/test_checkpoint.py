@@ -107,10 +107,10 @@ def test_weights_file_round_trip_and_errors(tmp_path: Path) -> None:
     small = mp.Sequential([mp.Input((10,)), layers.Dense(3)])
     with pytest.raises(ValueError, match="holds 4 weights"):
         small.load_weights(str(path))
-    with pytest.raises(ValueError, match="not an mpcore.checkpoint"):
+    with pytest.raises(ValueError, match=r"not an mpcore\.checkpoint"):
         model.load_checkpoint(str(path))
     (tmp_path / "junk.pkl").write_bytes(pickle.dumps([1, 2, 3]))
-    with pytest.raises(ValueError, match="not an mpcore.weights"):
+    with pytest.raises(ValueError, match=r"not an mpcore\.weights"):
         model.load_weights(str(tmp_path / "junk.pkl"))
 
 
@@ -121,7 +121,7 @@ def test_checkpoint_needs_a_matching_optimizer(tmp_path: Path) -> None:
     model.save_checkpoint(path)
     other = make_model(0, "float32")
     other.compile(loss="sparse_categorical_crossentropy", optimizer="sgd")
-    with pytest.raises(ValueError, match="Adam.*SGD"):
+    with pytest.raises(ValueError, match=r"Adam.*SGD"):
         other.load_checkpoint(path)
     mixed = make_model(0, "mixed_float16")
     with pytest.raises(ValueError, match="LossScaleOptimizer"):

@@ -83,7 +83,7 @@ def test_download_into_cache_then_load_from_it(server: tuple[str, Path],
     for name in mnist.FILES:
         assert (clean_env / name).read_bytes() == (root / name).read_bytes()
     shutil.rmtree(root)  # now served from the cache, no network needed
-    (x, y), (xt, yt) = mnist.load_data(mirrors=[url], md5s=md5s)
+    (x, _), _ = mnist.load_data(mirrors=[url], md5s=md5s)
     np.testing.assert_array_equal(x, data.x_train)
 
 
@@ -155,7 +155,7 @@ def test_real_shared_test_files(monkeypatch: pytest.MonkeyPatch, clean_env: Path
     monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED))
     for name in mnist.TEST:
         assert mnist.md5sum(SHARED / name) == mnist.FILES[name]
-    (x, y), (xt, yt) = mnist.load_data()
+    (x, y), (xt, _) = mnist.load_data()
     assert x.shape == (8000, 28, 28) and xt.shape == (2000, 28, 28)
     assert set(np.unique(y)) == set(range(10))
 

@@ -49,6 +49,7 @@ def _train(policy: str, data: mp.datasets.mnist.MnistData) -> float:
     return model.evaluate(xt, data.y_test, verbose=0)[1]
 
 
+@pytest.mark.slow  # about 30 s on 2 cores: NumPy's float16 elementwise loops are slow
 def test_guide_accuracy_bar_on_real_mnist(monkeypatch: pytest.MonkeyPatch) -> None:
     """Done-when: >= 0.88 test accuracy in 5 epochs for each policy; mixed within 2 points."""
     monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED))

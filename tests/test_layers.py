@@ -258,7 +258,7 @@ def test_wrong_shape_names_layer_and_shapes() -> None:
 def test_unknown_names_list_valid_ones() -> None:
     with pytest.raises(ValueError, match="valid names: linear, relu"):
         layers.Dense(2, activation="swishy")
-    with pytest.raises(ValueError, match="valid names:.*glorot_uniform"):
+    with pytest.raises(ValueError, match=r"valid names:.*glorot_uniform"):
         layers.Dense(2, kernel_initializer="nope")(np.ones((1, 2), np.float32))
     with pytest.raises(ValueError, match="padding"):
         layers.Conv2D(2, 3, padding="full")

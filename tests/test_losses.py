@@ -79,7 +79,7 @@ def test_losses_are_float32_for_16bit_predictions() -> None:
 
 
 def test_loss_errors() -> None:
-    with pytest.raises(ValueError, match="valid names:.*sparse_categorical_crossentropy"):
+    with pytest.raises(ValueError, match=r"valid names:.*sparse_categorical_crossentropy"):
         losses.get("hinge_loss")
     with pytest.raises(ValueError, match=r"labels of shape \(5,\).*\(6, 4\)"):
         losses.SparseCategoricalCrossentropy()(LABELS[:5], PROBS)
@@ -111,5 +111,5 @@ def test_accuracy_metrics() -> None:
     mean.update_state([1.0, 2.0, 3.0])
     mean.update_state(mp.constant(10.0), sample_weight=3)
     assert mean.result() == pytest.approx((6 + 30) / 6)
-    with pytest.raises(ValueError, match="valid names:.*accuracy"):
+    with pytest.raises(ValueError, match=r"valid names:.*accuracy"):
         metrics.get("f1_score")

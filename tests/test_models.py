@@ -89,7 +89,7 @@ def test_summary_and_weights_round_trip(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(ValueError, match="has 6 weights"):
         other.set_weights(model.get_weights()[:2])
     with pytest.raises(ValueError, match=r"dense_1/kernel.*\(8, 16\)"):
-        other.set_weights([np.zeros((3, 3))] + model.get_weights()[1:])
+        other.set_weights([np.zeros((3, 3)), *model.get_weights()[1:]])
 
 
 def test_compile_wraps_only_mixed_float16() -> None:
@@ -113,11 +113,11 @@ def test_compile_wraps_only_mixed_float16() -> None:
 
 def test_bad_input_errors() -> None:
     model = guide_model()
-    with pytest.raises(ValueError, match="valid names:.*sparse_categorical_crossentropy"):
+    with pytest.raises(ValueError, match=r"valid names:.*sparse_categorical_crossentropy"):
         model.compile(loss="sparse_xent", optimizer="adam")
-    with pytest.raises(ValueError, match="valid names:.*rmsprop"):
+    with pytest.raises(ValueError, match=r"valid names:.*rmsprop"):
         model.compile(loss="mse", optimizer="adamax")
-    with pytest.raises(ValueError, match="valid names:.*accuracy"):
+    with pytest.raises(ValueError, match=r"valid names:.*accuracy"):
         model.compile(loss="mse", optimizer="adam", metrics=["precision@k"])
     with pytest.raises(RuntimeError, match="compiled"):
         model.fit(X, Y, verbose=0)
@@ -171,7 +171,7 @@ def test_weights_multiplied_into_overflow_skip_steps_then_recover() -> None:
     model.set_weights([w * 8.0 for w in model.get_weights()])
     opt = model.optimizer
     losses, skipped_before = [], []
-    for step in range(40):
+    for _ in range(40):
         before = model.get_weights()
         skipped_before.append(opt.skipped_steps)
         losses.append(model.train_on_batch(X[:32], Y[:32]))

@@ -300,6 +300,11 @@ def test_softmax_cross_entropy_and_label_check(cl: Any, cpu: Any) -> None:
     for axis in (0, 1):
         np.testing.assert_allclose(host(cl, cl.log_softmax(cl.asarray(z, "float32"), axis)),
                                    cpu["log_softmax"](z, axis), rtol=1e-5, atol=1e-4)
+    g = rng.standard_normal(6).astype(np.float32)
+    grad = host(cl, cl.sparse_softmax_cross_entropy_grad(probs, cl.asarray(labels, "int32"),
+                                                         cl.asarray(g, "float32")))
+    np.testing.assert_allclose(grad, (wp - np.eye(10, dtype=np.float32)[labels]) * g[:, None],
+                               rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match=r"label 10 is out of range.*\[0, 10\)"):
         cl.sparse_softmax_cross_entropy(cl.asarray(z, "float32"),
                                         cl.asarray(np.array([0, 1, 10, 0, 0, 0]), "int32"))

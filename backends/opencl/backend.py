@@ -892,6 +892,18 @@ class OpenCLBackend(Backend):
                              f"[0, {classes}) for logits with {classes} classes")
         return loss, probs
 
+    def sparse_softmax_cross_entropy_grad(self, probs: CLArray, labels: CLArray,
+                                          g: CLArray) -> CLArray:
+        labels = self._index_array(labels)
+        dt = self._dt(probs)
+        if self._dt(g) != dt:
+            g = self.cast(g, dt)
+        out = self._empty(tuple(probs.shape), dt)
+        prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", self._dt(labels)))
+        self.runtime.launch(prog["sparse_xent_grad"], out.size, np.int32(out.size),
+                            np.int32(probs.shape[1]), probs.data, labels.data, g.data, out.data)
+        return out
+
     # --- loss scaling and optimizers ----------------------------------------------------
     def _flag(self) -> CLArray:
         return self.full((), 1, "bool")

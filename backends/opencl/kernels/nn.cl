@@ -62,3 +62,14 @@ __kernel void relu_grad(const int n, __global const A_ST *pg, __global const A_S
     const int i = get_global_id(0);
     if (i < n) STORE_O(po, i, LOAD_A(py, i) > 0 ? LOAD_A(pg, i) : (A_CT)0);
 }
+
+/* The fused backward of sparse_xent: (probs - one_hot(labels)) * g[row]. */
+__kernel void sparse_xent_grad(const int total, const int c, __global const A_ST *probs,
+                               __global const L_ST *labels, __global const A_ST *g,
+                               __global O_ST *po) {
+    const int i = get_global_id(0);
+    if (i >= total) return;
+    const int r = i / c;
+    const A_CT hot = (long)LOAD_L(labels, r) == (long)(i % c) ? (A_CT)1 : (A_CT)0;
+    STORE_O(po, i, (LOAD_A(probs, i) - hot) * LOAD_A(g, r));
+}
