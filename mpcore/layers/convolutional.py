@@ -44,6 +44,8 @@ class Conv2D(Layer):
         self.bias = (self.add_weight("bias", (self.filters,), self.bias_initializer)
                      if self.use_bias else None)
         self._expect_input(4, 4, {-1: channels})
+        self.kernel.backend.layer_hint(self.name, {"channels": channels, "filters": self.filters},
+                                       self.dtype_policy)
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype

@@ -36,6 +36,9 @@ class Dense(Layer):
         self.bias = (self.add_weight("bias", (self.units,), self.bias_initializer)
                      if self.use_bias else None)
         self._expect_input(2, axes={-1: in_dim})
+        # Hardware advice from the backend (CUDA: the guide's multiple-of-8 tensor-core tip).
+        self.kernel.backend.layer_hint(self.name, {"input units": in_dim, "units": self.units},
+                                       self.dtype_policy)
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype
