@@ -3,13 +3,18 @@
     python benchmarks/compare.py --torch-python /work/torchvenv/bin/python \\
         --policy float32 mixed_bfloat16 mixed_float16 --units 1024 --batch 1024 --rounds 5
 
-Each round runs, for every policy, ``benchmarks/train_step.py`` (mpcore) and then the peer
-(``shared/peers/torch_mlp.py``) as separate processes, alternating, so both see the same machine
-in the same minute. The table gives median samples/s and these ratios:
+Each round runs, for every policy, ``benchmarks/train_step.py`` (mpcore, once per ``--path``:
+the custom loop and ``Model.fit``) and then the peer (``shared/peers/torch_mlp.py``) as separate
+processes, alternating, so all see the same machine in the same minute. The table gives median
+samples/s per path and policy, and these ratios:
 
 - ``vs torch``: mpcore / torch for the same policy (torch's float32, autocast bfloat16, autocast
   float16 + GradScaler);
-- ``vs own f32``: mpcore's policy / mpcore float32 (when float32 is among the policies).
+- ``vs own f32``: mpcore's policy / mpcore float32 on the same path (when float32 is among the
+  policies).
+
+``--peer-steps`` gives the peer fewer steps for chosen policies (torch's CPU float16 autocast is
+~100x slower), e.g. ``--peer-steps mixed_float16=2``.
 
 The last line is one JSON object with every run and the medians. torch is never a dependency of
 mpcore: it lives in its own interpreter (``--torch-python``); without one the peer is skipped.
@@ -69,7 +74,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", nargs="+", choices=POLICIES, default=list(POLICIES))
-    ap.add_argument("--path", choices=("loop", "fit"), default="loop")
+    ap.add_argument("--path", nargs="+", choices=("loop", "fit"), default=["loop", "fit"])
     ap.add_argument("--backend", default=None, help="mpcore backend (default: auto-detected)")
     ap.add_argument("--device", default="cpu", help="torch device for the peer")
     ap.add_argument("--units", type=int, default=1024)
@@ -83,9 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-policy", nargs="+", choices=POLICIES, default=None,
                     help="policies to run the peer for (default: all; torch's CPU float16 "
                          "autocast is ~100x slower and can take minutes at full size)")
+    ap.add_argument("--peer-steps", nargs="+", default=[], metavar="POLICY=STEPS",
+                    help="timed steps of the peer for a policy (default: --steps)")
     ap.add_argument("--onednn", choices=("auto", "force", "off"), default=None,
                     help="MPCORE_ONEDNN for the mpcore runs (default: inherited)")
     a = ap.parse_args(argv)
+    peer_steps: dict[str, int] = {}
+    for item in a.peer_steps:
+        policy, _, count = item.partition("=")
+        if policy not in POLICIES or not count.isdigit() or int(count) < 1:
+            ap.error(f"--peer-steps takes POLICY=STEPS with a policy of {', '.join(POLICIES)}, "
+                     f"got {item!r}")
+        peer_steps[policy] = int(count)
 
     shape = ["--units", str(a.units), "--batch", str(a.batch), "--steps", str(a.steps),
              "--warmup", str(a.warmup)]
@@ -95,55 +109,72 @@ def main(argv: list[str] | None = None) -> int:
     peer_problem = torch_available(a.torch_python)
     if peer_problem is None and not Path(a.peer).exists():
         peer_problem = f"peer script {a.peer} not found"
+    sides = [*a.path, "torch"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        p: {"mpcore": [], "torch": []} for p in a.policy}
+        p: {side: [] for side in sides} for p in a.policy}
     for round_no in range(a.rounds):
         for policy in a.policy:
-            cmd = [sys.executable, str(TRAIN_STEP), "--path", a.path, "--policy", policy, *shape]
-            if a.backend:
-                cmd += ["--backend", a.backend]
-            rec = run_json(cmd, env)
-            rec["round"] = round_no
-            runs[policy]["mpcore"].append(rec)
+            for path in a.path:
+                cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy,
+                       *shape]
+                if a.backend:
+                    cmd += ["--backend", a.backend]
+                rec = run_json(cmd, env)
+                rec["round"] = round_no
+                runs[policy][path].append(rec)
             if peer_problem is None and (a.peer_policy is None or policy in a.peer_policy):
                 assert a.torch_python is not None
+                peer_shape = list(shape)
+                if policy in peer_steps:
+                    peer_shape[peer_shape.index("--steps") + 1] = str(peer_steps[policy])
+                    peer_shape[peer_shape.index("--warmup") + 1] = "1"
                 rec = run_json([a.torch_python, a.peer, "--device", a.device, "--policy", policy,
-                                *shape])
+                                *peer_shape])
                 rec["round"] = round_no
                 runs[policy]["torch"].append(rec)
         print(f"round {round_no + 1}/{a.rounds} done", file=sys.stderr, flush=True)
 
     summary: dict[str, dict[str, Any]] = {}
     for policy in a.policy:
-        mine = median(runs[policy]["mpcore"], "samples_per_s")
         theirs = median(runs[policy]["torch"], "samples_per_s")
-        summary[policy] = {"mpcore_samples_per_s": mine, "torch_samples_per_s": theirs,
-                           "mpcore_ms_per_step": median(runs[policy]["mpcore"], "ms_per_step"),
-                           "torch_ms_per_step": median(runs[policy]["torch"], "ms_per_step"),
-                           "vs_torch": ratio(mine, theirs)}
-    own_f32 = summary.get("float32", {}).get("mpcore_samples_per_s")
-    for policy in a.policy:
-        summary[policy]["vs_own_float32"] = ratio(summary[policy]["mpcore_samples_per_s"],
-                                                  own_f32)
+        summary[policy] = {"torch_samples_per_s": theirs,
+                           "torch_ms_per_step": median(runs[policy]["torch"], "ms_per_step")}
+        for path in a.path:
+            mine = median(runs[policy][path], "samples_per_s")
+            summary[policy][path] = {"mpcore_samples_per_s": mine,
+                                     "mpcore_ms_per_step": median(runs[policy][path],
+                                                                  "ms_per_step"),
+                                     "vs_torch": ratio(mine, theirs)}
+    for path in a.path:
+        own_f32 = summary.get("float32", {}).get(path, {}).get("mpcore_samples_per_s")
+        for policy in a.policy:
+            entry = summary[policy][path]
+            entry["vs_own_float32"] = ratio(entry["mpcore_samples_per_s"], own_f32)
 
-    providers = sorted({p for pol in runs.values() for r in pol["mpcore"]
+    providers = sorted({p for pol in runs.values() for path in a.path for r in pol[path]
                         for p in r.get("providers", [])})
-    print(f"\nunits={a.units} batch={a.batch} path={a.path} rounds={a.rounds} "
-          f"(medians of samples/s; mpcore kernel providers: {providers or 'none'})")
+    print(f"\nunits={a.units} batch={a.batch} rounds={a.rounds} (medians of samples/s; mpcore "
+          f"kernel providers: {providers or 'none'})")
     if peer_problem:
         print(f"peer skipped: {peer_problem}")
-    header = f"{'policy':<16}{'mpcore':>12}{'torch':>12}{'vs torch':>10}{'vs own f32':>12}"
+    if peer_steps:
+        print(f"peer steps: {peer_steps} (others: {a.steps})")
+    header = (f"{'path':<6}{'policy':<16}{'mpcore':>12}{'torch':>12}{'vs torch':>10}"
+              f"{'vs own f32':>12}")
     print(header)
     print("-" * len(header))
 
     def fmt(v: float | None, spec: str) -> str:
         return format(v, spec) if v is not None else format("-", f">{spec.split('.')[0]}")
 
-    for policy, s in summary.items():
-        print(f"{policy:<16}{fmt(s['mpcore_samples_per_s'], '12.1f')}"
-              f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(s['vs_torch'], '10.3f')}"
-              f"{fmt(s['vs_own_float32'], '12.3f')}")
-    print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "path": a.path,
+    for path in a.path:
+        for policy in a.policy:
+            s = summary[policy]
+            e = s[path]
+            print(f"{path:<6}{policy:<16}{fmt(e['mpcore_samples_per_s'], '12.1f')}"
+                  f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
+                  f"{fmt(e['vs_own_float32'], '12.3f')}")
+    print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
                       "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,
                       "runs": runs}))
     return 0

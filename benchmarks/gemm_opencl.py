@@ -2,9 +2,11 @@
 NumPy's float32 matmul, on the same machine in the same run. Prints JSON.
 
     python benchmarks/gemm_opencl.py [--sizes 256 512 1024 2048] [--repeats 5]
-        [--variant register|tiled]
+        [--variant packed|tiled] [--op-overhead]
 
 16-bit "storage" GEMMs keep their operands and result in 16 bits and accumulate in float32.
+``--op-overhead`` adds the host time of one small op (``mp.ops.add`` on 8x8 float32 tensors,
+dispatch and launch, in microseconds) on the opencl and cpu backends.
 MPCORE_OPENCL_DEVICE=platform:device picks the device.
 """
 
@@ -35,12 +37,33 @@ def best_times(fns: dict[str, Any], repeats: int) -> dict[str, float]:
     return best
 
 
+def op_overhead_us(repeats: int, calls: int = 2000) -> dict[str, float]:
+    """Microseconds per ``mp.ops.add`` of two 8x8 float32 tensors, queue drained, best of
+    ``repeats`` runs of ``calls`` calls; backends take turns."""
+    tensors = {}
+    for name in ("opencl", "cpu"):
+        be = mp.get_backend(name)
+        x = np.ones((8, 8), np.float32)
+        tensors[name] = (be, mp.constant(x, backend=be), mp.constant(x, backend=be))
+
+    def run(name: str) -> None:
+        be, a, b = tensors[name]
+        for _ in range(calls):
+            mp.ops.add(a, b)
+        be.synchronize()
+
+    times = best_times({name: lambda name=name: run(name) for name in tensors}, repeats)
+    return {name: round(t / calls * 1e6, 2) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variant", choices=["register", "tiled"], default=None,
-                        help="GEMM kernel (default: register on CPU devices, tiled on GPUs)")
+    parser.add_argument("--variant", choices=["packed", "tiled"], default=None,
+                        help="GEMM kernel (default: packed on CPU devices, tiled on GPUs)")
+    parser.add_argument("--op-overhead", action="store_true",
+                        help="also time one small op (mp.ops.add, 8x8) on opencl and cpu")
     args = parser.parse_args()
     be = mp.get_backend("opencl")
     k = be.kernels()
@@ -69,10 +92,13 @@ def main() -> None:
                                         / row["numpy_float32_gflops"], 3)
         rows.append(row)
     device = be.device()
-    print(json.dumps({"benchmark": "gemm_opencl", "device": device.name,
-                      "device_kind": device.kind, "gemm_variant": be._variant(),
-                      "host": platform.processor() or platform.machine(),
-                      "numpy": np.__version__, "results": rows}, indent=2))
+    report: dict[str, Any] = {"benchmark": "gemm_opencl", "device": device.name,
+                              "device_kind": device.kind, "gemm_variant": be._variant(),
+                              "host": platform.processor() or platform.machine(),
+                              "numpy": np.__version__, "results": rows}
+    if args.op_overhead:
+        report["add_8x8_host_us"] = op_overhead_us(args.repeats)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ cross-entropy), per policy and backend. One JSON line per configuration.
     python benchmarks/train_step.py --quick             # tiny sizes (a smoke run)
 
 ``--path loop`` is the guide's custom training loop written with the core API: GradientTape,
-``mp.ops.matmul``/``bias_add``/``relu``, ``sparse_softmax_cross_entropy`` in float32, loss
-scaling with ``unscale_and_check`` for mixed_float16, and an RMSprop update (the backend's fused
-``rmsprop_update`` kernel where it has one, else ops). ``--path fit`` trains the same model
-through ``mp.Model.fit``. The input is random MNIST-shaped data, as in the PyTorch peer
-(``shared/peers/torch_mlp.py``), and GFLOP/s counts the same 6 * batch * weights FLOPs.
+``mp.ops.dense`` (the Dense layer's fused matmul + bias + relu),
+``sparse_softmax_cross_entropy`` in float32, loss scaling with ``unscale_and_check`` for
+mixed_float16, and an RMSprop update (the backend's fused ``rmsprop_update`` kernel where it
+has one, else ops). ``--path fit`` trains the same model through ``mp.Model.fit``. The input
+is random MNIST-shaped data, as in the PyTorch peer (``shared/peers/torch_mlp.py``), and
+GFLOP/s counts the same 6 * batch * weights FLOPs.
 
 Peak memory: ``peak_traced_mb`` is the peak of memory allocated through Python's allocators
 (NumPy arrays included) during one extra step run under tracemalloc, after the timed steps (so
@@ -82,10 +83,9 @@ class LoopTrainer:
         last = len(self.variables) // 2 - 1
         for layer in range(last + 1):
             kernel, bias = self.variables[2 * layer], self.variables[2 * layer + 1]
-            h = mp.ops.bias_add(mp.ops.matmul(h, kernel.read_as(self.compute)),
-                                bias.read_as(self.compute))
-            if layer < last:
-                h = mp.ops.relu(h)
+            # the Dense layer's op: matmul, bias and relu fused where the backend can
+            h = mp.ops.dense(h, kernel.read_as(self.compute), bias.read_as(self.compute),
+                             "relu" if layer < last else None)
         # the guide's output layer: softmax in float32 (here fused into the loss)
         per_example = mp.ops.sparse_softmax_cross_entropy(self.y, mp.ops.cast(h, "float32"))
         return mp.ops.mean(per_example)

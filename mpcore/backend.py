@@ -71,6 +71,8 @@ OPTIONAL_KERNELS: dict[str, str] = {
                                          "g[:, None]  # the fused backward",
     "relu_grad": "(g, y) -> g where y > 0 else 0",
     "bias_add": "(x, bias) -> x + bias over the last axis",
+    "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
+             "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
     "all_finite": "(xs: list) -> flag",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is

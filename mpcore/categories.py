@@ -30,7 +30,7 @@ ALLOW, DENY, INFER, CLEAR = Category.ALLOW, Category.DENY, Category.INFER, Categ
 
 CATEGORIES: dict[str, Category] = {
     # allow: 16-bit compute, float32 accumulation
-    "matmul": ALLOW, "conv2d": ALLOW, "conv2d_backprop_input": ALLOW,
+    "matmul": ALLOW, "dense": ALLOW, "conv2d": ALLOW, "conv2d_backprop_input": ALLOW,
     "conv2d_backprop_filter": ALLOW,
     # deny: always float32
     "exp": DENY, "log": DENY, "power": DENY, "softmax": DENY, "log_softmax": DENY,

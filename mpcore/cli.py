@@ -141,7 +141,7 @@ def _load_more_subcommands() -> None:
     """Subcommands that live with their feature (``mpcore demo`` in mpcore.demo)."""
     import importlib
 
-    for module in ("mpcore.demo",):
+    for module in ("mpcore.demo", "mpcore.conformance"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -399,6 +399,40 @@ def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:
     return _finish("bias_add", (x, bias), kernel(x._data, bias._data), be, dt)
 
 
+#: The activations ``dense`` fuses (others run as their own op after it).
+DENSE_ACTIVATIONS = (None, "relu")
+
+
+def dense(x: TensorLike, kernel: TensorLike, bias: TensorLike | None = None,
+          activation: str | None = None) -> Tensor:
+    """``activation(x @ kernel + bias)`` over the last axis of ``x``: the Dense layer's
+    forward pass as one op (an *allow* op, like matmul). A backend's fused ``dense`` kernel
+    adds the bias and applies the activation to the float32 GEMM result, so a 16-bit result is
+    rounded once instead of after each step; without one it is matmul, bias_add and relu.
+    ``activation`` is None or ``"relu"``."""
+    if activation not in DENSE_ACTIVATIONS:
+        raise ValueError(f"dense: activation must be one of {DENSE_ACTIVATIONS}, got "
+                         f"{activation!r}")
+    tensors, be, dt = _common("dense", [x, kernel] if bias is None else [x, kernel, bias])
+    x, w = tensors[0], tensors[1]
+    b = tensors[2] if bias is not None else None
+    if x.ndim < 2 or w.ndim != 2 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"dense: inputs of shape {x.shape} (rank >= 2) do not match a kernel "
+                         f"of shape {w.shape} (in, out)")
+    if b is not None and b.shape != w.shape[1:]:
+        raise ValueError(f"dense: bias of shape {b.shape} does not match a kernel of shape "
+                         f"{w.shape}")
+    fused = be._kernel_table.get("dense")
+    if fused is None:
+        y = matmul(x, w)
+        if b is not None:
+            y = bias_add(y, b)
+        return relu(y) if activation == "relu" else y
+    data = fused(x._data, w._data, None if b is None else b._data, activation)
+    return _finish("dense", (x, w) if b is None else (x, w, b), data, be, dt,
+                   {"activation": activation})
+
+
 # --- shapes -----------------------------------------------------------------------------
 def shape(x: TensorLike) -> tuple[int, ...]:
     return _as_tensor(x).shape

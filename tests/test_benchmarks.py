@@ -72,12 +72,16 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
     assert "vs torch" in proc.stdout
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["bench"] == "compare"
-    assert len(result["runs"]["float32"]["mpcore"]) == 2
+    assert result["paths"] == ["loop", "fit"]   # both paths by default
     summary = result["summary"]
-    assert summary["float32"]["vs_own_float32"] == 1.0
-    assert summary["mixed_bfloat16"]["mpcore_samples_per_s"] > 0
+    for path in ("loop", "fit"):
+        assert len(result["runs"]["float32"][path]) == 2
+        assert summary["float32"][path]["vs_own_float32"] == 1.0
+        assert summary["mixed_bfloat16"][path]["mpcore_samples_per_s"] > 0
+        assert f"\n{path:<6}mixed_bfloat16" in proc.stdout
     if with_torch:
         assert result["peer_skipped"] is None
-        assert summary["float32"]["vs_torch"] > 0
+        assert summary["float32"]["loop"]["vs_torch"] > 0
+        assert summary["float32"]["fit"]["vs_torch"] > 0
     else:
         assert "no --torch-python" in result["peer_skipped"]

@@ -95,17 +95,25 @@ def test_non_contiguous_operand_is_still_correct(forced: Any) -> None:
     _check(matmul(a, b, False, False), a, b)
 
 
-def test_other_dtypes_go_to_the_cpu_matmul(forced: Any) -> None:
+def test_float32_and_float16_run_on_the_float32_gemm(forced: Any) -> None:
     _, matmul = forced
     cache = matmul.cache
-    before = cache.info()
     rng = np.random.default_rng(1)
     a = rng.standard_normal((8, 5), dtype=np.float32)
     b = rng.standard_normal((5, 4), dtype=np.float32)
-    np.testing.assert_array_equal(matmul(a, b, False, False), np.matmul(a, b))
-    h = matmul(a.astype(np.float16), b.T.astype(np.float16), False, True)
+    # float32 goes to oneDNN too (MPCORE_ONEDNN_FLOAT32, on by default)
+    np.testing.assert_allclose(matmul(a, b, False, False), np.matmul(a, b), rtol=1e-5,
+                               atol=1e-5)
+    before = cache.info()
+    # float16: no oneDNN float16 GEMM here, so float32 copies, rounded once at the end
+    a16, bt16 = a.astype(np.float16), b.T.astype(np.float16)
+    h = matmul(a16, bt16, False, True)
     assert h.dtype == np.float16
-    assert cache.info() == before  # oneDNN was not asked
+    ref = (a16.astype(np.float32) @ bt16.astype(np.float32).T).astype(np.float16)
+    np.testing.assert_allclose(h.astype(np.float32), ref.astype(np.float32), rtol=2**-10,
+                               atol=1e-3)
+    after = cache.info()
+    assert after["hits"] + after["misses"] == before["hits"] + before["misses"] + 1   # oneDNN
 
 
 def test_primitives_are_cached_by_shape_and_layout(forced: Any) -> None:
@@ -168,6 +176,7 @@ def test_off_leaves_the_backend_alone(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_auto_skips_a_cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPCORE_ONEDNN", "auto")
+    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")
     backend = _CpuWith(frozenset({"avx512f"}))
     assert mpcore_onednn.mpcore_kernels(backend) is None
     assert "lacks avx512_bf16" in mpcore_onednn.status()

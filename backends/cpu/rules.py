@@ -28,7 +28,8 @@ def cpu_policy_support(policy: str, features: frozenset[str],
         raise ValueError(f"unknown policy {policy!r}; valid names: {', '.join(POLICIES)}")
     compute = POLICIES[policy][0]
     if compute in ("float32", "float64"):
-        return Support(True, True, f"{compute} runs at full speed on the CPU through NumPy's BLAS")
+        return Support(True, True,
+                       f"{compute} runs at full speed on the CPU's SIMD units (BLAS GEMM)")
     flags = FAST_FLAGS[compute]
     have = [f for f in flags if f in features]
     provider = (fast_kernels or {}).get(compute)

@@ -9,11 +9,44 @@ None or the 0-d bool from ``unscale_and_check``; when it is false nothing is wri
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 _f32 = np.float32
+#: Elements per block: 64 KB of float32, so a block of each operand and the scratch fit in L2.
+BLOCK = 16384
+
+
+def _blocks(arrays: list[np.ndarray | None]) -> Iterator[tuple[Any, ...]]:
+    """Matching flat blocks of ``arrays`` (None stays None), then two scratch blocks. Arrays
+    that are updated in place must be contiguous (the caller checks with :func:`_flat`)."""
+    flat = [None if a is None else a.reshape(-1) for a in arrays]
+    n = flat[0].size  # type: ignore[union-attr]
+    s1 = np.empty(min(BLOCK, n), np.float32)
+    s2 = np.empty(min(BLOCK, n), np.float32)
+    for lo in range(0, n, BLOCK):
+        hi = min(lo + BLOCK, n)
+        yield (*(None if a is None else a[lo:hi] for a in flat), s1[:hi - lo], s2[:hi - lo])
+
+
+def _flat(*arrays: np.ndarray | None) -> bool:
+    """Whether the blocked path applies: float32, one shape, contiguous (so reshape(-1) is a
+    view and in-place writes reach the arrays)."""
+    first = arrays[0]
+    assert first is not None
+    return all(a is None or (a.dtype == np.float32 and a.shape == first.shape
+                             and a.flags.c_contiguous) for a in arrays)
+
+
+def _run(arrays: list[np.ndarray | None], body: Callable[..., None],
+         fallback: Callable[[], None]) -> None:
+    if _flat(*arrays) and arrays[0].size:  # type: ignore[union-attr]
+        for block in _blocks(arrays):
+            body(*block)
+    else:
+        fallback()
 
 
 def _skip(flag: Any) -> bool:
@@ -27,56 +60,77 @@ class TrainKernels:
                    lr: float, momentum: float, nesterov: bool, flag: Any) -> None:
         if _skip(flag):
             return
-        step = grad * _f32(lr)
-        if velocity is None:
-            var -= step
-            return
-        velocity *= _f32(momentum)
-        velocity -= step
-        if nesterov:
-            update = velocity * _f32(momentum)
-            update -= step
-            var += update
-        else:
-            var += velocity
+        rate, m_ = _f32(lr), _f32(momentum)
+
+        def body(v: Any, g: Any, vel: Any, step: Any, update: Any) -> None:
+            np.multiply(g, rate, out=step)
+            if vel is None:
+                v -= step
+                return
+            vel *= m_
+            vel -= step
+            if nesterov:
+                np.multiply(vel, m_, out=update)
+                update -= step
+                v += update
+            else:
+                v += vel
+
+        _run([var, grad, velocity], body,
+             lambda: body(var, grad, velocity, np.empty_like(var), np.empty_like(var)))
 
     def rmsprop_update(self, var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
                        epsilon: float, flag: Any) -> None:
         if _skip(flag):
             return
-        ms *= _f32(rho)
-        sq = grad * grad
-        sq *= _f32(1.0 - rho)
-        ms += sq
-        denom = ms + _f32(epsilon)
-        np.sqrt(denom, out=denom)
-        increment = grad * _f32(lr)
-        increment /= denom
-        if mom is None:
-            var -= increment
-            return
-        mom *= _f32(momentum)
-        mom += increment
-        var -= mom
+        r, r1, e, step = _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(lr)
+        m_ = _f32(momentum)
+
+        def body(v: Any, g: Any, s: Any, mo: Any, sq: Any, inc: Any) -> None:
+            s *= r
+            np.multiply(g, g, out=sq)
+            sq *= r1
+            s += sq
+            np.add(s, e, out=sq)            # denom
+            np.sqrt(sq, out=sq)
+            np.multiply(g, step, out=inc)
+            inc /= sq
+            if mo is None:
+                v -= inc
+                return
+            mo *= m_
+            mo += inc
+            v -= mo
+
+        _run([var, grad, ms, mom], body,
+             lambda: body(var, grad, ms, mom, np.empty_like(var), np.empty_like(var)))
 
     def adam_update(self, var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
                     lr: float, beta1: float, beta2: float, epsilon: float, step: int,
                     weight_decay: float, flag: Any) -> None:
         if _skip(flag):
             return
-        if weight_decay:
-            var -= var * _f32(lr * weight_decay)
-        alpha = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        d = grad - m
-        d *= _f32(1.0 - beta1)
-        m += d
-        d = grad * grad
-        d -= v
-        d *= _f32(1.0 - beta2)
-        v += d
-        denom = np.sqrt(v)
-        denom += _f32(epsilon)
-        update = m * _f32(alpha)
-        update /= denom
-        var -= update
+        alpha = _f32(lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step))
+        decay = _f32(lr * weight_decay)
+        b1, b2, e = _f32(1.0 - beta1), _f32(1.0 - beta2), _f32(epsilon)
+
+        def body(w: Any, g: Any, m1: Any, m2: Any, d: Any, denom: Any) -> None:
+            if weight_decay:
+                np.multiply(w, decay, out=d)
+                w -= d
+            np.subtract(g, m1, out=d)
+            d *= b1
+            m1 += d
+            np.multiply(g, g, out=d)
+            d -= m2
+            d *= b2
+            m2 += d
+            np.sqrt(m2, out=denom)
+            denom += e
+            np.multiply(m1, alpha, out=d)   # the update
+            d /= denom
+            w -= d
+
+        _run([var, grad, m, v], body,
+             lambda: body(var, grad, m, v, np.empty_like(var), np.empty_like(var)))

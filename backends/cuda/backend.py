@@ -144,7 +144,10 @@ class CudaBackend(Backend):
 
     def devices(self) -> list[Device]:
         """Every visible GPU. Free memory is read only for the device this backend computes on
-        (reading it elsewhere would create a CUDA context on every GPU)."""
+        (reading it elsewhere would create a CUDA context on every GPU). Empty where the backend
+        is unavailable, as other backends do."""
+        if self.unavailable_reason() is not None:
+            return []
         current = self.cp.cuda.runtime.getDevice()
         out = []
         for i, (name, cc, sms, total) in enumerate(self._device_table()):
@@ -162,6 +165,8 @@ class CudaBackend(Backend):
 
     def device(self) -> Device:
         devices = self.devices()
+        if not devices:
+            return super().device()  # raises, naming the backend
         current = self.cp.cuda.runtime.getDevice()
         return devices[current] if current < len(devices) else devices[0]
 
@@ -650,6 +655,19 @@ class CudaBackend(Backend):
             _k.function(_k.template("relu_grad", _CTYPE[g.dtype]))(
                 _grid(g.size), (_BLOCK,), (g, y, out, I64(g.size)))
         return out
+
+    def dense(self, x: Any, w: Any, bias: Any, activation: str | None) -> Any:
+        # The matmul, bias_add and relu kernels in sequence (not fused: a 16-bit result is
+        # rounded after the GEMM and again after the bias).
+        if activation not in (None, "relu"):
+            raise ValueError(f"dense: unknown activation {activation!r}; use None or 'relu'")
+        flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
+        z = self.matmul(flat, w, False, False)
+        if bias is not None:
+            z = self.bias_add(z, bias)
+        if activation == "relu":
+            z = self.relu(z)
+        return z.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else z
 
     def bias_add(self, x: Any, bias: Any) -> Any:
         if x.dtype not in _KERNEL_FLOATS or bias.dtype != x.dtype:

@@ -2,15 +2,21 @@
 "mpcore[onednn]"``).
 
 NumPy has no bfloat16 GEMM, so the CPU backend computes bfloat16 matmuls in float32. This plugin
-implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its ``matmul`` for
-bfloat16 operands with oneDNN's matmul primitive (bfloat16 in, float32 accumulation, bfloat16
-out), reading transposed operands in place through strided memory descriptors. Every other dtype
-goes to the CPU backend's own matmul.
+implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its ``matmul`` and
+``dense`` kernels for bfloat16 operands with oneDNN's matmul primitive (bfloat16 in, float32
+accumulation, bfloat16 out; ``dense`` fuses the bias and relu as post-ops), reading transposed
+operands in place through strided memory descriptors. float32 operands go to oneDNN as well
+(``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
+the train step's shapes here, and the fused bias + relu saves two passes per layer. oneDNN 3.2
+has no float16 matmul without avx512_fp16 (nor a fast float16 reorder), so float16 (and
+bfloat16 on a CPU without avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's
+float32 copies, rounded once, exactly as the CPU backend's own kernels do with NumPy.
 
 ``MPCORE_ONEDNN`` chooses when:
 
-- ``auto`` (default): only when the CPU has ``avx512_bf16`` or ``amx_bf16`` and the library
-  loads; elsewhere oneDNN would emulate bfloat16 and be slower than NumPy's float32 GEMM.
+- ``auto`` (default): bfloat16 only when the CPU has ``avx512_bf16`` or ``amx_bf16`` and the
+  library loads (elsewhere oneDNN would emulate bfloat16 and be slower than NumPy's float32
+  GEMM); float32 whenever the library loads.
 - ``force``: whenever the library loads, whatever the CPU (to test correctness anywhere).
 - ``off``: never.
 
@@ -30,10 +36,10 @@ import numpy as np
 import mpcore
 from mpcore.backend import Backend, KernelSet
 
-from .dnnl import DnnlError, Library, MatmulCache, find_library
+from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
 
-__all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "library", "make_matmul",
-           "mode", "status"]
+__all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "float32_wanted",
+           "library", "make_dense", "make_matmul", "mode", "status"]
 
 MODES = ("auto", "force", "off")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -70,23 +76,99 @@ def library() -> Library:
     return _library
 
 
-def make_matmul(original: Callable[..., Any], cache: MatmulCache) -> Callable[..., Any]:
-    """The CPU ``matmul`` kernel with bfloat16 operands sent to oneDNN, everything else to
-    ``original``."""
-    bf16 = np.dtype(ml_dtypes.bfloat16)
+def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None:
+    """The CPU backend's float32 copies of 16-bit operands and its fast rounding back, for
+    16-bit dtypes oneDNN has no fast GEMM for here (None for a backend without them)."""
+    upcast = getattr(backend, "upcast", None)
+    if upcast is None:
+        return None
+    from mpcore_cpu.backend import convert
+
+    return upcast, convert
+
+
+def make_matmul(original: Callable[..., Any], cache: MatmulCache,
+                dtypes: frozenset[str] = frozenset({"bfloat16"}),
+                via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
+                ) -> Callable[..., Any]:
+    """The CPU ``matmul`` kernel with operands of ``dtypes`` ("bfloat16", "float32") sent to
+    oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
+    "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
+    GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
+    NumPy's: one GEMM library and one thread pool for the whole step."""
+    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
+              for d in dtypes}
+    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    if "float32" not in dtypes:
+        via_float32 = None
 
     def matmul(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
-        if a.dtype != bf16 or b.dtype != bf16 or a.ndim != b.ndim or a.size == 0 or b.size == 0:
+        dtype = native.get(a.dtype)
+        out_dtype = None
+        if dtype is None and via_float32 is not None and a.dtype in low:
+            out_dtype, dtype = a.dtype, "float32"
+        if dtype is None or b.dtype != a.dtype or a.ndim != b.ndim or a.size == 0 or b.size == 0:
             return original(a, b, transpose_a, transpose_b)
+        if out_dtype is not None:
+            a, b = via_float32[0](a), via_float32[0](b)  # type: ignore[index]
         if transpose_a:
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        return cache.matmul(a, b, "bfloat16")
+        out = cache.matmul(a, b, dtype)
+        return out if out_dtype is None else via_float32[1](out, out_dtype)  # type: ignore[index]
 
     matmul.cache = cache  # type: ignore[attr-defined]
     matmul.original = original  # type: ignore[attr-defined]
     return matmul
+
+
+def make_dense(original: Callable[..., Any], cache: MatmulCache,
+               dtypes: frozenset[str] = frozenset({"bfloat16"}),
+               via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
+               ) -> Callable[..., Any]:
+    """The CPU ``dense`` kernel (``activation(x @ w + b)``) as one oneDNN primitive for
+    ``dtypes``, the bias and relu fused as post-ops on the float32 accumulator (a bfloat16
+    result is rounded once); other 16-bit dtypes as :func:`make_matmul` does with
+    ``via_float32``; everything else goes to ``original``."""
+    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
+              for d in dtypes}
+    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    if "float32" not in dtypes:
+        via_float32 = None
+
+    def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+              activation: str | None) -> Any:
+        dtype = native.get(x.dtype)
+        out_dtype = None
+        if dtype is None and via_float32 is not None and x.dtype in low:
+            out_dtype, dtype = x.dtype, "float32"
+        if (dtype is None or w.dtype != x.dtype or x.ndim < 2 or x.size == 0 or w.size == 0
+                or activation not in (None, *ACTIVATIONS)):
+            return original(x, w, b, activation)
+        if out_dtype is not None:
+            x, w = via_float32[0](x), via_float32[0](w)  # type: ignore[index]
+        flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
+        # oneDNN takes a float32 bias with 16-bit operands: the bias is added in float32
+        bias = None if b is None else b.astype(np.float32, copy=False)
+        out = cache.matmul(flat, w, dtype, bias, activation)
+        if out_dtype is not None:
+            out = via_float32[1](out, out_dtype)  # type: ignore[index]
+        return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
+
+    dense.cache = cache  # type: ignore[attr-defined]
+    dense.original = original  # type: ignore[attr-defined]
+    return dense
+
+
+def float32_wanted() -> bool:
+    """``MPCORE_ONEDNN_FLOAT32`` (``on``/``off``, default on): whether float32 matmuls go to
+    oneDNN too when the plugin is in use. Its brgemm kernels beat NumPy's OpenBLAS on the
+    train-step shapes here (see benchmarks/train_step.py)."""
+    value = os.environ.get("MPCORE_ONEDNN_FLOAT32", "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise ValueError(f"MPCORE_ONEDNN_FLOAT32={value!r} is not valid; use on or off")
+    return value == "on"
 
 
 @mpcore.hookimpl
@@ -99,22 +181,39 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         _status = "off (MPCORE_ONEDNN=off)"
         return None
     have = [f for f in BF16_FLAGS if f in backend.device().features]
-    if chosen == "auto" and not have:
+    dtypes = set()
+    if have or chosen == "force":
+        dtypes.add("bfloat16")
+    if float32_wanted():
+        dtypes.add("float32")
+    if not dtypes:
         # Not even loaded: emulated bfloat16 in oneDNN is slower than NumPy's float32 GEMM.
-        _status = (f"not used: this CPU lacks {' and '.join(BF16_FLAGS)} (MPCORE_ONEDNN=force "
-                   "uses it anyway)")
+        _status = (f"not used: this CPU lacks {' and '.join(BF16_FLAGS)} and float32 is off "
+                   "(MPCORE_ONEDNN=force uses it anyway)")
         return None
     try:
         lib = library()
     except DnnlError as exc:
         _status = f"not used: {exc}"
         return None
-    kernel = make_matmul(backend.matmul, MatmulCache(lib))
-    where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
+    cache = MatmulCache(lib)
+    chosen_dtypes = frozenset(dtypes)
+    via = _upcasting(backend)
+    kernels = {"matmul": make_matmul(backend.matmul, cache, chosen_dtypes, via)}
+    dense = getattr(backend, "dense", None)
+    if dense is not None:
+        kernels["dense"] = make_dense(dense, cache, chosen_dtypes, via)
+    if "bfloat16" in dtypes:
+        where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
+    else:
+        where = (f"float32 only: this CPU lacks {' and '.join(BF16_FLAGS)}, so bfloat16 stays "
+                 "on NumPy's float32 GEMM")
     _status = f"used: {lib.describe()} ({where})"
+    fast = frozenset({"bfloat16"}) if "bfloat16" in dtypes else frozenset()
     return KernelSet(
         provider="mpcore_onednn",
-        kernels={"matmul": kernel},
-        fast_dtypes=frozenset({"bfloat16"}),
-        reason=f"{lib.describe()}, bfloat16 matmul with float32 accumulation",
+        kernels=kernels,
+        fast_dtypes=fast,
+        reason=(f"{lib.describe()}, bfloat16 matmul with float32 accumulation" if fast else
+                f"{lib.describe()}, float32 matmul"),
     )

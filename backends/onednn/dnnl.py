@@ -51,7 +51,10 @@ DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
 _ENGINE_CPU = 1
 _STREAM_DEFAULT = 1
 _QUERY_IMPL_INFO_STR = 8
-_ARG_SRC, _ARG_DST, _ARG_WEIGHTS = 1, 17, 33
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS = 1, 17, 33, 41
+_ELTWISE_RELU = 0x20   # dnnl_eltwise_relu (dnnl_alg_kind_t)
+#: Post-op activations a matmul primitive fuses.
+ACTIVATIONS = ("relu",)
 
 _Dims = ctypes.c_int64 * 12
 _vp = ctypes.c_void_p
@@ -127,6 +130,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dnnl_memory_create": [ctypes.POINTER(_vp), _vp, _vp, _vp],
         "dnnl_memory_set_data_handle": [_vp, _vp],
         "dnnl_memory_destroy": [_vp],
+        "dnnl_primitive_attr_create": [ctypes.POINTER(_vp)],
+        "dnnl_primitive_attr_destroy": [_vp],
+        "dnnl_primitive_attr_set_post_ops": [_vp, _vp],
+        "dnnl_post_ops_create": [ctypes.POINTER(_vp)],
+        "dnnl_post_ops_destroy": [_vp],
+        "dnnl_post_ops_append_eltwise": [_vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
     }
     for name, argtypes in sig.items():
         fn = getattr(lib, name)
@@ -236,9 +245,9 @@ class _Entry:
 
 
 class MatmulCache:
-    """``op(A) @ op(B)`` through oneDNN matmul primitives, cached (LRU) by shapes, layouts and
-    dtypes. Memory objects are cached with their primitive and pointed at each call's arrays,
-    so a cached call is one ``dnnl_primitive_execute``."""
+    """``activation(op(A) @ op(B) + bias)`` through oneDNN matmul primitives, cached (LRU) by
+    shapes, layouts, dtypes and fused post-ops. Memory objects are cached with their primitive
+    and pointed at each call's arrays, so a cached call is one ``dnnl_primitive_execute``."""
 
     def __init__(self, library: Library, max_entries: int = 256) -> None:
         self.library = library
@@ -255,25 +264,40 @@ class MatmulCache:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
                 "max_entries": self.max_entries}
 
-    def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str) -> np.ndarray:
-        """``a @ b`` for arrays of equal rank >= 2 and equal batch shape, in ``out_dtype``;
-        ``a`` and ``b`` may be transposed views (column-major in their last two axes)."""
+    def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str,
+               bias: np.ndarray | None = None, activation: str | None = None) -> np.ndarray:
+        """``activation(a @ b + bias)`` for arrays of equal rank >= 2 and equal batch shape, in
+        ``out_dtype``; ``a`` and ``b`` may be transposed views (column-major in their last two
+        axes). ``bias`` (1-D, float32 or the operands' dtype) and ``activation`` (None or
+        "relu") are fused into the primitive: applied to the float32 accumulator before the
+        result is written (and rounded, for a 16-bit ``out_dtype``)."""
         a, a_cm = _layout(a)
         b, b_cm = _layout(b)
         in_dtype = _dtype_name(a.dtype)
         if _dtype_name(b.dtype) != in_dtype:
             raise ValueError(f"operands differ in dtype: {a.dtype} and {b.dtype}")
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got "
+                             f"{activation!r}")
         out_shape = (*a.shape[:-1], b.shape[-1])
-        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype)
+        bias_dtype = None
+        if bias is not None:
+            if bias.shape != (b.shape[-1],):
+                raise ValueError(f"bias of shape {bias.shape} does not match {out_shape}")
+            bias = np.ascontiguousarray(bias)
+            bias_dtype = _dtype_name(bias.dtype)
+        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype, activation)
         entry = self._get(key, out_shape)
         out = np.empty(out_shape, dtype=a.dtype if out_dtype == in_dtype else out_dtype)
         lib = self.library.lib
+        arrays = (a, b, out) if bias is None else (a, b, out, bias)
         with entry.lock:
-            for mem, arr in zip(entry.mems, (a, b, out)):
+            for mem, arr in zip(entry.mems, arrays):
                 _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
                        "dnnl_memory_set_data_handle")
-            _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream, 3,
-                                              entry.args), "dnnl_primitive_execute")
+            _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream,
+                                              len(arrays), entry.args),
+                   "dnnl_primitive_execute")
             _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
         return out
 
@@ -296,22 +320,37 @@ class MatmulCache:
             return entry
 
     def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> _Entry:
-        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype = key
+        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype, bias_dtype, activation = key
         lib = self.library.lib
         descs: list[Any] = []
         mems: list[Any] = []
         pd = _vp()
         primitive = _vp()
+        attr = _vp()
+        post_ops = _vp()
+        layouts = [(a_shape, a_cm, in_dtype), (b_shape, b_cm, in_dtype),
+                   (out_shape, False, out_dtype)]
+        if bias_dtype is not None:
+            # broadcast over every axis but the last: a (1, ..., 1, N) row
+            layouts.append(((1,) * (len(out_shape) - 1) + out_shape[-1:], False, bias_dtype))
         try:
-            for shape, cm, dtype in ((a_shape, a_cm, in_dtype), (b_shape, b_cm, in_dtype),
-                                     (out_shape, False, out_dtype)):
+            for shape, cm, dtype in layouts:
                 md = _vp()
                 _check(lib.dnnl_memory_desc_create_with_strides(
                     ctypes.byref(md), len(shape), _Dims(*shape), DATA_TYPES[dtype],
                     _Dims(*_strides(shape, cm))), "dnnl_memory_desc_create_with_strides")
                 descs.append(md)
+            if activation is not None:
+                _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
+                       "dnnl_primitive_attr_create")
+                _check(lib.dnnl_post_ops_create(ctypes.byref(post_ops)), "dnnl_post_ops_create")
+                _check(lib.dnnl_post_ops_append_eltwise(post_ops, _ELTWISE_RELU, 0.0, 0.0),
+                       "dnnl_post_ops_append_eltwise")
+                _check(lib.dnnl_primitive_attr_set_post_ops(attr, post_ops),
+                       "dnnl_primitive_attr_set_post_ops")
             _check(lib.dnnl_matmul_primitive_desc_create(
-                ctypes.byref(pd), self.library.engine, descs[0], descs[1], None, descs[2], None),
+                ctypes.byref(pd), self.library.engine, descs[0], descs[1],
+                descs[3] if bias_dtype is not None else None, descs[2], attr or None),
                 f"dnnl_matmul_primitive_desc_create for {key}")
             _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
                    "dnnl_primitive_create")
@@ -324,12 +363,18 @@ class MatmulCache:
         except DnnlError:
             self._destroy(_Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
             raise
+        finally:
+            # the primitive descriptor keeps its own copy of the attributes
+            if post_ops:
+                lib.dnnl_post_ops_destroy(post_ops)
+            if attr:
+                lib.dnnl_primitive_attr_destroy(attr)
         info = ctypes.c_char_p()
         impl = ""
         if lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(info)) == 0:
             impl = (info.value or b"").decode(errors="replace")
-        args = (_ExecArg * 3)(_ExecArg(_ARG_SRC, mems[0]), _ExecArg(_ARG_WEIGHTS, mems[1]),
-                              _ExecArg(_ARG_DST, mems[2]))
+        roles = [_ARG_SRC, _ARG_WEIGHTS, _ARG_DST, _ARG_BIAS][:len(mems)]
+        args = (_ExecArg * len(mems))(*(_ExecArg(r, m) for r, m in zip(roles, mems)))
         return _Entry(primitive, pd, descs, mems, args, impl, threading.Lock())
 
     def _destroy(self, entry: _Entry) -> None:
@@ -349,8 +394,16 @@ class MatmulCache:
                 self._destroy(self._entries.popitem()[1])
 
 
+_NAMES: dict[Any, str] = {}
+
+
 def _dtype_name(dtype: np.dtype) -> str:
+    # memoised: np.dtype(...).name costs microseconds, and every call of a matmul asks twice
+    name = _NAMES.get(dtype)
+    if name is not None:
+        return name
     name = np.dtype(dtype).name
     if name not in DATA_TYPES:
         raise ValueError(f"oneDNN matmul here takes {', '.join(DATA_TYPES)}; got {name}")
+    _NAMES[dtype] = name
     return name

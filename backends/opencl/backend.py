@@ -1,8 +1,10 @@
 """The OpenCL backend (PyOpenCL): every kernel in OpenCL C, on any OpenCL device.
 
 Arrays live in device buffers (:class:`~mpcore_opencl.runtime.CLArray`, always C-contiguous);
-the host sees them only at the edges (``to_host``, printing, an invalid-label check, the
-loss-scale decision). float16 is stored as half and read/written with ``vload_half`` /
+the host sees them only at the edges (``to_host``, printing, the loss-scale decision). Kernels
+that take indices (gathers, labels) never follow an invalid one: they record it in a device
+error record that the host reads along with its next read, and raise there (IndexError for
+indices, ValueError for labels). float16 is stored as half and read/written with ``vload_half`` /
 ``vstore_half`` (no ``cl_khr_fp16`` needed), bfloat16 as 16-bit words converted in the kernel
 with round-to-nearest-even; both compute in float32. Programs are generated per dtype from the
 templates in ``kernels/`` on first use and cached with their kernel objects.
@@ -21,10 +23,10 @@ import numpy as np
 from mpcore.backend import Backend, BackendUnavailableError, Device, Support
 
 from . import devices as _devices
+from .arrays import MAX_DIMS, NAMES, NP_DTYPES, SCALAR, CLArray, coalesce, contiguous_strides, vec8
 from .rules import opencl_policy_support
 
-# Everything touching pyopencl is imported on activation only: `import mpcore` must not load it.
-CLArray = Any
+# The runtime (pyopencl) is imported on activation only: `import mpcore` must not load it.
 Key = tuple[Any, ...]
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -62,8 +64,12 @@ BINARY_BOOL: dict[str, str] = {
     "logical_and": "(x != 0) && (y != 0)", "logical_or": "(x != 0) || (y != 0)",
 }
 
-# Register-blocked GEMM (CPU devices) and local-memory tiled GEMM (GPUs): tile macros.
-GEMM_REGISTER = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 16}
+# GEMM tile macros. Packed (CPU devices): WPM x VW register blocks (16 x 16 float32: 16
+# AVX-512 or 32 AVX2 accumulators), KC-deep cache blocks, work-groups of up to PACKED_WG
+# (columns, rows) blocks; measured best on PoCL/Ice Lake among KC 64..256, WPM 8..16, groups
+# 4x4..16x16. Tiled (GPUs): local-memory tiles.
+GEMM_PACKED = {"WPM": 16, "VW": 16, "KC": 128}
+PACKED_WG = (8, 4)
 GEMM_TILED = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 4}
 
 
@@ -92,8 +98,6 @@ def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 def _broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
     """Element strides that read a contiguous ``shape`` as ``out`` (0 on broadcast axes)."""
-    from .runtime import contiguous_strides
-
     st = contiguous_strides(shape)
     lead = len(out) - len(shape)
     return (0,) * lead + tuple(0 if d == 1 and o != 1 else s
@@ -103,8 +107,6 @@ def _broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[in
 def _view(shape: tuple[int, ...], key: tuple[Any, ...]) -> tuple[int, tuple[int, ...],
                                                                   tuple[int, ...]]:
     """(offset, shape, strides) in elements of the basic-indexing view ``x[key]``."""
-    from .runtime import contiguous_strides
-
     strides = contiguous_strides(shape)
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > len(shape):
@@ -150,7 +152,7 @@ class OpenCLBackend(Backend):
     priority = 200
     install_hint = 'pip install "mpcore[opencl]" (a CPU device: pip install "mpcore[pocl]")'
 
-    #: "register" (CPU devices), "tiled" (local memory; GPUs) or None: chosen by device kind.
+    #: "packed" (CPU devices), "tiled" (local memory; GPUs) or None: chosen by device kind.
     gemm_variant: str | None = None
 
     def __init__(self) -> None:
@@ -158,6 +160,7 @@ class OpenCLBackend(Backend):
         self._device: Device | None = None
         self._devices: list[tuple[Device, Any]] | None = None
         self._ew: dict[Key, Any] = {}
+        self._flat: dict[Key, Any] = {}  # (op, dtype, out) -> same-shape binary kernel
 
     # --- availability, devices, verdicts ------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -188,8 +191,15 @@ class OpenCLBackend(Backend):
                 raise BackendUnavailableError(str(exc)) from None
         return self._device
 
+    #: Whether this backend runs native-half (cl_khr_fp16) kernels or matrix-engine bfloat16
+    #: kernels: not yet (every op computes 16-bit data in float32), so no 16-bit policy is
+    #: judged fast. A subclass that adds such kernels says so here.
+    native_half_kernels = False
+    matrix_kernels = False
+
     def policy_support(self, policy: str, device: Device) -> Support:
-        return opencl_policy_support(policy, device)
+        return opencl_policy_support(policy, device, native_half_kernels=self.native_half_kernels,
+                                     matrix_kernels=self.matrix_kernels)
 
     def synchronize(self) -> None:
         if self._rt is not None:
@@ -257,16 +267,12 @@ class OpenCLBackend(Backend):
 
     # --- helpers ------------------------------------------------------------------------
     def _dt(self, x: CLArray) -> str:
-        from .runtime import NAMES
-
         return NAMES[x.dtype]
 
     def _empty(self, shape: tuple[int, ...], dtype: str) -> CLArray:
         return self.runtime.empty(tuple(int(d) for d in shape), dtype)
 
     def _scalar(self, value: Any, dtype: str) -> Any:
-        from .runtime import NP_DTYPES, SCALAR
-
         # Round the scalar to the array's dtype first, as NumPy does for a Python scalar.
         with np.errstate(over="ignore", invalid="ignore"):
             return SCALAR[dtype](np.asarray(value).astype(NP_DTYPES[dtype]))
@@ -275,8 +281,6 @@ class OpenCLBackend(Backend):
                 out_dtype: str | None = None) -> CLArray:
         """A contiguous copy of the strided view (offset, shape, strides) of ``x``,
         converted to ``out_dtype``."""
-        from .runtime import MAX_DIMS, coalesce, vec8
-
         dt = self._dt(x)
         od = out_dtype or dt
         out = self._empty(shape, od)
@@ -295,8 +299,6 @@ class OpenCLBackend(Backend):
     def _scatter(self, src: CLArray, out: CLArray, offset: int, shape: tuple[int, ...],
                  strides: tuple[int, ...]) -> None:
         """Write contiguous ``src`` into the strided view (offset, shape, strides) of ``out``."""
-        from .runtime import MAX_DIMS, coalesce, vec8
-
         if src.size == 0:
             return
         cshape, (cst,) = coalesce(shape, strides)
@@ -308,15 +310,11 @@ class OpenCLBackend(Backend):
                             np.int32(offset), src.data, out.data)
 
     def _contiguous_view(self, x: CLArray, perm: tuple[int, ...]) -> CLArray:
-        from .runtime import contiguous_strides
-
         st = contiguous_strides(x.shape)
         return self._gather(x, 0, tuple(x.shape[p] for p in perm), tuple(st[p] for p in perm))
 
     # --- host interop and creation ------------------------------------------------------
     def asarray(self, value: Any, dtype: str) -> CLArray:
-        from .runtime import NP_DTYPES, CLArray
-
         if isinstance(value, CLArray) and value.runtime is self.runtime:
             return value if self._dt(value) == dtype else self.cast(value, dtype)
         if hasattr(value, "get") and not isinstance(value, np.ndarray):
@@ -379,8 +377,16 @@ class OpenCLBackend(Backend):
         return o
 
     def _binary(self, op: str, a: Any, b: Any, out: str | None = None) -> CLArray:
-        from .runtime import MAX_DIMS, CLArray, coalesce, vec8
-
+        # The common case first, with no more Python than it needs: per-op host time is what
+        # small tensors pay (the kernel of a same-shape, same-dtype pair is cached by its key).
+        if (type(a) is CLArray and type(b) is CLArray and a.shape == b.shape
+                and a.dtype == b.dtype):
+            kernel = self._flat.get((op, a.dtype, out))
+            if kernel is not None:
+                rt = self._rt
+                o = CLArray(rt, a.shape, NP_DTYPES[out] if out else a.dtype)
+                rt.launch(kernel, o.size, np.int32(o.size), a.data, b.data, o.data)
+                return o
         rt = self.runtime
         if isinstance(a, CLArray):
             dt = self._dt(a)
@@ -410,6 +416,7 @@ class OpenCLBackend(Backend):
                             "core casts them to one dtype first")
         if a.shape == b.shape:
             o = self._empty(a.shape, od)
+            self._flat[(op, a.dtype, out)] = prog[name]
             rt.launch(prog[name], o.size, np.int32(o.size), a.data, b.data, o.data)
             return o
         shape = _broadcast_shape(tuple(a.shape), tuple(b.shape))
@@ -509,8 +516,6 @@ class OpenCLBackend(Backend):
         return self._unary("erf", x)
 
     def where(self, cond: CLArray, a: CLArray, b: CLArray) -> CLArray:
-        from .runtime import MAX_DIMS, CLArray, coalesce, vec8
-
         dt = self._dt(a) if isinstance(a, CLArray) else self._dt(b)
         if not isinstance(a, CLArray):
             a = self.full((), a, dt)
@@ -583,8 +588,6 @@ class OpenCLBackend(Backend):
 
     def _reduce(self, kind: str, x: CLArray, axis: Any, keepdims: bool,
                 mean: bool = False) -> CLArray:
-        from .runtime import SCALAR
-
         dt = self._dt(x)
         shape = tuple(x.shape)
         nd = len(shape)
@@ -650,7 +653,7 @@ class OpenCLBackend(Backend):
     def _variant(self) -> str:
         if self.gemm_variant:
             return self.gemm_variant
-        return "register" if self.device().kind == "cpu" else "tiled"
+        return "packed" if self.device().kind == "cpu" else "tiled"
 
     def matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool) -> CLArray:
         dt = self._dt(a)
@@ -664,48 +667,47 @@ class OpenCLBackend(Backend):
             return out
         if k == 0:
             return self.full(out.shape, 0, dt)
-        variant = self._variant()
-        params = GEMM_REGISTER if variant == "register" else GEMM_TILED
-        acc = "float32" if dt in LOW else dt
-        if variant == "register":
-            # Pack 16-bit or transposed operands once (O(n^2)) into the accumulation type and
-            # the layout the inner loop streams: its loads are then plain vector loads.
-            if transpose_b or dt != acc:
-                b = self._pack(b, transpose_b, acc)
-                transpose_b = False
-            if transpose_a or dt != acc:
-                a = self._pack(a, transpose_a, acc)
-                transpose_a = False
-        opts = tuple(f"-D{key}={val}" for key, val in params.items())
-        prog = self._prog("gemm.cl", ("A", self._dt(a)), ("O", dt), options=opts)
-        name = ("gemm_reg_" if variant == "register" else "gemm_") + \
-            ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
-        vw, wpm, tsm, tsn = params["VW"], params["WPM"], params["TSM"], params["TSN"]
-        if variant == "register":
-            gsize = (-(-n // vw), -(-m // wpm), nb)
-            lsize = None
-        else:
-            wx, wy = tsn // vw, tsm // wpm
-            gsize = (-(-n // tsn) * wx, -(-m // tsm) * wy, nb)
-            lsize = (wx, wy, 1)
-        prog[name](self.runtime.queue, gsize, lsize, np.int32(m), np.int32(n), np.int32(k),
-                   np.int64(m * k), np.int64(k * n), np.int64(m * n), a.data, b.data, out.data)
+        if self._variant() == "packed":
+            self._gemm_packed(a, b, transpose_a, transpose_b, m, n, k, nb, out)
+            return out
+        opts = tuple(f"-D{key}={val}" for key, val in GEMM_TILED.items())
+        prog = self._prog("gemm.cl", ("A", dt), ("O", dt), options=opts)
+        name = "gemm_" + ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
+        vw, wpm, tsm, tsn = (GEMM_TILED[key] for key in ("VW", "WPM", "TSM", "TSN"))
+        wx, wy = tsn // vw, tsm // wpm
+        prog[name](self.runtime.queue, (-(-n // tsn) * wx, -(-m // tsm) * wy, nb), (wx, wy, 1),
+                   np.int32(m), np.int32(n), np.int32(k), np.int64(m * k), np.int64(k * n),
+                   np.int64(m * n), a.data, b.data, out.data)
         return out
 
-    def _pack(self, x: CLArray, transpose: bool, dtype: str) -> CLArray:
-        from .runtime import contiguous_strides
-
-        shape = tuple(x.shape)
-        if not transpose:
-            return self.cast(x, dtype)
-        st = contiguous_strides(shape)
-        return self._gather(x, 0, (*shape[:-2], shape[-1], shape[-2]),
-                            (*st[:-2], st[-1], st[-2]), dtype)
+    def _gemm_packed(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool, m: int,
+                     n: int, k: int, nb: int, out: CLArray) -> None:
+        dt = self._dt(a)
+        acc = "float32" if dt in LOW else dt
+        wpm, vw = GEMM_PACKED["WPM"], GEMM_PACKED["VW"]
+        # Small problems get smaller groups, so that padding to whole groups stays small.
+        pm_n, pn_n = -(-m // wpm), -(-n // vw)
+        wgx, wgy = min(PACKED_WG[0], pn_n), min(PACKED_WG[1], pm_n)
+        pm, pn = -(-pm_n // wgy) * wgy, -(-pn_n // wgx) * wgx
+        opts = tuple(f"-D{key}={val}" for key, val in GEMM_PACKED.items())
+        ap = self._empty((nb, pm, k, wpm), acc)
+        bp = self._empty((nb, pn, k, vw), acc)
+        # (row, k) of op(A) and (column, k) of op(B), as element strides
+        a_rs, a_ks = (1, m) if transpose_a else (k, 1)
+        b_rs, b_ks = (k, 1) if transpose_b else (1, n)
+        rt = self.runtime
+        for src, dst, rows, panels, width, rs, ks in ((a, ap, m, pm, wpm, a_rs, a_ks),
+                                                      (b, bp, n, pn, vw, b_rs, b_ks)):
+            prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"))
+            rt.launch(prog["pack"], dst.size, np.int32(rows), np.int32(k), np.int32(panels),
+                      np.int64(rs), np.int64(ks), np.int64(src.size // nb), np.int64(dst.size),
+                      src.data, dst.data)
+        prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"))
+        prog["gemm_packed"](rt.queue, (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
+                            np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)
 
     # --- shapes and indexing ------------------------------------------------------------
     def reshape(self, x: CLArray, shape: tuple[int, ...]) -> CLArray:
-        from .runtime import CLArray
-
         shape = tuple(int(d) for d in shape)
         if -1 in shape:
             known = math.prod(d for d in shape if d != -1)
@@ -722,8 +724,6 @@ class OpenCLBackend(Backend):
         return self._gather(x, 0, shape, _broadcast_strides(tuple(x.shape), shape))
 
     def concat(self, xs: list[CLArray], axis: int) -> CLArray:
-        from .runtime import contiguous_strides
-
         ref = tuple(xs[0].shape)
         axis %= len(ref)
         total = sum(int(x.shape[axis]) for x in xs)
@@ -744,9 +744,10 @@ class OpenCLBackend(Backend):
         out = self._empty((*shape[:axis], *indices.shape, *shape[axis + 1:]), self._dt(x))
         prog = self._prog("index.cl", ("A", self._dt(x)), ("O", self._dt(x)),
                           ("L", self._dt(indices)))
-        self.runtime.launch(prog["take"], out.size, np.int32(out.size), np.int32(size),
-                            np.int32(indices.size), np.int32(inner), x.data, indices.data,
-                            out.data)
+        rt = self.runtime
+        rt.launch(prog["take"], out.size, np.int32(out.size), np.int32(size),
+                  np.int32(indices.size), np.int32(inner), x.data, indices.data, out.data,
+                  rt.error_record())
         del outer
         return out
 
@@ -758,14 +759,13 @@ class OpenCLBackend(Backend):
         out = self.full(shape, 0, dt)
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
         prog = self._prog("index.cl", ("A", dt), ("O", dt), ("L", self._dt(indices)))
-        self.runtime.launch(prog["take_grad"], outer * inner, np.int32(outer),
-                            np.int32(shape[axis]), np.int32(indices.size), np.int32(inner),
-                            g.data, indices.data, out.data)
+        rt = self.runtime
+        rt.launch(prog["take_grad"], outer * inner, np.int32(outer), np.int32(shape[axis]),
+                  np.int32(indices.size), np.int32(inner), g.data, indices.data, out.data,
+                  rt.error_record())
         return out
 
     def _index_array(self, indices: Any) -> CLArray:
-        from .runtime import CLArray
-
         if not isinstance(indices, CLArray):
             indices = self.asarray(np.asarray(indices), str(np.asarray(indices).dtype))
         if self._dt(indices) not in SIGNED + UNSIGNED:
@@ -868,28 +868,19 @@ class OpenCLBackend(Backend):
 
     def sparse_softmax_cross_entropy(self, logits: CLArray,
                                      labels: CLArray) -> tuple[CLArray, CLArray]:
-        import pyopencl as cl
-
+        # No host read here (it would stall every training step): an out-of-range label goes
+        # to the device error record and raises ValueError at the next host read, at the latest
+        # the loss-scale flag read that ends a loss-scaled step (whose NaN gradients make the
+        # step skip), else the next numpy()/print/metric read or synchronize().
         labels = self._index_array(labels)
         dt = self._dt(logits)
         n, classes = (int(d) for d in logits.shape)
         loss = self._empty((n,), dt)
         probs = self._empty((n, classes), dt)
         rt = self.runtime
-        bad = rt.allocate(4)
-        cl.enqueue_fill_buffer(rt.queue, bad, np.int32(0), 0, 4)
         prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", self._dt(labels)))
         rt.launch(prog["sparse_xent"], n, np.int32(n), np.int32(classes), logits.data,
-                  labels.data, loss.data, probs.data, bad)
-        # The one host read of a training step besides the loss-scale flag: an invalid label
-        # must raise here, as on the CPU backend, not surface later as a NaN.
-        flag = np.zeros(1, dtype=np.int32)
-        cl.enqueue_copy(rt.queue, flag, bad, is_blocking=True)
-        if flag[0]:
-            row = int(flag[0]) - 1
-            label = int(labels.get().reshape(-1)[row])
-            raise ValueError(f"label {label} is out of range: labels must be in "
-                             f"[0, {classes}) for logits with {classes} classes")
+                  labels.data, loss.data, probs.data, rt.error_record())
         return loss, probs
 
     def sparse_softmax_cross_entropy_grad(self, probs: CLArray, labels: CLArray,
@@ -900,8 +891,10 @@ class OpenCLBackend(Backend):
             g = self.cast(g, dt)
         out = self._empty(tuple(probs.shape), dt)
         prog = self._prog("nn.cl", ("A", dt), ("O", dt), ("L", self._dt(labels)))
-        self.runtime.launch(prog["sparse_xent_grad"], out.size, np.int32(out.size),
-                            np.int32(probs.shape[1]), probs.data, labels.data, g.data, out.data)
+        rt = self.runtime
+        rt.launch(prog["sparse_xent_grad"], out.size, np.int32(out.size),
+                  np.int32(probs.shape[1]), probs.data, labels.data, g.data, out.data,
+                  rt.error_record())
         return out
 
     # --- loss scaling and optimizers ----------------------------------------------------

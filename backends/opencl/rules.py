@@ -1,15 +1,19 @@
-"""Verdict rules for OpenCL devices: pure functions of a device description (testable for
-devices that are not here).
+"""Verdict rules for OpenCL devices: pure functions of a device description and of what
+mpcore's kernels do on it (testable for devices that are not here).
 
-- float16 arithmetic needs ``cl_khr_fp16``; without it the backend stores float16 and computes
-  in float32 (``vload_half``/``vstore_half`` are core OpenCL), which is supported but not fast.
-  With it, float16 is fast only on a GPU whose half throughput is native: the driver reports a
-  native half vector width > 0, or the GPU is a known double-rate family (Intel Xe/Arc, AMD
-  GCN5/Vega and later). NVIDIA exposes ``cl_khr_fp16`` through OpenCL on some drivers, but its
-  OpenCL stack has no tensor-core path, so mpcore's kernels run it at float32 speed.
+"Fast" needs both the hardware and kernels that use it; the reasons say what actually runs.
+
+- float16: the backend stores float16 and reads/writes it with ``vload_half``/``vstore_half``
+  (core OpenCL), computing every op, matmuls included, in float32. That halves memory traffic
+  and memory use, but compute-bound work runs at float32 speed. float16 is fast only where
+  ``cl_khr_fp16`` is exposed, the GPU has native half throughput (a native half vector width
+  > 0, or a known double-rate family: Intel Xe/Arc, AMD GCN5/Vega and later), *and* the backend
+  has native-half kernels for the device (``native_half_kernels``; it has none yet: the PoCL
+  CPU device it is tested on exposes no ``cl_khr_fp16``). NVIDIA's OpenCL has no tensor-core
+  path, so it is never fast there.
 - bfloat16 is fast only where a matrix engine is exposed
-  (``cl_intel_subgroup_matrix_multiply_accumulate``) *and* mpcore's kernels use it. They do not
-  yet: bfloat16 is stored in 16 bits and computed in float32, supported but not fast.
+  (``cl_intel_subgroup_matrix_multiply_accumulate``) *and* the backend's kernels use it
+  (``matrix_kernels``; they do not yet): otherwise stored in 16 bits, computed in float32.
 - A CPU device (PoCL, Intel's CPU runtime): supported, never fast; 16-bit values are converted
   to float32 for every operation.
 """
@@ -26,6 +30,11 @@ FP16 = "cl_khr_fp16"
 INTEL_MATRIX = "cl_intel_subgroup_matrix_multiply_accumulate"
 #: Whether mpcore's kernels drive the Intel matrix engine (they do not yet).
 USES_INTEL_MATRIX = False
+#: Whether mpcore has native-half (cl_khr_fp16 arithmetic) kernels (it does not yet).
+NATIVE_HALF_KERNELS = False
+_STORAGE = ("is stored in 16 bits and computed in float32 by every op, matmuls included: that "
+            "halves memory traffic and memory use, but compute-bound work runs at float32 "
+            "speed")
 
 # GPU families with double-rate half arithmetic, matched in the lower-cased device name when
 # the driver reports no native half width.
@@ -42,8 +51,12 @@ def _native_half(details: Mapping[str, Any], name: str, vendor: str) -> bool:
     return any(family in text for family in FAST_HALF_GPUS)
 
 
-def opencl_policy_support(policy: str, device: Device) -> Support:
-    """Judge ``policy`` on the OpenCL ``device`` (its kind, extensions and details)."""
+def opencl_policy_support(policy: str, device: Device, *,
+                          native_half_kernels: bool = NATIVE_HALF_KERNELS,
+                          matrix_kernels: bool = USES_INTEL_MATRIX) -> Support:
+    """Judge ``policy`` on the OpenCL ``device`` (its kind, extensions and details), given
+    whether the backend runs native-half kernels (``native_half_kernels``) and matrix-engine
+    bfloat16 kernels (``matrix_kernels``) on it."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid names: {', '.join(POLICIES)}")
     compute = POLICIES[policy][0]
@@ -60,15 +73,11 @@ def opencl_policy_support(policy: str, device: Device) -> Support:
         return Support(False, False, f"{where} lacks cl_khr_fp64: float64 cannot run on it")
     if device.kind == "cpu":
         return Support(True, False,
-                       f"{where} is a CPU device: {compute} is stored in 16 bits and every "
-                       "operation converts it to float32 (emulated; expect float32 speed at "
-                       "best, and the NumPy cpu backend is usually faster on a CPU)")
+                       f"{where} is a CPU device: {compute} {_STORAGE} (emulated; the NumPy "
+                       "cpu backend is usually faster on a CPU)")
     if compute == "float16":
         if FP16 not in ext:
-            return Support(True, False,
-                           f"{where} lacks {FP16}: float16 is stored in 16 bits "
-                           "(vload_half/vstore_half) and computed in float32, so it saves memory "
-                           "but is not faster than float32")
+            return Support(True, False, f"{where} lacks {FP16}: float16 {_STORAGE}")
         if "nvidia" in device.vendor.lower():
             return Support(True, False,
                            f"{where} exposes {FP16}, but NVIDIA's OpenCL has no tensor-core path: "
@@ -77,21 +86,23 @@ def opencl_policy_support(policy: str, device: Device) -> Support:
         if not _native_half(device.details, device.name, device.vendor):
             return Support(True, False,
                            f"{where} has {FP16} but reports no native half vector width: its "
-                           "float16 arithmetic is not faster than float32")
+                           f"half arithmetic is not faster than float32; float16 {_STORAGE}")
+        if not native_half_kernels:
+            return Support(True, False,
+                           f"{where} has {FP16} with native half throughput, but mpcore's OpenCL "
+                           f"kernels do not use half arithmetic yet: float16 {_STORAGE}")
         return Support(True, True,
-                       f"{where} has {FP16} with native half throughput: float16 arithmetic "
-                       "runs at up to twice the float32 rate, and 16-bit storage halves memory "
-                       "traffic")
+                       f"{where} has {FP16} with native half throughput and mpcore runs "
+                       "native-half kernels on it: float16 arithmetic runs at up to twice the "
+                       "float32 rate, and 16-bit storage halves memory traffic")
     # bfloat16
-    if INTEL_MATRIX in ext and USES_INTEL_MATRIX:
+    if INTEL_MATRIX in ext and matrix_kernels:
         return Support(True, True, f"bfloat16 matmuls run on the XMX matrix engine of {where} "
                                    f"through {INTEL_MATRIX}")
     if INTEL_MATRIX in ext:
         return Support(True, False,
                        f"{where} exposes {INTEL_MATRIX}, but mpcore's OpenCL kernels do not use "
-                       "it yet: bfloat16 is stored in 16 bits and computed in float32 (saves "
-                       "memory, not faster than float32)")
+                       f"it yet: bfloat16 {_STORAGE}")
     return Support(True, False,
                    f"{where} has no bfloat16 matrix engine exposed to OpenCL "
-                   f"({INTEL_MATRIX}): bfloat16 is stored in 16 bits and computed in float32 "
-                   "(saves memory, not faster than float32)")
+                   f"({INTEL_MATRIX}): bfloat16 {_STORAGE}")

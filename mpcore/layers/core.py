@@ -42,10 +42,11 @@ class Dense(Layer):
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype
-        y = ops.matmul(inputs, self.kernel.read_as(dt))
-        if self.bias is not None:
-            y = ops.bias_add(y, self.bias.read_as(dt))
-        return self.activation(y)
+        bias = self.bias.read_as(dt) if self.bias is not None else None
+        # one fused op (matmul, bias and relu in one kernel where the backend has it)
+        if self.activation is activations.relu:
+            return ops.dense(inputs, self.kernel.read_as(dt), bias, "relu")
+        return self.activation(ops.dense(inputs, self.kernel.read_as(dt), bias))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "units": self.units,

@@ -3,6 +3,17 @@
  * STORE_X(p, i, v) and X_FLOAT (1 for floating dtypes). float16 is read and written with
  * vload_half/vstore_half, which need no cl_khr_fp16; bfloat16 is stored as ushort. */
 
+/* The device error record, err = {code, size, value low word, value high word}: the first invalid
+ * index any kernel met since the host last looked (codes in runtime.py ERRORS). Kernels never
+ * read or write out of bounds because of it; the host raises at its next read. */
+inline void record_error(__global int *err, const int code, const long value, const int size) {
+    if (atomic_cmpxchg(err, 0, code) == 0) {
+        err[1] = size;
+        err[2] = (int)value;
+        err[3] = (int)(value >> 32);
+    }
+}
+
 inline float bf16_to_f32(ushort h) { return as_float(((uint)h) << 16); }
 
 /* Round to nearest even; NaN stays a (quiet) NaN with its sign. */

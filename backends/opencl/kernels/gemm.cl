@@ -1,10 +1,13 @@
-/* Tiled GEMM: C[b] = op(A[b]) @ op(B[b]) with op = identity or transpose, any M, N, K.
- * A work-group computes a TSM x TSN tile of C. Each K-step it stages a TSK-deep slice of A and
- * B in local memory, converted to the accumulation type (so 16-bit storage is widened once per
- * element, transposes and edges are resolved while staging, and the inner loop has no branch).
- * Each work-item then computes a WPM x VW register block with VW-wide vector multiply-adds:
- * register blocking and vector loads are what make this fast on a CPU device (PoCL), local
- * memory is what makes it fast on a GPU. The tile sizes are macros set by the host. */
+/* GEMM: C[b] = op(A[b]) @ op(B[b]) with op = identity or transpose, any M, N, K, accumulated in
+ * the compute type (float32 for 16-bit storage). Two variants, chosen by the host per device
+ * kind and built with their tile sizes as macros: "tiled" (TSM defined; local memory, for GPUs)
+ * and "packed" (KC defined; packed panels and cache blocking, for CPU devices such as PoCL).
+ *
+ * Tiled: a work-group computes a TSM x TSN tile of C. Each K-step it stages a TSK-deep slice of
+ * A and B in local memory, converted to the accumulation type (so 16-bit storage is widened once
+ * per element, transposes and edges are resolved while staging, and the inner loop has no
+ * branch). Each work-item then computes a WPM x VW register block with VW-wide vector
+ * multiply-adds. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -14,22 +17,13 @@
 #define WG_Y (TSM / WPM)
 #define WGS (WG_X * WG_Y)
 
-/* LOADV_B(v, p, i): VW consecutive elements from p + i, widened to VT. */
-#if A_HALF
-#define LOADV_B(v, p, i) v = CAT(vload_half, VW)(0, (p) + (i))
-#elif A_BF16
-#define LOADV_B(v, p, i) \
-    v = CAT(as_float, VW)(CAT(convert_uint, VW)(VLOAD(0, (p) + (i))) << 16)
-#else
-#define LOADV_B(v, p, i) v = VLOAD(0, (p) + (i))
-#endif
-
 #if A_FLOAT
 #define MAD(a, b, c) mad(a, b, c)
 #else
 #define MAD(a, b, c) ((a) * (b) + (c))
 #endif
 
+#ifdef TSM
 #define GEMM(NAME, TA, TB)                                                                  \
 __kernel __attribute__((reqd_work_group_size(WG_X, WG_Y, 1)))                               \
 void NAME(const int M, const int N, const int K, const long stride_a, const long stride_b,  \
@@ -87,62 +81,61 @@ GEMM(gemm_nt, 0, 1)
 GEMM(gemm_tn, 1, 0)
 GEMM(gemm_tt, 1, 1)
 
-/* The CPU-device variant: no local memory and no barrier. On a CPU, local memory is ordinary
- * cached memory and a barrier makes the driver spill every work-item's accumulators between
- * the phases it separates (PoCL keeps live values in per-work-item arrays), so each work-item
- * instead streams its operands from global memory (the caches do the tiling) and keeps a
- * WPM x VW block of C in registers for the whole K loop. */
-#define GEMM_REG(NAME, TA, TB)                                                              \
-__kernel void NAME(const int M, const int N, const int K, const long stride_a,              \
-                   const long stride_b, const long stride_c, __global const A_ST *A,        \
-                   __global const A_ST *B, __global O_ST *C) {                              \
-    const int n0 = get_global_id(0) * VW, m0 = get_global_id(1) * WPM;                      \
-    if (n0 >= N || m0 >= M) return;                                                         \
-    const long ao = get_global_id(2) * stride_a;                                            \
-    const long bo = get_global_id(2) * stride_b;                                            \
-    const long co = get_global_id(2) * stride_c;                                            \
-    const bool full = (m0 + WPM <= M) && (n0 + VW <= N);                                    \
-    VT acc[WPM];                                                                            \
-    for (int r = 0; r < WPM; ++r) acc[r] = (VT)(0);                                         \
-    if (full && !TB) {                                                                      \
-        for (int k = 0; k < K; ++k) {                                                       \
-            VT b;                                                                           \
-            LOADV_B(b, B, bo + (long)k * N + n0);                                           \
-            _Pragma("unroll")                                                               \
-            for (int r = 0; r < WPM; ++r) {                                                 \
-                const A_CT a = LOAD_A(A, ao + (TA ? (long)k * M + m0 + r                    \
-                                                  : (long)(m0 + r) * K + k));               \
-                acc[r] = MAD((VT)(a), b, acc[r]);                                           \
-            }                                                                               \
-        }                                                                                   \
-    } else {                                                                                \
-        for (int k = 0; k < K; ++k) {                                                       \
-            A_CT bv[VW];                                                                    \
-            for (int c = 0; c < VW; ++c) {                                                  \
-                const int gn = min(n0 + c, N - 1);                                          \
-                bv[c] = LOAD_A(B, bo + (TB ? (long)gn * K + k : (long)k * N + gn));         \
-            }                                                                               \
-            const VT b = VLOAD(0, bv);                                                      \
-            for (int r = 0; r < WPM; ++r) {                                                 \
-                const int gm = min(m0 + r, M - 1);                                          \
-                const A_CT a = LOAD_A(A, ao + (TA ? (long)k * M + gm : (long)gm * K + k));  \
-                acc[r] = MAD((VT)(a), b, acc[r]);                                           \
-            }                                                                               \
-        }                                                                                   \
-    }                                                                                       \
-    for (int r = 0; r < WPM; ++r) {                                                         \
-        const int gm = m0 + r;                                                              \
-        if (gm >= M) break;                                                                 \
-        A_CT out[VW];                                                                       \
-        CAT(vstore, VW)(acc[r], 0, out);                                                    \
-        for (int c = 0; c < VW; ++c) {                                                      \
-            const int gn = n0 + c;                                                          \
-            if (gn < N) STORE_O(C, co + (long)gm * N + gn, out[c]);                         \
-        }                                                                                   \
-    }                                                                                       \
+#endif
+
+#ifdef KC
+/* The CPU-device variant ("packed"). On a CPU, local memory is ordinary cached memory and the
+ * caches do the staging, so what matters is the order of memory accesses. Both operands are
+ * first packed (O(n^2), one pass that also resolves transposes and widens 16-bit storage) into
+ * panels: Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW]
+ * VW columns of op(B), zero-padded to whole panels. A work-item computes one WPM x VW block of C
+ * from one A panel and one B panel, both read contiguously (no cache-set conflicts or TLB misses
+ * from row strides, which is what made large sizes slow), with VW-wide vector multiply-adds into
+ * WPM register accumulators. The K loop is cut into KC-deep blocks with a barrier after each:
+ * PoCL runs every work-item of a group through one block before the next, so the group's
+ * A and B blocks (a few tens of KiB) stay in L1/L2 while they are reused, instead of each work-item
+ * streaming its whole panels through the cache. Spilling the accumulators at each barrier costs
+ * one store and load per KC multiply-adds. */
+__kernel void pack(const int rows, const int K, const int P, const long rs, const long ks,
+                   const long stride, const long total, __global const A_ST *X,
+                   __global A_CT *Xp) {
+    const long i = get_global_id(0);
+    if (i >= total) return;
+    const int w = i % PW;
+    long t = i / PW;
+    const int k = t % K;
+    t /= K;
+    const int p = t % P;
+    const long b = t / P;
+    const int row = p * PW + w;
+    Xp[i] = row < rows ? (A_CT)LOAD_A(X, b * stride + row * rs + k * ks) : (A_CT)0;
 }
 
-GEMM_REG(gemm_reg_nn, 0, 0)
-GEMM_REG(gemm_reg_nt, 0, 1)
-GEMM_REG(gemm_reg_tn, 1, 0)
-GEMM_REG(gemm_reg_tt, 1, 1)
+__kernel void gemm_packed(const int M, const int N, const int K, const int PM, const int PN,
+                          __global const A_CT *Ap, __global const A_CT *Bp, __global O_ST *C) {
+    const int jp = get_global_id(0), ip = get_global_id(1);
+    const long b = get_global_id(2);
+    __global const A_CT *pa = Ap + (b * PM + ip) * (long)K * WPM;
+    __global const A_CT *pb = Bp + (b * PN + jp) * (long)K * VW;
+    VT acc[WPM];
+    for (int r = 0; r < WPM; ++r) acc[r] = (VT)(0);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        const int k1 = min(k0 + KC, K);
+        for (int k = k0; k < k1; ++k) {
+            const VT bv = VLOAD(k, pb);
+            _Pragma("unroll")
+            for (int r = 0; r < WPM; ++r) acc[r] = MAD((VT)(pa[(long)k * WPM + r]), bv, acc[r]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const int m0 = ip * WPM, n0 = jp * VW;
+    __global O_ST *pc = C + b * (long)M * N;
+    for (int r = 0; r < WPM; ++r) {
+        const int gm = m0 + r;
+        if (gm >= M) break;
+        A_CT out[VW];
+        CAT(vstore, VW)(acc[r], 0, out);
+        for (int c = 0; c < VW && n0 + c < N; ++c) STORE_O(pc, (long)gm * N + n0 + c, out[c]);
+    }
+}
+#endif

@@ -34,11 +34,14 @@ __kernel void log_softmax(const int outer, const int k, const int inner,
     }
 }
 
-/* loss[r] = log(sum exp(z)) - z[label], probs = softmax(logits). An out-of-range label sets
- * *bad to 1 + its row (the host turns that into an error naming the label). */
+#define ERR_LABEL 3
+
+/* loss[r] = log(sum exp(z)) - z[label], probs = softmax(logits). An out-of-range label is never
+ * dereferenced: its loss is NaN and it goes to the device error record (common.cl), which the
+ * host checks at its next read, so this kernel needs no host round trip. */
 __kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
                           __global const L_ST *labels, __global O_ST *loss,
-                          __global O_ST *probs, __global int *bad) {
+                          __global O_ST *probs, __global int *err) {
     const int r = get_global_id(0);
     if (r >= n) return;
     const long base = (long)r * c;
@@ -50,7 +53,7 @@ __kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
     const A_CT inv = (A_CT)1 / s;
     for (int t = 0; t < c; ++t) STORE_O(probs, base + t, exp(LOAD_A(pa, base + t) - m) * inv);
     if (label < 0 || label >= c) {
-        atomic_cmpxchg(bad, 0, r + 1);
+        record_error(err, ERR_LABEL, label, c);
         STORE_O(loss, r, NAN);
     } else {
         STORE_O(loss, r, log(s) - (LOAD_A(pa, base + label) - m));
@@ -63,13 +66,21 @@ __kernel void relu_grad(const int n, __global const A_ST *pg, __global const A_S
     if (i < n) STORE_O(po, i, LOAD_A(py, i) > 0 ? LOAD_A(pg, i) : (A_CT)0);
 }
 
-/* The fused backward of sparse_xent: (probs - one_hot(labels)) * g[row]. */
+/* The fused backward of sparse_xent: (probs - one_hot(labels)) * g[row]. A row with an
+ * out-of-range label gets NaN gradients, so a loss-scaled step that used it is skipped (its
+ * "all finite" flag is false) before the host read of that flag raises the label error. */
 __kernel void sparse_xent_grad(const int total, const int c, __global const A_ST *probs,
                                __global const L_ST *labels, __global const A_ST *g,
-                               __global O_ST *po) {
+                               __global O_ST *po, __global int *err) {
     const int i = get_global_id(0);
     if (i >= total) return;
     const int r = i / c;
-    const A_CT hot = (long)LOAD_L(labels, r) == (long)(i % c) ? (A_CT)1 : (A_CT)0;
+    const long label = (long)LOAD_L(labels, r);
+    if (label < 0 || label >= c) {
+        if (i % c == 0) record_error(err, ERR_LABEL, label, c);
+        STORE_O(po, i, NAN);
+        return;
+    }
+    const A_CT hot = label == (long)(i % c) ? (A_CT)1 : (A_CT)0;
     STORE_O(po, i, (LOAD_A(probs, i) - hot) * LOAD_A(g, r));
 }
