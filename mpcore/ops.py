@@ -719,4 +719,6 @@ def all_finite(xs: Sequence[Tensor]) -> Tensor:
     if kernel is not None:
         return Tensor(kernel([t._data for t in tensors]), be, "bool")
     return unscale_and_check(tensors, 1.0)[1]  # type: ignore[return-value]
+
+
 from mpcore.ops_image import conv2d, max_pool2d  # noqa: E402, F401 - image ops live apart
