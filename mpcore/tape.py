@@ -225,13 +225,14 @@ def _flatten(structure: Any) -> list[Any]:
 
 
 def _unflatten(structure: Any, flat: list[Any]) -> Any:
-    it = iter(flat)
+    return _build(structure, iter(flat))
 
-    def build(s: Any) -> Any:
-        if isinstance(s, dict):
-            return {k: build(v) for k, v in s.items()}
-        if isinstance(s, (list, tuple)):
-            return type(s)(build(v) for v in s)
-        return next(it)
 
-    return build(structure)
+def _build(s: Any, it: Any) -> Any:
+    # Not a closure over itself: that is a reference cycle holding ``flat`` (every gradient)
+    # until the cyclic GC runs, so large gradient arrays were freed late and at random.
+    if isinstance(s, dict):
+        return {k: _build(v, it) for k, v in s.items()}
+    if isinstance(s, (list, tuple)):
+        return type(s)(_build(v, it) for v in s)
+    return next(it)

@@ -29,6 +29,7 @@ from mpcore.backend import Backend, Device, Support
 
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
+from .pool import BufferPool
 from .rules import cpu_policy_support
 from .train_kernels import TrainKernels
 
@@ -59,21 +60,36 @@ _UINT_OF = {F32: (np.dtype(np.uint32), 0x7F800000), F16: (np.dtype(np.uint16), 0
             DTYPES["bfloat16"]: (np.dtype(np.uint16), 0x7F80)}
 
 
+#: Recycled buffers for the large outputs of this backend's kernels (one per process: it is
+#: process memory that it recycles).
+POOL = BufferPool()
+
+
 def convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``x.astype(dtype)`` (a new array), faster between float32 and float16: ml_dtypes
-    converts complex64 -> complex32 with a vectorised loop, so a contiguous array of even size
-    is converted as pairs. The result equals ``astype`` bit for bit except that a NaN's payload
-    is not kept (it stays a NaN of the same sign)."""
+    """``x.astype(dtype)`` (a new array: a recycled buffer of :data:`POOL` where large), faster
+    between float32 and float16: ml_dtypes converts complex64 -> complex32 with a vectorised
+    loop, so a contiguous array of even size is converted as pairs. The result equals
+    ``astype`` bit for bit except that a NaN's payload is not kept (it stays a NaN of the same
+    sign)."""
     src = x.dtype
+    pairs = None
     if (_C32 is not None and src != dtype and x.ndim and x.size % 2 == 0
             and x.flags.c_contiguous):
         if src == F32 and dtype == F16:
-            with _quiet():
-                return x.reshape(-1).view(_C64).astype(_C32).view(F16).reshape(x.shape)
-        if src == F16 and dtype == F32:
-            return x.reshape(-1).view(_C32).astype(_C64).view(F32).reshape(x.shape)
+            pairs = (_C64, _C32)
+        elif src == F16 and dtype == F32:
+            pairs = (_C32, _C64)
+    if not x.ndim:
+        with _quiet():
+            return x.astype(dtype)
+    out = POOL.empty(x.shape, dtype)
     with _quiet():
-        return x.astype(dtype)
+        if pairs is not None:
+            np.copyto(out.reshape(-1).view(pairs[1]), x.reshape(-1).view(pairs[0]),
+                      casting="unsafe")
+        else:
+            np.copyto(out, x, casting="unsafe")
+    return out
 
 
 class _Upcasts:
@@ -257,7 +273,10 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
     erf = _unary(_erf, quiet=True)
 
     def relu(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(x, np.zeros((), dtype=x.dtype))
+        zero = np.zeros((), dtype=x.dtype)
+        if not x.ndim:
+            return np.maximum(x, zero)
+        return np.maximum(x, zero, out=self.buffer(x.shape, x.dtype))
 
     def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``g`` where ``y > 0``, else +0, even where ``g`` is inf or NaN (TF's ReluGrad; a
@@ -268,11 +287,13 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         if bits is None or y.dtype != g.dtype or y.shape != np.shape(g) or not y.ndim:
             return np.where(y > 0, g, np.zeros((), dtype=g.dtype))
         uint, inf = bits
+        keep = self.buffer(y.shape, np.bool_)
         if g.dtype == F32:
-            keep = np.greater(y, _ZERO32)
+            np.greater(y, _ZERO32, out=keep)
         else:
-            keep = np.less(np.subtract(y.view(uint), uint.type(1)), uint.type(inf))
-        mask = np.negative(keep.view(np.uint8), dtype=uint)   # all ones where kept
+            np.less(np.subtract(y.view(uint), uint.type(1)), uint.type(inf), out=keep)
+        # all ones where kept
+        mask = np.negative(keep.view(np.uint8), dtype=uint, out=self.buffer(y.shape, uint))
         return np.bitwise_and(np.asarray(g).view(uint), mask, out=mask).view(g.dtype)
 
     def sigmoid(self, x: np.ndarray) -> np.ndarray:
@@ -316,8 +337,17 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        out = np.matmul(a, b)
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == F32 and b.dtype == F32:
+            out = np.matmul(a, b, out=self.buffer((a.shape[0], b.shape[1]), F32))
+        else:
+            out = np.matmul(a, b)
         return convert(out, dtype) if dtype in LOW else out
+
+    def buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised array for a kernel's output: large ones are recycled by
+        :data:`POOL` (a training step reuses the memory of the previous one instead of
+        faulting in fresh pages)."""
+        return POOL.empty(shape, dtype)
 
     def upcast(self, x: np.ndarray) -> np.ndarray:
         """``x`` in float32 for a GEMM (read only: it may be shared with later calls)."""
@@ -333,10 +363,13 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         dtype = x.dtype
         low = dtype in LOW
         xs, ws = (self.upcast(x), self.upcast(w)) if low else (x, w)
-        if xs.ndim > 2:
-            z = np.matmul(xs.reshape(-1, xs.shape[-1]), ws).reshape(*xs.shape[:-1], -1)
+        flat = xs.reshape(-1, xs.shape[-1]) if xs.ndim > 2 else xs
+        if flat.dtype == F32 and ws.dtype == F32 and ws.ndim == 2:
+            z = np.matmul(flat, ws, out=self.buffer((flat.shape[0], ws.shape[1]), F32))
         else:
-            z = np.matmul(xs, ws)
+            z = np.matmul(flat, ws)
+        if xs.ndim > 2:
+            z = z.reshape(*xs.shape[:-1], -1)
         if b is not None:
             z += convert(b, F32) if low else b
         if activation == "relu":
@@ -389,7 +422,7 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         with _quiet():
             for g in grads:
                 if g.dtype == F32:
-                    u = np.multiply(g, scale)
+                    u = np.multiply(g, scale, out=self.buffer(g.shape, F32) if g.ndim else None)
                 else:
                     u = convert(g, F32) if g.dtype == F16 else g.astype(F32)
                     u *= scale

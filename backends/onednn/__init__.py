@@ -90,12 +90,14 @@ def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any],
 def make_matmul(original: Callable[..., Any], cache: MatmulCache,
                 dtypes: frozenset[str] = frozenset({"bfloat16"}),
                 via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
+                alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
                 ) -> Callable[..., Any]:
     """The CPU ``matmul`` kernel with operands of ``dtypes`` ("bfloat16", "float32") sent to
     oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
     "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
     GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
-    NumPy's: one GEMM library and one thread pool for the whole step."""
+    NumPy's: one GEMM library and one thread pool for the whole step. ``alloc(shape, dtype)``
+    gives the result arrays (the CPU backend's recycled buffers; default ``np.empty``)."""
     native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
               for d in dtypes}
     low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
@@ -115,7 +117,7 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        out = cache.matmul(a, b, dtype)
+        out = cache.matmul(a, b, dtype, alloc=alloc)
         return out if out_dtype is None else via_float32[1](out, out_dtype)  # type: ignore[index]
 
     matmul.cache = cache  # type: ignore[attr-defined]
@@ -126,11 +128,13 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
 def make_dense(original: Callable[..., Any], cache: MatmulCache,
                dtypes: frozenset[str] = frozenset({"bfloat16"}),
                via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
+               alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
                ) -> Callable[..., Any]:
     """The CPU ``dense`` kernel (``activation(x @ w + b)``) as one oneDNN primitive for
     ``dtypes``, the bias and relu fused as post-ops on the float32 accumulator (a bfloat16
     result is rounded once); other 16-bit dtypes as :func:`make_matmul` does with
-    ``via_float32``; everything else goes to ``original``."""
+    ``via_float32``; everything else goes to ``original``. ``alloc`` as for
+    :func:`make_matmul`."""
     native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
               for d in dtypes}
     low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
@@ -151,7 +155,7 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
         flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
         # oneDNN takes a float32 bias with 16-bit operands: the bias is added in float32
         bias = None if b is None else b.astype(np.float32, copy=False)
-        out = cache.matmul(flat, w, dtype, bias, activation)
+        out = cache.matmul(flat, w, dtype, bias, activation, alloc)
         if out_dtype is not None:
             out = via_float32[1](out, out_dtype)  # type: ignore[index]
         return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
@@ -199,10 +203,12 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     cache = MatmulCache(lib)
     chosen_dtypes = frozenset(dtypes)
     via = _upcasting(backend)
-    kernels = {"matmul": make_matmul(backend.matmul, cache, chosen_dtypes, via)}
+    # the CPU backend's recycled output buffers (see mpcore_cpu.pool)
+    alloc = getattr(backend, "buffer", None)
+    kernels = {"matmul": make_matmul(backend.matmul, cache, chosen_dtypes, via, alloc)}
     dense = getattr(backend, "dense", None)
     if dense is not None:
-        kernels["dense"] = make_dense(dense, cache, chosen_dtypes, via)
+        kernels["dense"] = make_dense(dense, cache, chosen_dtypes, via, alloc)
     if "bfloat16" in dtypes:
         where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
     else:

@@ -13,12 +13,13 @@ import ctypes
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 # Distributions that ship libdnnl.so, in order of preference. The CPU-runtime builds come first:
@@ -47,11 +48,17 @@ ISA_NAMES = {
 
 # dnnl_data_type_t
 DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
+_NUMPY_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+                 "float32": np.dtype(np.float32)}
 
 _ENGINE_CPU = 1
 _STREAM_DEFAULT = 1
 _QUERY_IMPL_INFO_STR = 8
-_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS = 1, 17, 33, 41
+_QUERY_SCRATCHPAD_MD = 136   # dnnl_query_scratchpad_md
+_SCRATCHPAD_MODE_USER = 1    # dnnl_scratchpad_mode_user
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+#: Alignment of the scratchpad buffers (a page: oneDNN asks for no more than that).
+_SCRATCH_ALIGN = 4096
 _ELTWISE_RELU = 0x20   # dnnl_eltwise_relu (dnnl_alg_kind_t)
 #: Post-op activations a matmul primitive fuses.
 ACTIVATIONS = ("relu",)
@@ -136,11 +143,16 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dnnl_post_ops_create": [ctypes.POINTER(_vp)],
         "dnnl_post_ops_destroy": [_vp],
         "dnnl_post_ops_append_eltwise": [_vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+        "dnnl_primitive_attr_set_scratchpad_mode": [_vp, ctypes.c_int],
     }
     for name, argtypes in sig.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
+    lib.dnnl_primitive_desc_query_md.argtypes = [_vp, ctypes.c_int, ctypes.c_int]
+    lib.dnnl_primitive_desc_query_md.restype = _vp
+    lib.dnnl_memory_desc_get_size.argtypes = [_vp]
+    lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
     lib.dnnl_version.argtypes = []
     lib.dnnl_version.restype = ctypes.POINTER(_Version)
     lib.dnnl_get_effective_cpu_isa.argtypes = []
@@ -242,12 +254,20 @@ class _Entry:
     args: Any
     impl: str
     lock: threading.Lock
+    scratch_mem: Any = None
+    scratch_bytes: int = 0
 
 
 class MatmulCache:
     """``activation(op(A) @ op(B) + bias)`` through oneDNN matmul primitives, cached (LRU) by
     shapes, layouts, dtypes and fused post-ops. Memory objects are cached with their primitive
-    and pointed at each call's arrays, so a cached call is one ``dnnl_primitive_execute``."""
+    and pointed at each call's arrays, so a cached call is one ``dnnl_primitive_execute``.
+
+    Primitives use a scratchpad that this cache owns (oneDNN's user scratchpad mode): one
+    buffer per thread, grown to the largest primitive's need (1.3 MB for the transposed
+    operands of a 1024 x 1024 float32 GEMM) and kept, so the memory a call needs besides its
+    operands is never taken from or given back to the allocator during a training step.
+    ``alloc`` lets the caller supply the result arrays (the CPU backend's recycled buffers)."""
 
     def __init__(self, library: Library, max_entries: int = 256) -> None:
         self.library = library
@@ -256,21 +276,36 @@ class MatmulCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self._scratch = threading.local()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def info(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
-                "max_entries": self.max_entries}
+                "max_entries": self.max_entries,
+                "scratch_bytes": max((e.scratch_bytes for e in self._entries.values()),
+                                     default=0)}
+
+    def _scratch_address(self, nbytes: int) -> int:
+        """The address of this thread's scratchpad buffer, at least ``nbytes`` long."""
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or buf.size < nbytes + _SCRATCH_ALIGN:
+            buf = np.empty(nbytes + _SCRATCH_ALIGN, np.uint8)
+            self._scratch.buf = buf
+        address = buf.ctypes.data
+        return address + (-address) % _SCRATCH_ALIGN
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str,
-               bias: np.ndarray | None = None, activation: str | None = None) -> np.ndarray:
+               bias: np.ndarray | None = None, activation: str | None = None,
+               alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None,
+               ) -> np.ndarray:
         """``activation(a @ b + bias)`` for arrays of equal rank >= 2 and equal batch shape, in
         ``out_dtype``; ``a`` and ``b`` may be transposed views (column-major in their last two
         axes). ``bias`` (1-D, float32 or the operands' dtype) and ``activation`` (None or
         "relu") are fused into the primitive: applied to the float32 accumulator before the
-        result is written (and rounded, for a 16-bit ``out_dtype``)."""
+        result is written (and rounded, for a 16-bit ``out_dtype``). ``alloc(shape, dtype)``
+        returns the (uninitialised, C-contiguous) result array; default ``np.empty``."""
         a, a_cm = _layout(a)
         b, b_cm = _layout(b)
         in_dtype = _dtype_name(a.dtype)
@@ -288,15 +323,23 @@ class MatmulCache:
             bias_dtype = _dtype_name(bias.dtype)
         key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype, activation)
         entry = self._get(key, out_shape)
-        out = np.empty(out_shape, dtype=a.dtype if out_dtype == in_dtype else out_dtype)
+        dtype = a.dtype if out_dtype == in_dtype else _NUMPY_DTYPES[out_dtype]
+        out = (alloc or np.empty)(out_shape, dtype)
+        if out.shape != out_shape or out.dtype != dtype or not out.flags.c_contiguous:
+            raise ValueError(f"alloc returned {out.dtype} {out.shape}, not a C-contiguous "
+                             f"{dtype} {out_shape}")
         lib = self.library.lib
         arrays = (a, b, out) if bias is None else (a, b, out, bias)
         with entry.lock:
             for mem, arr in zip(entry.mems, arrays):
                 _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
                        "dnnl_memory_set_data_handle")
+            if entry.scratch_mem is not None:
+                _check(lib.dnnl_memory_set_data_handle(
+                    entry.scratch_mem, self._scratch_address(entry.scratch_bytes)),
+                    "dnnl_memory_set_data_handle")
             _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream,
-                                              len(arrays), entry.args),
+                                              len(entry.args), entry.args),
                    "dnnl_primitive_execute")
             _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
         return out
@@ -324,6 +367,8 @@ class MatmulCache:
         lib = self.library.lib
         descs: list[Any] = []
         mems: list[Any] = []
+        scratch_mem = _vp()
+        scratch_bytes = 0
         pd = _vp()
         primitive = _vp()
         attr = _vp()
@@ -340,9 +385,11 @@ class MatmulCache:
                     ctypes.byref(md), len(shape), _Dims(*shape), DATA_TYPES[dtype],
                     _Dims(*_strides(shape, cm))), "dnnl_memory_desc_create_with_strides")
                 descs.append(md)
+            _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
+                   "dnnl_primitive_attr_create")
+            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_MODE_USER),
+                   "dnnl_primitive_attr_set_scratchpad_mode")
             if activation is not None:
-                _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
-                       "dnnl_primitive_attr_create")
                 _check(lib.dnnl_post_ops_create(ctypes.byref(post_ops)), "dnnl_post_ops_create")
                 _check(lib.dnnl_post_ops_append_eltwise(post_ops, _ELTWISE_RELU, 0.0, 0.0),
                        "dnnl_post_ops_append_eltwise")
@@ -350,7 +397,7 @@ class MatmulCache:
                        "dnnl_primitive_attr_set_post_ops")
             _check(lib.dnnl_matmul_primitive_desc_create(
                 ctypes.byref(pd), self.library.engine, descs[0], descs[1],
-                descs[3] if bias_dtype is not None else None, descs[2], attr or None),
+                descs[3] if bias_dtype is not None else None, descs[2], attr),
                 f"dnnl_matmul_primitive_desc_create for {key}")
             _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
                    "dnnl_primitive_create")
@@ -360,8 +407,15 @@ class MatmulCache:
                 _check(lib.dnnl_memory_create(ctypes.byref(mem), md, self.library.engine, None),
                        "dnnl_memory_create")
                 mems.append(mem)
+            # owned by the primitive descriptor: not destroyed here
+            scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
+            scratch_bytes = lib.dnnl_memory_desc_get_size(scratch_md) if scratch_md else 0
+            if scratch_bytes:
+                _check(lib.dnnl_memory_create(ctypes.byref(scratch_mem), scratch_md,
+                                              self.library.engine, None), "dnnl_memory_create")
         except DnnlError:
-            self._destroy(_Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
+            self._destroy(_Entry(primitive, pd, descs, mems, None, "", threading.Lock(),
+                                 scratch_mem or None))
             raise
         finally:
             # the primitive descriptor keeps its own copy of the attributes
@@ -373,14 +427,19 @@ class MatmulCache:
         impl = ""
         if lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(info)) == 0:
             impl = (info.value or b"").decode(errors="replace")
-        roles = [_ARG_SRC, _ARG_WEIGHTS, _ARG_DST, _ARG_BIAS][:len(mems)]
-        args = (_ExecArg * len(mems))(*(_ExecArg(r, m) for r, m in zip(roles, mems)))
-        return _Entry(primitive, pd, descs, mems, args, impl, threading.Lock())
+        pairs = list(zip([_ARG_SRC, _ARG_WEIGHTS, _ARG_DST, _ARG_BIAS], mems))
+        if scratch_bytes:
+            pairs.append((_ARG_SCRATCHPAD, scratch_mem))
+        args = (_ExecArg * len(pairs))(*(_ExecArg(r, m) for r, m in pairs))
+        return _Entry(primitive, pd, descs, mems, args, impl, threading.Lock(),
+                      scratch_mem if scratch_bytes else None, scratch_bytes)
 
     def _destroy(self, entry: _Entry) -> None:
         lib = self.library.lib
         for mem in entry.mems:
             lib.dnnl_memory_destroy(mem)
+        if entry.scratch_mem:
+            lib.dnnl_memory_destroy(entry.scratch_mem)
         if entry.primitive:
             lib.dnnl_primitive_destroy(entry.primitive)
         if entry.pd:
