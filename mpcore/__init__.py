@@ -15,7 +15,7 @@ from mpcore import dtypes, ops, random
 from mpcore.backend import Backend, BackendUnavailableError, Device, KernelSet, Support
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
-from mpcore.plugins import plugin_errors
+from mpcore.plugins import get_plugins, plugin_errors
 from mpcore.policy import Policy, global_policy, policy_scope, set_global_policy, set_policy
 from mpcore.registry import backends, get_backend, set_backend
 from mpcore.tape import GradientTape
@@ -67,5 +67,8 @@ __all__ = [
 ]
 
 # Detection at import: cheap by contract (no device opened, nothing compiled). An explicit
-# MPCORE_BACKEND that cannot be honoured raises here, with the available choices.
-get_backend()
+# MPCORE_BACKEND that cannot be honoured raises here, with the available choices. When this
+# import comes from a plugin module that is itself being imported (a plugin imported first),
+# detection waits for the first use, once that plugin can be loaded.
+if not get_plugins().pending:
+    get_backend()

@@ -8,6 +8,7 @@ built-in backends are found the same way as a third party's: nothing here names 
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -48,6 +49,7 @@ class Plugins:
         self.errors: list[PluginError] = []
         self.backends: dict[str, Backend] = {}
         self.backend_origin: dict[str, str] = {}
+        self.pending: list[EntryPoint] = []
 
     def _fail(self, plugin: str, target: str, exc: BaseException) -> None:
         if _strict():
@@ -63,13 +65,27 @@ class Plugins:
             if key in seen:  # the same distribution found twice on sys.path
                 continue
             seen.add(key)
-            try:
-                plugin = ep.load()
-                self.manager.register(plugin, name=ep.name)
-            except Exception as exc:  # a broken plugin must not take the others down
-                self._fail(ep.name, ep.value, exc)
-                continue
-            self._collect_backends(ep.name, ep.value, plugin)
+            self._load(ep)
+
+    def _load(self, ep: EntryPoint) -> None:
+        try:
+            if _initializing(ep.module):
+                # A plugin module imported first runs `import mpcore` at its top, which lands
+                # here while that module is half-imported: finish loading it later.
+                self.pending.append(ep)
+                return
+            plugin = ep.load()
+            self.manager.register(plugin, name=ep.name)
+        except Exception as exc:  # a broken plugin must not take the others down
+            self._fail(ep.name, ep.value, exc)
+            return
+        self._collect_backends(ep.name, ep.value, plugin)
+
+    def load_pending(self) -> None:
+        """Load the plugins that were mid-import when the others were loaded."""
+        waiting, self.pending = self.pending, []
+        for ep in waiting:
+            self._load(ep)
 
     def register(self, plugin: object, name: str) -> None:
         """Register a plugin object directly (tests, embedding applications)."""
@@ -127,7 +143,14 @@ def get_plugins() -> Plugins:
     if _plugins is None:
         _plugins = Plugins()
         _plugins.load_entry_points()
+    elif _plugins.pending:
+        _plugins.load_pending()
     return _plugins
+
+
+def _initializing(module_name: str) -> bool:
+    module = sys.modules.get(module_name)
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def kernel_sets_for(backend: Backend) -> list[KernelSet]:

@@ -276,3 +276,17 @@ def test_builtin_backends_come_from_entry_points() -> None:
         text = source.read_text()
         for name in ("mpcore_cpu", "mpcore_cuda", "mpcore_opencl"):
             assert f"import {name}" not in text and f"from {name}" not in text, source
+
+
+@pytest.mark.parametrize("first", ["mpcore_cpu", "mpcore_opencl", "mpcore_cuda"])
+def test_importing_a_plugin_module_before_mpcore_loses_no_backend(first: str) -> None:
+    # `import mpcore_cpu` runs `import mpcore`, which loads the plugins while mpcore_cpu is
+    # still half-imported: that plugin must be loaded once its import completes.
+    code = (f"import {first}\nimport mpcore as mp\n"
+            "assert not mp.plugin_errors(), mp.plugin_errors()\n"
+            "assert [b.name for b in mp.backends()] == ['cuda', 'opencl', 'cpu']\n"
+            "print(mp.get_backend().name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "MPCORE_BACKEND": "cpu"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cpu"

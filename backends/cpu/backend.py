@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from mpcore.backend import Backend, Device, Support
+from mpcore.dtypes import ALL as ALL_DTYPES
 
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
@@ -33,13 +34,9 @@ from .pool import BufferPool
 from .rules import cpu_policy_support
 from .train_kernels import TrainKernels
 
+# NumPy's dtype for every mpcore dtype name (bfloat16 comes from ml_dtypes).
 DTYPES: dict[str, Any] = {
-    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
-}
+    name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in ALL_DTYPES}
 LOW = frozenset({DTYPES["float16"], DTYPES["bfloat16"]})
 F32 = DTYPES["float32"]
 _quiet = functools.partial(np.errstate, over="ignore", invalid="ignore", divide="ignore",

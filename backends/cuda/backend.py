@@ -37,19 +37,16 @@ import ml_dtypes
 import numpy as np
 
 from mpcore.backend import Backend, Device, Support
+from mpcore.dtypes import ALL as ALL_DTYPES
 from mpcore.tensor import Tensor
 
 from . import kernels as _k
 from .rules import TENSOR_CORE_CAPABILITY, compatibility_check, cuda_policy_support
 from .tensor_cores import check_tensor_core_dims
 
+# NumPy's dtype for every mpcore dtype name (bfloat16 comes from ml_dtypes).
 DTYPES: dict[str, Any] = {
-    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
-}
+    name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in ALL_DTYPES}
 F16, BF16, F32, F64 = (DTYPES[n] for n in ("float16", "bfloat16", "float32", "float64"))
 LOW = frozenset({F16, BF16})
 _CTYPE = {F32: "float", F64: "double", F16: "mp_half", BF16: "mp_bf16"}

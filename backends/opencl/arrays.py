@@ -15,13 +15,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from mpcore.dtypes import ALL as ALL_DTYPES
+
+# NumPy's dtype for every mpcore dtype name (bfloat16 comes from ml_dtypes).
 NP_DTYPES: dict[str, np.dtype[Any]] = {
-    "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
-    "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64), "bool": np.dtype(np.bool_),
-}
+    name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for name in ALL_DTYPES}
 NAMES: dict[np.dtype[Any], str] = {v: k for k, v in NP_DTYPES.items()}
 
 #: NumPy type of a kernel's scalar argument in the compute type of a dtype.
