@@ -15,6 +15,7 @@ from typing import Any
 
 from mpcore import dtypes as _dtypes
 from mpcore import ops
+from mpcore.naming import by_name
 from mpcore.tensor import Tensor
 
 EPSILON = 1e-7
@@ -195,11 +196,7 @@ def get(identifier: Any) -> Loss:
     if isinstance(identifier, Loss):
         return identifier
     if isinstance(identifier, str):
-        key = identifier.lower()
-        if key not in _BY_NAME:
-            raise ValueError(f"unknown loss {identifier!r}; valid names: "
-                             f"{', '.join(sorted(_BY_NAME))}")
-        return _BY_NAME[key]()
+        return by_name("loss", _BY_NAME, identifier)()
     if callable(identifier):
         return LossFunctionWrapper(identifier)
     raise TypeError(f"a loss is a name, a Loss or a callable, got {identifier!r}")

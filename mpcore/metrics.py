@@ -8,6 +8,7 @@ from typing import Any
 
 from mpcore import dtypes as _dtypes
 from mpcore import ops
+from mpcore.naming import by_name
 from mpcore.tensor import Tensor
 
 
@@ -173,10 +174,7 @@ def get(identifier: Any, loss: Any = None) -> Metric:
         if key in ("accuracy", "acc"):
             cls = _ACCURACY_BY_LOSS.get(type(loss).__name__, Accuracy)
             return cls(name=identifier)  # type: ignore[call-arg]
-        if key not in _BY_NAME:
-            raise ValueError(f"unknown metric {identifier!r}; valid names: "
-                             f"{', '.join(['accuracy', 'acc', *sorted(_BY_NAME)])}")
-        return _BY_NAME[key]()
+        return by_name("metric", _BY_NAME, identifier, also_valid=("accuracy", "acc"))()
     if callable(identifier):
         return MeanMetricWrapper(identifier)
     raise TypeError(f"a metric is a name, a Metric or a callable, got {identifier!r}")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from mpcore import ops
+from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
 
 LearningRate = float | Callable[[int], float]
@@ -334,9 +335,5 @@ def get(identifier: Any) -> Optimizer:
     if isinstance(identifier, Optimizer):
         return identifier
     if isinstance(identifier, str):
-        key = identifier.lower()
-        if key not in _BY_NAME:
-            raise ValueError(f"unknown optimizer {identifier!r}; valid names: "
-                             f"{', '.join(sorted(_BY_NAME))}")
-        return _BY_NAME[key]()
+        return by_name("optimizer", _BY_NAME, identifier)()
     raise TypeError(f"an optimizer is a name or an mp.optimizers.Optimizer, got {identifier!r}")
