@@ -44,7 +44,11 @@ def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
 
 def read(path: str | os.PathLike[str], expected: str) -> dict[str, Any]:
     with open(os.fspath(path), "rb") as f:
-        data = pickle.load(f)
+        try:
+            data = pickle.load(f)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+            raise ValueError(f"{os.fspath(path)!r} is not an {expected} file (it does not "
+                             f"unpickle: {exc})") from exc
     if not isinstance(data, dict) or data.get("format") != expected:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{os.fspath(path)!r} is not an {expected} file (found {found!r})")

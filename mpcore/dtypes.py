@@ -27,6 +27,26 @@ INTEGER_SET = frozenset(SIGNED + UNSIGNED)
 _FLOAT_RANK = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}
 _INT_BITS = {name: int(name.lstrip("uint")) for name in SIGNED + UNSIGNED}
 
+
+class DTypeName(str):
+    """A dtype name that also answers ``.name``, so TF/NumPy-style code such as the guide's
+    ``x.dtype.name`` runs; everywhere else it is the plain string."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
+_NAMED = {n: DTypeName(n) for n in ALL}
+
+
+def named(name: str) -> str:
+    """``name`` as a :class:`DTypeName` (what ``Tensor.dtype`` reports)."""
+    return _NAMED.get(name, name)
+
+
 # Python's own types map to what Keras calls floatx / TF's default integer type.
 _PYTHON_TYPES = {float: "float32", int: "int32", bool: "bool"}
 

@@ -6,7 +6,9 @@ Probabilities are clipped to ``[1e-7, 1 - 1e-7]`` before the log, as Keras does;
 (``SparseCategoricalCrossentropy`` then uses the fused ``sparse_softmax_cross_entropy`` op).
 
 Label ranges are not checked here per step (that would be a host read per step); ``Model.fit``
-checks them once per call on the host, and the CPU's fused kernel checks its own inputs.
+checks them once per call on the host, and the fused ``sparse_softmax_cross_entropy`` kernel
+(used with and without ``from_logits``) checks its own inputs: at once on the CPU, at the next
+host read on a device.
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ class SparseCategoricalCrossentropy(Loss):
             labels = ops.reshape(labels, (-1,))
         if self.from_logits:
             return ops.sparse_softmax_cross_entropy(labels, y_pred)
-        probs = ops.clip_by_value(y_pred, EPSILON, 1.0 - EPSILON)
-        picked = ops.multiply(ops.log(probs), ops.one_hot(labels, classes, y_pred.dtype))
-        return ops.negative(ops.sum(picked, axis=-1))
+        # As Keras: the clipped log-probabilities as logits. The fused op checks the labels on
+        # every backend; a one_hot product scored a label out of range as a silent zero.
+        log_probs = ops.log(ops.clip_by_value(y_pred, EPSILON, 1.0 - EPSILON))
+        return ops.sparse_softmax_cross_entropy(labels, log_probs)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "from_logits": self.from_logits}

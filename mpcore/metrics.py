@@ -14,7 +14,7 @@ from mpcore.tensor import Tensor
 
 class Metric:
     """Base class: ``update_state(y_true, y_pred, sample_weight=None)``, ``result()`` (a Python
-    float), ``reset_state()``."""
+    float), ``reset_state()``; calling the metric updates it and returns the result."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or type(self).__name__.lower()
@@ -27,6 +27,12 @@ class Metric:
 
     def reset_state(self) -> None:
         raise NotImplementedError
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        """Keras' ``metric(...)``: ``update_state(...)``, then the running ``result()`` (a host
+        read; loops that care about speed call ``update_state`` and read ``result`` once)."""
+        self.update_state(*args, **kwargs)
+        return self.result()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"

@@ -324,6 +324,14 @@ def _axes(axis: Any, ndim: int, op: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(out)))
 
 
+def _one_axis(axis: Any, ndim: int, op: str) -> int:
+    """One axis of a rank-``ndim`` tensor, in range (never wrapped around) and non-negative."""
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    (ax,) = _axes(axis, ndim, op)  # type: ignore[misc]
+    return ax
+
+
 def _reduce(op: str, x: TensorLike, axis: Any, keepdims: bool, float_only: bool = False) -> Tensor:
     x = _as_tensor(x)
     ax = _axes(axis, x.ndim, op)
@@ -600,7 +608,7 @@ def softmax(x: TensorLike, axis: int = -1) -> Tensor:
     x = _as_tensor(x)
     be = x._backend
     x = _cast_to(x, _unary_dtype("softmax", be, x._dtype, True))
-    axis %= builtins.max(x.ndim, 1)
+    axis = _one_axis(axis, x.ndim, "softmax")
     kernel = be._kernel_table.get("softmax")
     if kernel is not None:
         return _finish("softmax", (x,), kernel(x._data, axis), be, x._dtype, {"axis": axis})
@@ -613,7 +621,7 @@ def log_softmax(x: TensorLike, axis: int = -1) -> Tensor:
     x = _as_tensor(x)
     be = x._backend
     x = _cast_to(x, _unary_dtype("log_softmax", be, x._dtype, True))
-    axis %= builtins.max(x.ndim, 1)
+    axis = _one_axis(axis, x.ndim, "log_softmax")
     kernel = be._kernel_table.get("log_softmax")
     if kernel is not None:
         return _finish("log_softmax", (x,), kernel(x._data, axis), be, x._dtype, {"axis": axis})

@@ -122,11 +122,19 @@ class Optimizer:
         return cls(**config)
 
     # --- updates ------------------------------------------------------------------------
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
-        """Apply one step; variables whose gradient is None are left alone. Returns True."""
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
+                        ) -> bool | Tensor:
+        """Apply one step; variables whose gradient is None are left alone.
+
+        A step whose gradients hold Inf or NaN leaves every variable and slot untouched (the
+        project's rule, stricter than Keras, which would write NaN into the weights): the
+        "all finite" flag is computed on the device and gates the update there, with no host
+        read. Returns that flag (truthy when the step was applied; reading it is the host
+        read), or True when there was nothing to check."""
         grads, variables = _split(grads_and_vars)
-        self._apply(grads, variables, None)
-        return True
+        flag = ops.all_finite(grads) if grads else None
+        self._apply(grads, variables, flag)
+        return True if flag is None else flag
 
     def minimize(self, loss: Callable[[], Tensor], var_list: Sequence[Variable]) -> bool:
         from mpcore.tape import GradientTape

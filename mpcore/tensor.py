@@ -32,7 +32,7 @@ class Tensor:
     # --- description --------------------------------------------------------------------
     @property
     def dtype(self) -> str:
-        return self._dtype
+        return _dtypes.named(self._dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -210,3 +210,24 @@ def test_lso_custom_loop_with_mixed_float16_dense() -> None:
     assert all(g.dtype == "float32" for g in grads)
     assert opt.apply_gradients(zip(grads, layer.trainable_variables))
     assert layer.kernel.dtype == "float32"
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("make", [lambda: mp.optimizers.SGD(0.1, momentum=0.9),
+                                  lambda: mp.optimizers.RMSprop(0.01),
+                                  lambda: mp.optimizers.Adam(0.01)])
+def test_a_plain_optimizer_never_applies_a_non_finite_step(make, fused: bool) -> None:
+    # DESIGN: "a NaN/Inf step never touches the weights", with or without loss scaling.
+    opt = make()
+    opt.use_fused_kernels = fused
+    var = mp.Variable([1.0, 2.0, 3.0])
+    assert opt.apply_gradients([(mp.constant([0.1, 0.2, 0.3]), var)])
+    before = var.numpy().copy()
+    slots = [s.numpy().copy() for s in opt.variables()]
+    applied = opt.apply_gradients([(mp.constant([0.1, float("nan"), 0.3]), var)])
+    assert not applied
+    np.testing.assert_array_equal(var.numpy(), before)
+    for slot, old in zip(opt.variables(), slots):
+        np.testing.assert_array_equal(slot.numpy(), old)
+    assert opt.apply_gradients([(mp.constant([0.1, 0.2, 0.3]), var)])
+    assert not np.array_equal(var.numpy(), before)

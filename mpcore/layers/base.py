@@ -68,7 +68,7 @@ class KerasTensor:
     def __init__(self, shape: Shape, dtype: str, name: str | None = None,
                  node: Node | None = None) -> None:
         self.shape: Shape = tuple(shape)
-        self.dtype = dtype
+        self.dtype = _dtypes.named(dtype)
         self.name = name
         self._node = node
 

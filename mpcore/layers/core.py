@@ -28,6 +28,9 @@ class Dense(Layer):
         self.bias_initializer = bias_initializer
 
     def build(self, input_shape: Any) -> None:
+        if len(input_shape) < 2:  # checked before any weight exists, so the layer stays usable
+            raise ValueError(f"layer {self.name!r} (Dense) expects inputs of rank >= 2, got "
+                             f"shape {tuple(input_shape)}")
         in_dim = input_shape[-1]
         if in_dim is None:
             raise ValueError(f"Dense {self.name!r} needs a known last axis, got input shape "

@@ -169,6 +169,8 @@ class Model(Layer):
             # A fresh LossScale: the policy's instance may be shared by other models.
             opt = LossScaleOptimizer(opt, _ls.deserialize(_ls.serialize(policy.loss_scale)))
         loss_obj = None if loss is None else _losses.get(loss)
+        if isinstance(metrics, (str, _metrics.Metric)) or callable(metrics):
+            metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
         compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
         names = [m.name for m in compiled]
         if len(set(names)) != len(names) or "loss" in names:
@@ -240,6 +242,8 @@ class Model(Layer):
 
     # --- data -----------------------------------------------------------------------------
     def _to_device(self, data: Any) -> Any:
+        if _is_nested_numbers(data):
+            return ops.constant(data)  # rows as Python lists: one array, not one input per row
         return map_structure(lambda a: a if isinstance(a, Tensor) else ops.constant(a), data)
 
     @staticmethod
@@ -383,6 +387,8 @@ class Model(Layer):
             raise ValueError(f"x has {n} samples but y has {self._count(yd, 'y')}")
         if _validate:
             self._validate_labels(xd, yd, "y")
+        if n == 0:
+            raise ValueError("evaluate got no samples")
         self.reset_metrics()
         steps = math.ceil(n / batch_size)
         start = time.perf_counter()
@@ -459,6 +465,13 @@ class Model(Layer):
         out(f"Trainable params: {trainable:,}")
         out(f"Non-trainable params: {total - trainable:,}")
         out(rule)
+
+
+def _is_nested_numbers(data: Any) -> bool:
+    """True for a (nested) list or tuple of Python numbers, such as ``array.tolist()``."""
+    while isinstance(data, (list, tuple)) and data:
+        data = data[0]
+    return isinstance(data, (int, float))
 
 
 def _row(values: Sequence[str], widths: Sequence[int]) -> str:

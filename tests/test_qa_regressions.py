@@ -1,0 +1,162 @@
+"""Regressions found by the QA pass: a user's code (the Keras guide word for word, bad input)
+that failed, or worse, silently did the wrong thing."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpcore as mp
+from mpcore import demo
+
+
+def _classifier(inputs: int = 4, classes: int = 3) -> mp.Model:
+    inp = mp.Input(shape=(inputs,))
+    out = mp.layers.Dense(classes, activation="softmax")(mp.layers.Dense(8, activation="relu")(inp))
+    model = mp.Model(inp, out)
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="sgd", metrics=["accuracy"])
+    return model
+
+
+# --- the Keras guide, word for word -------------------------------------------------------------
+def test_dtype_has_a_name_as_in_the_guide() -> None:
+    """The guide prints ``x.dtype.name`` and ``dense1.kernel.dtype.name``."""
+    mp.set_global_policy("mixed_float16")
+    inputs = mp.Input(shape=(784,), name="digits")
+    dense1 = mp.layers.Dense(16, activation="relu", name="dense_1")
+    x = dense1(inputs)
+    assert x.dtype.name == "float16"
+    assert dense1.kernel.dtype.name == "float32"
+    t = mp.constant([1.0], dtype="bfloat16")
+    assert t.dtype.name == "bfloat16" and t.dtype == "bfloat16"
+    # still a plain name everywhere a string is expected
+    assert f"{t.dtype}" == "bfloat16" and {t.dtype: 1}["bfloat16"] == 1
+    assert type(str(t.dtype)) is str
+
+
+def test_metrics_are_callable_as_in_the_guide() -> None:
+    """The guide's loop does ``epoch_loss_avg(loss)``: update, then the running result."""
+    avg = mp.metrics.Mean()
+    assert avg(mp.constant([1.0, 3.0])) == pytest.approx(2.0)
+    assert avg(mp.constant(5.0)) == pytest.approx(3.0)
+    acc = mp.metrics.SparseCategoricalAccuracy()
+    assert acc(np.array([0, 1]), np.array([[0.9, 0.1], [0.8, 0.2]], np.float32)) == 0.5
+
+
+# --- ops ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [2, 3, -3])
+def test_softmax_rejects_an_axis_out_of_range(op: str, axis: int) -> None:
+    """axis=3 on a rank-2 tensor used to wrap around (3 % 2 == 1) and return a result."""
+    x = mp.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(ValueError, match=f"{op}: axis {axis} is out of range"):
+        getattr(mp.ops, op)(x, axis=axis)
+
+
+def test_softmax_negative_axis_still_works() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    want = np.exp(x) / np.exp(x).sum(0, keepdims=True)
+    np.testing.assert_allclose(mp.ops.softmax(mp.constant(x), axis=-2).numpy(), want, rtol=1e-6)
+
+
+# --- layers ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [np.float32(1.0), np.ones((3,), np.float32)])
+def test_dense_rejects_low_rank_input_without_building(value: np.ndarray) -> None:
+    layer = mp.layers.Dense(2)
+    with pytest.raises(ValueError, match=r"expects inputs of rank >= 2, got shape"):
+        layer(value)
+    assert not layer.built and layer.weights == []
+    assert layer(np.ones((4, 5), np.float32)).shape == (4, 2)  # still usable
+
+
+# --- Model ----------------------------------------------------------------------------------------
+def test_evaluate_on_no_samples_raises() -> None:
+    """evaluate on empty arrays used to return [0.0, 0.0]: a perfect-looking, made-up score."""
+    model = _classifier()
+    with pytest.raises(ValueError, match="evaluate got no samples"):
+        model.evaluate(np.ones((0, 4), np.float32), np.zeros((0,), np.int64), verbose=0)
+
+
+def test_fit_and_evaluate_take_nested_python_lists() -> None:
+    """A list of rows used to be read as one input per row: 'fit got no training samples'."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 20)
+    mp.random.set_seed(1)
+    model = _classifier()
+    history = model.fit(x.tolist(), y.tolist(), batch_size=8, epochs=1, verbose=0,
+                        shuffle=False)
+    mp.random.set_seed(1)
+    reference = _classifier()
+    expected = reference.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert history.history["loss"] == pytest.approx(expected.history["loss"], rel=1e-6)
+    assert model.evaluate(x.tolist(), y.tolist(), verbose=0) == pytest.approx(
+        reference.evaluate(x, y, verbose=0), rel=1e-6)
+
+
+def test_compile_takes_a_single_metric_name() -> None:
+    """metrics="accuracy" used to be iterated letter by letter: "unknown metric 'a'"."""
+    model = _classifier()
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="sgd", metrics="accuracy")
+    assert model.metrics_names == ["loss", "accuracy"]
+
+
+def test_loading_a_file_that_is_not_a_checkpoint_says_so(tmp_path: Path) -> None:
+    model = _classifier()
+    garbage = tmp_path / "w.bin"
+    garbage.write_bytes(b"not a pickle at all")
+    with pytest.raises(ValueError, match=r"is not an mpcore\.weights file"):
+        model.load_weights(garbage)
+    other = tmp_path / "other.pkl"
+    other.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"is not an mpcore\.checkpoint file"):
+        model.load_checkpoint(other)
+
+
+# --- the demo -------------------------------------------------------------------------------------
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")
+def test_demo_with_one_epoch_says_its_times_include_warm_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one epoch the time per sample includes warm-up (OpenCL compiles its kernels then),
+    so the speed ratio is not a steady-state figure: the demo must say so."""
+    monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED))
+    lines: list[str] = []
+    demo.run(units=8, epochs=1, batch_size=1024, verbose=0, out=lines.append)
+    text = "\n".join(lines)
+    assert "include warm-up" in text
+
+
+# --- losses ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("label", [7, -1])
+def test_sparse_crossentropy_on_probabilities_rejects_labels_out_of_range(
+        backend: mp.Backend, label: int) -> None:
+    """The guide's custom loop (softmax outputs, from_logits=False) used to score a label out of
+    range as a loss of 0 for that example: one_hot of it is all zeros."""
+    loss = mp.losses.SparseCategoricalCrossentropy()
+    probs = mp.constant(np.full((2, 3), 1 / 3, np.float32))
+    with pytest.raises(ValueError, match=f"label {label} is out of range"):
+        float(loss(np.array([0, label]), probs))
+
+
+def test_sparse_crossentropy_on_probabilities_matches_keras(backend: mp.Backend) -> None:
+    """Keras' formula: -log of the clipped probability of the label, normalised over the
+    classes (the sum is 1 for a softmax output); gradients through it stay finite."""
+    p = np.array([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0], [0.25, 0.25, 0.5]], np.float32)
+    y = np.array([0, 2, 2])
+    clipped = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
+    want = -np.log(clipped[np.arange(3), y] / clipped.sum(1))
+    pt = mp.constant(p)
+    loss_fn = mp.losses.SparseCategoricalCrossentropy(reduction="none")
+    with mp.GradientTape() as tape:
+        tape.watch(pt)
+        values = loss_fn(y, pt)
+        total = mp.ops.sum(values)
+    np.testing.assert_allclose(values.numpy(), want, rtol=1e-5)
+    grad = tape.gradient(total, pt).numpy()
+    assert np.isfinite(grad).all()
