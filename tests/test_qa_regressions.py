@@ -160,3 +160,13 @@ def test_sparse_crossentropy_on_probabilities_matches_keras(backend: mp.Backend)
     np.testing.assert_allclose(values.numpy(), want, rtol=1e-5)
     grad = tape.gradient(total, pt).numpy()
     assert np.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("kwargs", [{"epochs": 2.5}, {"epochs": -1}, {"initial_epoch": -2},
+                                    {"validation_split": "0.2"}, {"validation_split": 1.0}])
+def test_fit_rejects_bad_epochs_and_split_with_a_clear_error(kwargs: dict) -> None:
+    model = mp.Sequential([mp.Input(shape=(3,)), mp.layers.Dense(2)])
+    model.compile(loss="mse", optimizer="sgd")
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=name):
+        model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32), verbose=0, **kwargs)

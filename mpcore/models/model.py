@@ -295,8 +295,13 @@ class Model(Layer):
         self._require_compiled()
         if x is None or y is None:
             raise ValueError("fit needs x and y")
-        if not 0.0 <= validation_split < 1.0:
-            raise ValueError(f"validation_split must be in [0, 1), got {validation_split!r}")
+        if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+                or not 0.0 <= validation_split < 1.0:
+            raise ValueError(f"validation_split must be a number in [0, 1), got "
+                             f"{validation_split!r}")
+        for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         verbose = 1 if verbose == "auto" else int(verbose)
         batch_size = 32 if batch_size is None else int(batch_size)
         if batch_size < 1:
