@@ -149,6 +149,23 @@ def _binary(ufunc: Any) -> Any:
     return kernel
 
 
+def _finite(x: np.ndarray) -> bool:
+    """Whether every value of ``x`` is finite, in one pass over it in the common case.
+
+    Inf and NaN propagate through a sum of squares, so a finite ``x . x`` proves a finite
+    tensor; only a non-finite one needs the exact check (large finite values can overflow the
+    sum on their own). For float32/float64 the sum of squares is a BLAS dot, about twice as
+    fast as ``x.sum()`` (NumPy's pairwise sum); 16-bit values are summed in float32."""
+    if x.dtype in LOW:
+        total = float(x.sum(dtype=F32))
+    elif x.dtype.kind == "f" and x.flags.c_contiguous and x.dtype.itemsize >= 4:
+        flat = x.reshape(-1)
+        total = float(np.dot(flat, flat))
+    else:
+        total = float(x.sum())
+    return math.isfinite(total) or bool(np.isfinite(x).all())
+
+
 def _quiet_binary(ufunc: Any) -> Any:
     def kernel(self: Any, a: Any, b: Any) -> Any:
         a, b = _operands(a, b)
@@ -424,18 +441,13 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
                     u = convert(g, F32) if g.dtype == F16 else g.astype(F32)
                     u *= scale
                 outs.append(u)
-                # inf and nan propagate through a sum, so a finite sum proves a finite
-                # tensor in one pass; only a non-finite sum needs the exact check (a sum of
-                # large finite values can overflow on its own).
-                if finite and not math.isfinite(float(u.sum())):
-                    finite = bool(np.isfinite(u).all())
+                if finite:
+                    finite = _finite(u)
         return outs, np.asarray(finite)
 
     def all_finite(self, xs: list[np.ndarray]) -> np.ndarray:
         with _quiet():
-            return np.asarray(all(math.isfinite(float(x.sum(dtype=F32 if x.dtype in LOW
-                                                             else x.dtype)))
-                                  or bool(np.isfinite(x).all()) for x in xs))
+            return np.asarray(all(_finite(x) for x in xs))
 
     # --- fused versions of composite ops ------------------------------------------------
     def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:

@@ -4,6 +4,7 @@ computed in float32 (a *deny* op) and cast back, so a float16 layer stays float1
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,37 @@ def tanh(x: Tensor) -> Tensor:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return ops.cast(ops.softmax(x, axis), x.dtype)
+    probs = ops.cast(ops.softmax(x, axis), x.dtype)
+    if probs.dtype == "float32" and x.ndim and axis in (-1, x.ndim - 1):
+        _remember_logits(probs, x)
+    return probs
+
+
+# The logits behind each live float32 softmax output (last axis), keyed by id: Tensor has
+# __slots__ and an elementwise __eq__, so neither an attribute (Keras' ``_keras_logits``) nor a
+# WeakKeyDictionary can hold them. An entry goes when its probabilities are freed.
+_SOFTMAX_LOGITS: dict[int, tuple[weakref.ref[Tensor], Tensor]] = {}
+
+
+def _remember_logits(probs: Tensor, logits: Tensor) -> None:
+    key = id(probs)
+
+    def forget(ref: weakref.ref[Tensor]) -> None:
+        entry = _SOFTMAX_LOGITS.get(key)
+        if entry is not None and entry[0] is ref:
+            del _SOFTMAX_LOGITS[key]
+
+    _SOFTMAX_LOGITS[key] = (weakref.ref(probs, forget), logits)
+
+
+def softmax_logits(probs: Tensor) -> Tensor | None:
+    """The float32 logits ``probs`` was computed from, when ``probs`` is the output of the
+    ``softmax`` activation (last axis), else None. Probability losses use them, as Keras does,
+    to compute the cross-entropy from the logits in one fused, stable op."""
+    entry = _SOFTMAX_LOGITS.get(id(probs))
+    if entry is None or entry[0]() is not probs:
+        return None
+    return entry[1]
 
 
 def gelu(x: Tensor, approximate: bool = False) -> Tensor:
