@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_guide_on_mnist
 
 import mpcore as mp
-from mpcore import demo
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "mnist"
@@ -37,16 +37,9 @@ def test_example_script_runs_as_is() -> None:
 
 
 def _train(policy: str, data: mp.datasets.mnist.MnistData) -> float:
-    mp.random.set_seed(0)
-    with mp.policy_scope(policy):
-        model = demo.build_model(64)
-    model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop(),
-                  metrics=["accuracy"])
-    x = data.x_train.reshape(len(data.x_train), 784).astype("float32") / 255
-    xt = data.x_test.reshape(len(data.x_test), 784).astype("float32") / 255
-    model.fit(x, data.y_train, batch_size=128, epochs=5, validation_split=0.2, verbose=0)
+    model, accuracy = train_guide_on_mnist(policy, data)
     assert model.get_layer("dense_1").kernel.dtype == "float32"
-    return model.evaluate(xt, data.y_test, verbose=0)[1]
+    return accuracy
 
 
 @pytest.mark.slow  # about 30 s on 2 cores: NumPy's float16 elementwise loops are slow

@@ -12,6 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import train_guide_on_mnist
 from mpcore_opencl import devices as cl_devices
 from mpcore_opencl.rules import INTEL_MATRIX, opencl_policy_support
 
@@ -544,25 +545,15 @@ SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 def test_guide_mnist_accuracy_bar_on_opencl(monkeypatch: pytest.MonkeyPatch) -> None:
     """Done-when: the guide's model (64 units) reaches >= 0.88 test accuracy in 5 epochs (batch
     128, offline split) with MPCORE_BACKEND=opencl and mixed_float16, as on the cpu backend."""
-    from mpcore import demo
-
     monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED_MNIST))
     data = mp.datasets.mnist.load()
     assert data.split == "offline"
     prev = mp.get_backend()
     mp.set_backend("opencl")
     try:
-        mp.random.set_seed(0)
-        with mp.policy_scope("mixed_float16"):
-            model = demo.build_model(64)
-        model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop(),
-                      metrics=["accuracy"])
-        x = data.x_train.reshape(len(data.x_train), 784).astype("float32") / 255
-        xt = data.x_test.reshape(len(data.x_test), 784).astype("float32") / 255
-        model.fit(x, data.y_train, batch_size=128, epochs=5, validation_split=0.2, verbose=0)
+        model, accuracy = train_guide_on_mnist("mixed_float16", data)
         dense = model.get_layer("dense_1")
         assert dense.kernel.dtype == "float32" and dense.kernel.backend.name == "opencl"
-        accuracy = model.evaluate(xt, data.y_test, verbose=0)[1]
     finally:
         mp.set_backend(prev.name)
     print(f"opencl mixed_float16 test accuracy after 5 epochs: {accuracy:.4f}")

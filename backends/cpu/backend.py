@@ -351,11 +351,14 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        if a.ndim == 2 and b.ndim == 2 and a.dtype == F32 and b.dtype == F32:
-            out = np.matmul(a, b, out=self.buffer((a.shape[0], b.shape[1]), F32))
-        else:
-            out = np.matmul(a, b)
+        out = self._gemm(a, b)
         return convert(out, dtype) if dtype in LOW else out
+
+    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b``; a 2-D float32 result goes into a recycled buffer."""
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == F32 and b.dtype == F32:
+            return np.matmul(a, b, out=self.buffer((a.shape[0], b.shape[1]), F32))
+        return np.matmul(a, b)
 
     def buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised array for a kernel's output: large ones are recycled by
@@ -378,10 +381,7 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         low = dtype in LOW
         xs, ws = (self.upcast(x), self.upcast(w)) if low else (x, w)
         flat = xs.reshape(-1, xs.shape[-1]) if xs.ndim > 2 else xs
-        if flat.dtype == F32 and ws.dtype == F32 and ws.ndim == 2:
-            z = np.matmul(flat, ws, out=self.buffer((flat.shape[0], ws.shape[1]), F32))
-        else:
-            z = np.matmul(flat, ws)
+        z = self._gemm(flat, ws)
         if xs.ndim > 2:
             z = z.reshape(*xs.shape[:-1], -1)
         if b is not None:
@@ -438,7 +438,7 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
                 if g.dtype == F32:
                     u = np.multiply(g, scale, out=self.buffer(g.shape, F32) if g.ndim else None)
                 else:
-                    u = convert(g, F32) if g.dtype == F16 else g.astype(F32)
+                    u = convert(g, F32)  # always a fresh array: scaled in place below
                     u *= scale
                 outs.append(u)
                 if finite:

@@ -87,6 +87,23 @@ def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any],
     return upcast, convert
 
 
+def _router(dtypes: frozenset[str], via_float32: Any) -> Callable[[Any], tuple[Any, Any]]:
+    """For operands of a NumPy dtype: (the dtype oneDNN computes in, or None to leave them to
+    the original kernel; the 16-bit dtype to round a float32 result back to, or None)."""
+    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
+              for d in dtypes}
+    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    via = via_float32 is not None and "float32" in dtypes
+
+    def route(dtype: Any) -> tuple[Any, Any]:
+        name = native.get(dtype)
+        if name is None and via and dtype in low:
+            return "float32", dtype
+        return name, None
+
+    return route
+
+
 def make_matmul(original: Callable[..., Any], cache: MatmulCache,
                 dtypes: frozenset[str] = frozenset({"bfloat16"}),
                 via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
@@ -98,17 +115,12 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
     GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
     NumPy's: one GEMM library and one thread pool for the whole step. ``alloc(shape, dtype)``
     gives the result arrays (the CPU backend's recycled buffers; default ``np.empty``)."""
-    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
-              for d in dtypes}
-    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    route = _router(dtypes, via_float32)
     if "float32" not in dtypes:
         via_float32 = None
 
     def matmul(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
-        dtype = native.get(a.dtype)
-        out_dtype = None
-        if dtype is None and via_float32 is not None and a.dtype in low:
-            out_dtype, dtype = a.dtype, "float32"
+        dtype, out_dtype = route(a.dtype)
         if dtype is None or b.dtype != a.dtype or a.ndim != b.ndim or a.size == 0 or b.size == 0:
             return original(a, b, transpose_a, transpose_b)
         if out_dtype is not None:
@@ -135,18 +147,13 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
     result is rounded once); other 16-bit dtypes as :func:`make_matmul` does with
     ``via_float32``; everything else goes to ``original``. ``alloc`` as for
     :func:`make_matmul`."""
-    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
-              for d in dtypes}
-    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    route = _router(dtypes, via_float32)
     if "float32" not in dtypes:
         via_float32 = None
 
     def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
               activation: str | None) -> Any:
-        dtype = native.get(x.dtype)
-        out_dtype = None
-        if dtype is None and via_float32 is not None and x.dtype in low:
-            out_dtype, dtype = x.dtype, "float32"
+        dtype, out_dtype = route(x.dtype)
         if (dtype is None or w.dtype != x.dtype or x.ndim < 2 or x.size == 0 or w.size == 0
                 or activation not in (None, *ACTIVATIONS)):
             return original(x, w, b, activation)

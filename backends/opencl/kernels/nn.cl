@@ -2,15 +2,25 @@
  * contiguous (outer, K, inner) array; one work-item per (outer, inner) row, three passes
  * (max, sum of exponentials, write), all in the compute type (float32 for 16-bit data). */
 
+/* The max m of a row of k values `stride` apart from `base`, and (in *sum) the sum of their
+ * exp(value - m): the shared first two passes of softmax, log-softmax and cross-entropy. */
+A_CT row_max_sumexp(__global const A_ST *pa, const long base, const int k, const long stride,
+                    A_CT *sum) {
+    A_CT m = LOAD_A(pa, base);
+    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * stride));
+    A_CT s = 0;
+    for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * stride) - m);
+    *sum = s;
+    return m;
+}
+
 __kernel void softmax(const int outer, const int k, const int inner,
                       __global const A_ST *pa, __global O_ST *po) {
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
     const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_CT m = LOAD_A(pa, base);
-    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * inner));
-    A_CT s = 0;
-    for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * inner) - m);
+    A_CT s;
+    const A_CT m = row_max_sumexp(pa, base, k, inner, &s);
     const A_CT inv = (A_CT)1 / s;
     for (int t = 0; t < k; ++t) {
         const long j = base + (long)t * inner;
@@ -23,10 +33,8 @@ __kernel void log_softmax(const int outer, const int k, const int inner,
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
     const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_CT m = LOAD_A(pa, base);
-    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * inner));
-    A_CT s = 0;
-    for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * inner) - m);
+    A_CT s;
+    const A_CT m = row_max_sumexp(pa, base, k, inner, &s);
     const A_CT ls = log(s);
     for (int t = 0; t < k; ++t) {
         const long j = base + (long)t * inner;
@@ -46,10 +54,8 @@ __kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
     if (r >= n) return;
     const long base = (long)r * c;
     const long label = (long)LOAD_L(labels, r);
-    A_CT m = LOAD_A(pa, base);
-    for (int t = 1; t < c; ++t) m = fmax(m, LOAD_A(pa, base + t));
-    A_CT s = 0;
-    for (int t = 0; t < c; ++t) s += exp(LOAD_A(pa, base + t) - m);
+    A_CT s;
+    const A_CT m = row_max_sumexp(pa, base, c, 1, &s);
     const A_CT inv = (A_CT)1 / s;
     for (int t = 0; t < c; ++t) STORE_O(probs, base + t, exp(LOAD_A(pa, base + t) - m) * inv);
     if (label < 0 || label >= c) {
