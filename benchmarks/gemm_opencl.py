@@ -5,8 +5,12 @@ NumPy's float32 matmul, on the same machine in the same run. Prints JSON.
         [--variant packed|tiled] [--op-overhead]
 
 16-bit "storage" GEMMs keep their operands and result in 16 bits and accumulate in float32.
-``--op-overhead`` adds the host time of one small op (``mp.ops.add`` on 8x8 float32 tensors,
-dispatch and launch, in microseconds) on the opencl and cpu backends.
+On a device with cl_khr_fp16, ``opencl_float16_native`` is the native-half GEMM (half tiles or
+panels, float32 accumulation) next to ``opencl_float16`` (the convert kernels, whatever
+MPCORE_OPENCL_HALF says), and ``elementwise`` adds the GB/s of a float16 multiply of 2**22
+elements in both variants (two reads and a write). ``--op-overhead`` adds the host time of one
+small op (``mp.ops.add`` on 8x8 float32 tensors, dispatch and launch, in microseconds) on the
+opencl and cpu backends.
 MPCORE_OPENCL_DEVICE=platform:device picks the device.
 """
 
@@ -19,6 +23,7 @@ import time
 from typing import Any
 
 import numpy as np
+from mpcore_opencl.backend import measure_half_variants
 
 import mpcore as mp
 
@@ -69,6 +74,7 @@ def main() -> None:
     k = be.kernels()
     if args.variant:
         be.gemm_variant = args.variant
+    fp16 = "cl_khr_fp16" in be.device().features
     rows = []
     for n in args.sizes:
         flops = 2.0 * n ** 3
@@ -76,14 +82,17 @@ def main() -> None:
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = rng.standard_normal((n, n), dtype=np.float32)
         fns: dict[str, Any] = {"numpy_float32": lambda a=a, b=b: a @ b}
-        for dtype in ("float32", "float16", "bfloat16"):
+        for dtype, native in (("float32", None), ("float16", False), ("float16", True),
+                              ("bfloat16", None)):
+            if native and not fp16:
+                continue
             da, db = k["asarray"](a, dtype), k["asarray"](b, dtype)
 
-            def run(da: Any = da, db: Any = db) -> None:
-                k["matmul"](da, db, False, False)
+            def run(da: Any = da, db: Any = db, native: bool | None = native) -> None:
+                be._matmul(da, db, False, False, native)
                 be.synchronize()
 
-            fns[f"opencl_{dtype}"] = run
+            fns[f"opencl_{dtype}" + ("_native" if native else "")] = run
         times = best_times(fns, args.repeats)
         row: dict[str, Any] = {"n": n}
         for name, seconds in times.items():
@@ -94,8 +103,18 @@ def main() -> None:
     device = be.device()
     report: dict[str, Any] = {"benchmark": "gemm_opencl", "device": device.name,
                               "device_kind": device.kind, "gemm_variant": be._variant(),
+                              "cl_khr_fp16": fp16,
                               "host": platform.processor() or platform.machine(),
                               "numpy": np.__version__, "results": rows}
+    if fp16:
+        m = measure_half_variants(be, n=min(args.sizes), repeats=args.repeats)
+        report["elementwise"] = {"op": "multiply float16", "elements": m.elements,
+                                 "native_gbps": round(m.ew_native_gbps, 2),
+                                 "convert_gbps": round(m.ew_convert_gbps, 2)}
+        choice = be.half_choice()
+        report["half_choice"] = {"mode": choice.mode, "gemm": choice.variant,
+                                 "elementwise": "native" if choice.native_elementwise
+                                 else "convert", "reason": choice.reason}
     if args.op_overhead:
         report["add_8x8_host_us"] = op_overhead_us(args.repeats)
     print(json.dumps(report, indent=2))

@@ -91,7 +91,8 @@ def _softmax_logits(y_pred: Tensor) -> Tensor | None:
 
 
 class SparseCategoricalCrossentropy(Loss):
-    """Cross-entropy between integer labels (N,) or (N, 1) and class scores (N, C)."""
+    """Cross-entropy between integer labels (N, ...) or (N, ..., 1) and class scores
+    (N, ..., C); with ``reduction="none"`` one loss per label, in the labels' shape."""
 
     def __init__(self, from_logits: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -107,18 +108,17 @@ class SparseCategoricalCrossentropy(Loss):
                              f"predictions of shape {y_pred.shape} (expected labels "
                              f"{y_pred.shape[:-1]})")
         logits = y_pred if self.from_logits else _softmax_logits(y_pred)
-        classes = y_pred.shape[-1]
-        if y_pred.ndim != 2:
-            y_pred = ops.reshape(y_pred, (-1, classes))
-            labels = ops.reshape(labels, (-1,))
-            if logits is not None:
-                logits = ops.reshape(logits, (-1, classes))
-        if logits is not None:
+        if logits is None:
+            # As Keras: the clipped log-probabilities as logits. The fused op checks the labels
+            # on every backend; a one_hot product scored a label out of range as a silent zero.
+            logits = ops.log(ops.clip_by_value(y_pred, EPSILON, 1.0 - EPSILON))
+        if y_pred.ndim == 2:
             return ops.sparse_softmax_cross_entropy(labels, logits)
-        # As Keras: the clipped log-probabilities as logits. The fused op checks the labels on
-        # every backend; a one_hot product scored a label out of range as a silent zero.
-        log_probs = ops.log(ops.clip_by_value(y_pred, EPSILON, 1.0 - EPSILON))
-        return ops.sparse_softmax_cross_entropy(labels, log_probs)
+        # the fused op takes (N, C): other ranks go through it flat, and the per-example losses
+        # keep the labels' shape ((N, T) for (N, T, C) predictions), as Keras'
+        flat = ops.sparse_softmax_cross_entropy(ops.reshape(labels, (-1,)),
+                                                ops.reshape(logits, (-1, y_pred.shape[-1])))
+        return ops.reshape(flat, labels.shape)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "from_logits": self.from_logits}

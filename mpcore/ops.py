@@ -388,11 +388,27 @@ def matmul(a: TensorLike, b: TensorLike, transpose_a: bool = False,
         flat = reshape(a, (-1, sa[-1]))
         out = matmul(flat, b, False, transpose_b)
         return reshape(out, (*sa[:-1], out.shape[-1]))
-    if len(sa) != len(sb) or sa[:-2] != sb[:-2]:
-        raise ValueError(f"matmul: batch dimensions differ: {sa} and {sb}")
+    if sa[:-2] != sb[:-2]:
+        # batch axes broadcast as NumPy's (and TF's) matmul; the kernels see equal batch shapes
+        # and broadcast_to's gradient sums the broadcast axes back
+        batch = _broadcast_batch(sa[:-2], sb[:-2])
+        if batch is None:
+            raise ValueError(f"matmul: the batch dimensions of {sa} and {sb} do not broadcast "
+                             "(each batch axis must be equal or 1)")
+        a = broadcast_to(a, (*batch, *sa[-2:]))
+        b = broadcast_to(b, (*batch, *sb[-2:]))
     data = be._kernel_table["matmul"](a._data, b._data, transpose_a, transpose_b)
     return _finish("matmul", (a, b), data, be, dt,
                    {"transpose_a": transpose_a, "transpose_b": transpose_b})
+
+
+def _broadcast_batch(sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast of two batch shapes (right-aligned; each axis equal or 1), or None."""
+    n = builtins.max(len(sa), len(sb))
+    pa, pb = (1,) * (n - len(sa)) + sa, (1,) * (n - len(sb)) + sb
+    if any(x != y and 1 not in (x, y) for x, y in zip(pa, pb)):
+        return None
+    return tuple(builtins.max(x, y) if 0 not in (x, y) else 0 for x, y in zip(pa, pb))
 
 
 def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:

@@ -264,6 +264,112 @@ def test_kernels_compile_with_nvrtc(arch: str) -> None:
         nvrtc.destroyProgram(prog)
 
 
+# --- cuBLAS arguments and CuPy's type resolution: checked without a device ------------------
+def _cublas_strided_gemm(transa: int, transb: int, m: int, n: int, k: int, a: np.ndarray,
+                         lda: int, stride_a: int, b: np.ndarray, ldb: int, stride_b: int,
+                         ldc: int, stride_c: int, batch: int) -> np.ndarray:
+    """What cublasGemmStridedBatchedEx computes (alpha 1, beta 0): column-major matrices read
+    from flat buffers through their leading dimensions and batch strides."""
+    assert lda >= max(1, k if transa else m) and ldb >= max(1, n if transb else k)
+    assert ldc >= max(1, m)
+
+    def matrix(buf: np.ndarray, offset: int, ld: int, rows: int, cols: int) -> np.ndarray:
+        return np.lib.stride_tricks.as_strided(buf[offset:], (rows, cols),
+                                               (buf.itemsize, ld * buf.itemsize))
+
+    c = np.full(stride_c * batch, np.nan)
+    for i in range(batch):
+        op_a = matrix(a, i * stride_a, lda, k, m).T if transa else matrix(a, i * stride_a,
+                                                                          lda, m, k)
+        op_b = matrix(b, i * stride_b, ldb, n, k).T if transb else matrix(b, i * stride_b,
+                                                                          ldb, k, n)
+        out = matrix(c, i * stride_c, ldc, m, n)
+        np.copyto(np.lib.stride_tricks.as_strided(c[i * stride_c:], out.shape, out.strides),
+                  op_a @ op_b)
+    return c
+
+
+@pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True),
+                                        (True, True)])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_strided_gemm_args_compute_the_row_major_product(ta: bool, tb: bool,
+                                                         batch: tuple[int, ...]) -> None:
+    from mpcore_cuda.backend import strided_gemm_args
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((*batch, 7, 5) if ta else (*batch, 5, 7))
+    b = rng.standard_normal((*batch, 3, 7) if tb else (*batch, 7, 3))
+    transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, count = strided_gemm_args(
+        a.shape, b.shape, ta, tb)
+    # cuBLAS's A is b and its B is a, both read from their C-contiguous buffers
+    c = _cublas_strided_gemm(transa, transb, m, n, k, b.ravel(), lda, sa, a.ravel(), ldb, sb,
+                             ldc, sc, count)
+    want = np.swapaxes(a, -1, -2) if ta else a
+    want = want @ (np.swapaxes(b, -1, -2) if tb else b)
+    np.testing.assert_allclose(c.reshape(want.shape), want, rtol=1e-12)
+    assert (m, n, k) == (3, 5, 7)
+
+
+def _cupy_dispatch() -> tuple[Any, Any]:
+    """cupy and its scalar wrapper, or a skip: CuPy's ufunc type resolution runs on the host."""
+    try:
+        import cupy
+        from cupy._core import _scalar
+    except Exception as exc:  # not installed, or no CUDA libraries to load
+        pytest.skip(f"CuPy is not importable here ({type(exc).__name__})")
+    return cupy, _scalar
+
+
+def _unbacked(cupy: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    # An ndarray over device memory that is never touched: enough for type resolution, which
+    # needs no GPU. Nothing here launches a kernel.
+    memory = cupy.cuda.UnownedMemory(1 << 20, 4096, None, 0)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+
+def _resolved(cupy: Any, scalar: Any, ufunc: Any, *args: Any) -> Any:
+    """The output dtype CuPy's ufunc picks for ``args`` (its own resolution code)."""
+    ins = [a if isinstance(a, cupy.ndarray) else scalar.CScalar(a) for a in args]
+    return ufunc._ops.guess_routine(ufunc.name, {}, ins, None, None).out_types[0]
+
+
+BINARY_UFUNCS = {"add": "add", "subtract": "subtract", "multiply": "multiply",
+                 "divide": "true_divide", "power": "power", "maximum": "maximum",
+                 "minimum": "minimum", "less": "less", "equal": "equal",
+                 "greater_equal": "greater_equal", "logical_and": "logical_and"}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("value", [2.5, 3, True])
+def test_scalar_operands_keep_the_array_dtype(dtype: str, value: Any) -> None:
+    from mpcore_cuda.backend import _operands
+
+    cupy, scalar = _cupy_dispatch()
+    x = _unbacked(cupy, (4,), NP[dtype])
+    for name, fn in BINARY_UFUNCS.items():
+        ufunc = getattr(cupy, fn)
+        want = np.dtype(bool) if name in ("less", "equal", "greater_equal",
+                                          "logical_and") else np.dtype(NP[dtype])
+        assert _resolved(cupy, scalar, ufunc, *_operands(x, value)) == want, name
+        assert _resolved(cupy, scalar, ufunc, *_operands(value, x)) == want, name
+    if dtype != "bfloat16":  # only bfloat16 needs the conversion
+        assert _operands(x, value)[1] is value
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_where_selects_in_the_operand_dtype(dtype: str) -> None:
+    import cupy._sorting.search as search
+    from mpcore_cuda.backend import _select_operands
+
+    cupy, scalar = _cupy_dispatch()
+    cond = _unbacked(cupy, (4,), np.bool_)
+    x, y = _unbacked(cupy, (4,), NP[dtype]), _unbacked(cupy, (1,), NP[dtype])
+    a, b, view = _select_operands(x, y)
+    got = _resolved(cupy, scalar, search._where_ufunc, cond, a, b)
+    assert (got if view is None else np.dtype(view)) == np.dtype(NP[dtype])
+    assert got.itemsize == np.dtype(NP[dtype]).itemsize  # a bit-exact select, no conversion
+
+
 # --- on a GPU: kernels against the CPU backend ---------------------------------------------
 gpu = pytest.mark.skipif(_REASON is not None, reason=f"cuda: {_REASON}")
 FLOATS = ("float16", "bfloat16", "float32")
@@ -357,6 +463,14 @@ def test_matmul_16_bit_accumulates_in_float32(cuda: CudaBackend) -> None:
         batched = cuda.matmul(cuda.asarray(a[None], dtype), cuda.asarray(b[None], dtype),
                               False, False)
         np.testing.assert_allclose(_host(cuda, batched), 2.0, rtol=1e-3)
+        # a 1x1 product (CuPy would reduce it in 16 bits) and a one-column bias gradient
+        dot = cuda.matmul(cuda.asarray(a[:1], dtype), cuda.asarray(b[:, :1], dtype),
+                          False, False)
+        assert dot.shape == (1, 1) and dot.dtype == NP[dtype]
+        np.testing.assert_allclose(_host(cuda, dot), 2.0, rtol=1e-3)
+        column = cuda.sum(cuda.asarray(b[:, :1], dtype), (0,), False)
+        assert column.shape == (1,)
+        np.testing.assert_allclose(_host(cuda, column), 2.0, rtol=1e-3)
 
 
 @gpu
@@ -375,6 +489,12 @@ def test_fused_elementwise_kernels(cuda: CudaBackend, cpu: mp.Backend, dtype: st
     _same(cuda, cpu, cuda.add(cx, 2.0), cpu.add(px, 2.0), dtype)
     assert cuda.add(cx, 2.0).dtype == NP[dtype]
     _same(cuda, cpu, cuda.subtract(1.0, cx), cpu.subtract(1.0, px), dtype)
+    for scalar in (2.5, 3):
+        assert cuda.multiply(cx, scalar).dtype == NP[dtype]
+        assert cuda.subtract(scalar, cx).dtype == NP[dtype]
+    picked = cuda.where(cuda.greater(cx, 0.0), cx, cg)
+    assert picked.dtype == NP[dtype]
+    np.testing.assert_array_equal(_host(cuda, picked), np.where(x > 0, x, g).astype(np.float64))
     oh = cuda.one_hot(cuda.asarray([0, 3, 9], "int64"), 10, dtype)
     np.testing.assert_array_equal(_host(cuda, oh), np.eye(10)[[0, 3, 9]])
 
@@ -430,6 +550,65 @@ def test_training_through_ops_uses_the_fused_backward(cuda: CudaBackend) -> None
                                    rtol=1e-4, atol=1e-7)
     finally:
         mp.set_backend("cpu")
+
+
+@gpu
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_a_training_step_reads_the_device_once_at_most(cuda: CudaBackend, policy: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's budget: one small device-to-host read per step, the loss-scale decision
+    (``mpcore.loss_scale._finite_flag``), and none without loss scaling. CuPy raises on any
+    other synchronising call inside ``cupyx.allow_synchronize(False)``."""
+    import cupyx
+
+    import mpcore.loss_scale as loss_scale_module
+
+    if not mp.check_policy(policy, cuda).supported:
+        pytest.skip(f"{policy} is not supported on this GPU")
+    reads: list[bool] = []
+    real = loss_scale_module._finite_flag
+
+    def counted(flag: Any) -> bool:
+        with cupyx.allow_synchronize(True):
+            reads.append(real(flag))
+        return reads[-1]
+
+    monkeypatch.setattr(loss_scale_module, "_finite_flag", counted)
+    compute = mp.Policy(policy).compute_dtype
+    rng = np.random.default_rng(0)
+    sizes = [(32, 64), (64, 10)]
+    variables = [mp.Variable(rng.standard_normal(s).astype(np.float32) * 0.1, backend=cuda)
+                 for s in sizes]
+    biases = [mp.Variable(np.zeros(s[1], np.float32), backend=cuda) for s in sizes]
+    x = mp.ops.cast(mp.constant(rng.random((16, 32), dtype=np.float32), backend=cuda), compute)
+    y = mp.constant(rng.integers(0, 10, 16).astype(np.int32), backend=cuda)
+    optimizer = mp.optimizers.RMSprop()
+    if mp.Policy(policy).loss_scale is not None:
+        optimizer = mp.LossScaleOptimizer(optimizer)
+    params = [*variables, *biases]
+
+    def step() -> None:
+        with mp.GradientTape() as tape:
+            h = x
+            for i, (w, b) in enumerate(zip(variables, biases)):
+                h = mp.ops.dense(h, w.read_as(compute), b.read_as(compute),
+                                 "relu" if i == 0 else None)
+            loss = mp.ops.mean(mp.ops.sparse_softmax_cross_entropy(y, mp.ops.cast(h, "float32")))
+            target = (optimizer.get_scaled_loss(loss)
+                      if isinstance(optimizer, mp.LossScaleOptimizer) else loss)
+        grads = tape.gradient(target, params)
+        if isinstance(optimizer, mp.LossScaleOptimizer):
+            grads = optimizer.get_unscaled_gradients(grads)
+        optimizer.apply_gradients(zip(grads, params))
+
+    step()   # compiles kernels and allocates slots (those may synchronise)
+    cuda.synchronize()
+    reads.clear()
+    with cupyx.allow_synchronize(False):
+        for _ in range(3):
+            step()
+    cuda.synchronize()
+    assert len(reads) == (3 if isinstance(optimizer, mp.LossScaleOptimizer) else 0)
 
 
 @gpu

@@ -114,6 +114,11 @@ CASES: list[Case] = [
     Case("matmul-batched-tt", lambda a, b: ops.matmul(a, b, transpose_a=True, transpose_b=True),
          [arr((2, 4, 3)), arr((2, 2, 4), seed=1)]),
     Case("matmul-batched-by-2d", ops.matmul, [arr((2, 3, 4)), arr((4, 2), seed=1)]),
+    # broadcast batch axes (NumPy/TF semantics): the gradient sums the broadcast axes back
+    Case("matmul-batched-ta-by-2d", lambda a, b: ops.matmul(a, b, transpose_a=True),
+         [arr((2, 3, 4)), arr((3, 2), seed=1)]),
+    Case("matmul-broadcast-batch", ops.matmul, [arr((2, 1, 3, 4)), arr((3, 4, 2), seed=1)]),
+    Case("matmul-2d-by-batched", ops.matmul, [arr((3, 4)), arr((2, 4, 2), seed=1)]),
     Case("matmul-operator", lambda a, b: a @ b, [arr((3, 4)), arr((4, 2), seed=1)]),
     Case("reshape", lambda x: ops.reshape(x, (4, -1)), [arr((2, 3, 4))]),
     Case("transpose", lambda x: ops.transpose(x, (2, 0, 1)), [arr((2, 3, 4))]),

@@ -130,15 +130,19 @@ NVIDIA = _dev("NVIDIA GeForce RTX 3090", "NVIDIA Corporation", "gpu",
               {"cl_khr_fp64", "cl_khr_fp16"})
 OLD_GPU = _dev("Some GPU", "Vendor", "gpu", {"cl_khr_fp64"})
 POCL = _dev("pthread-Intel(R) Xeon(R)", "GenuineIntel", "cpu", {"cl_khr_fp64"})
+#: Intel's CPU runtime (pip install intel-opencl-rt): cl_khr_fp16 and a native half width, on
+#: a CPU without AVX512-FP16
+INTEL_CPU = _dev("Intel(R) Xeon(R) Processor @ 2.80GHz", "Intel(R) Corporation", "cpu",
+                 {"cl_khr_fp16", "cl_khr_fp64", "cl_intel_bfloat16"}, half=32)
 
 
 @pytest.mark.parametrize(("device", "fp16_hw", "bf16_hw"), [
     (ARC, True, True), (UHD, True, False), (RX7900, True, False), (NVIDIA, False, False),
-    (OLD_GPU, False, False), (POCL, False, False)])
+    (OLD_GPU, False, False), (POCL, False, False), (INTEL_CPU, False, False)])
 def test_verdicts_for_described_devices(device: Device, fp16_hw: bool, bf16_hw: bool) -> None:
-    """Fast needs the hardware *and* kernels that use it: today's kernels compute 16-bit data
-    in float32 everywhere, so no 16-bit policy is fast; with native-half / matrix-engine
-    kernels, exactly the devices whose hardware has them would be."""
+    """Fast needs the hardware *and* kernels that use it: float16 is fast exactly where the
+    hardware has native half throughput and the native-half kernels run there; bfloat16 where
+    a matrix engine is exposed and used (no kernels use one yet)."""
     for kernels in (False, True):
         fp16 = opencl_policy_support("mixed_float16", device, native_half_kernels=kernels)
         bf16 = opencl_policy_support("mixed_bfloat16", device, matrix_kernels=kernels)
@@ -146,16 +150,19 @@ def test_verdicts_for_described_devices(device: Device, fp16_hw: bool, bf16_hw: 
         assert (fp16.fast, bf16.fast) == (fp16_hw and kernels, bf16_hw and kernels)
     assert opencl_policy_support("float32", device).fast
     default = opencl_policy_support("mixed_float16", device)
-    assert default == opencl_policy_support("mixed_float16", device, native_half_kernels=False)
+    assert default == opencl_policy_support("mixed_float16", device, native_half_kernels=True)
+    assert not opencl_policy_support("mixed_bfloat16", device).fast
 
 
 def test_verdict_reasons_say_what_runs() -> None:
-    arc16 = opencl_policy_support("mixed_float16", ARC).reason
-    assert "native half throughput" in arc16 and "do not use half arithmetic" in arc16
+    arc16 = opencl_policy_support("mixed_float16", ARC, native_half_kernels=False,
+                                  half_note="MPCORE_OPENCL_HALF=convert").reason
+    assert "native half throughput" in arc16 and "convert kernels" in arc16
+    assert "MPCORE_OPENCL_HALF=convert" in arc16
     for policy, device in [("mixed_float16", ARC), ("mixed_float16", OLD_GPU),
                            ("mixed_bfloat16", ARC), ("mixed_bfloat16", RX7900),
                            ("mixed_float16", POCL)]:
-        reason = opencl_policy_support(policy, device).reason
+        reason = opencl_policy_support(policy, device, native_half_kernels=False).reason
         assert "halves memory traffic" in reason and "matmuls included" in reason, reason
     assert "runs native-half kernels" in opencl_policy_support(
         "mixed_float16", UHD, native_half_kernels=True).reason
@@ -163,6 +170,10 @@ def test_verdict_reasons_say_what_runs() -> None:
     assert "XMX" in opencl_policy_support("mixed_bfloat16", ARC, matrix_kernels=True).reason
     assert "cl_khr_fp16" in opencl_policy_support("mixed_float16", OLD_GPU).reason
     assert "CPU device" in opencl_policy_support("mixed_float16", POCL).reason
+    native_cpu = opencl_policy_support("mixed_float16", INTEL_CPU, half_note="why").reason
+    assert "native-half kernels (why)" in native_cpu and "AVX512-FP16" in native_cpu
+    convert_cpu = opencl_policy_support("mixed_float16", INTEL_CPU, native_half_kernels=False)
+    assert "compute it in float32" in convert_cpu.reason and not convert_cpu.fast
     assert "cuda" in opencl_policy_support("mixed_float16", NVIDIA).reason
     with pytest.raises(ValueError, match="valid names"):
         opencl_policy_support("mixed_float8", ARC)
@@ -170,15 +181,25 @@ def test_verdict_reasons_say_what_runs() -> None:
 
 @needs_device
 def test_backend_judges_with_its_own_kernels(cl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A described device (not the backend's own) is judged by what MPCORE_OPENCL_HALF would
+    run there; a backend without native-half kernels is never fast on float16."""
+    monkeypatch.delenv("MPCORE_OPENCL_HALF", raising=False)
+    auto = cl.policy_support("mixed_float16", UHD)
+    assert auto.fast and "MPCORE_OPENCL_HALF=auto" in auto.reason
+    monkeypatch.setenv("MPCORE_OPENCL_HALF", "convert")
     assert not cl.policy_support("mixed_float16", UHD).fast
-    monkeypatch.setattr(cl, "native_half_kernels", True)
+    monkeypatch.setenv("MPCORE_OPENCL_HALF", "native")
     assert cl.policy_support("mixed_float16", UHD).fast
+    assert not cl.policy_support("mixed_float16", INTEL_CPU).fast
+    monkeypatch.setattr(cl, "native_half_kernels", False)
+    assert not cl.policy_support("mixed_float16", UHD).fast
 
 
 @needs_device
 def test_check_policy_on_the_real_device(cl: Any) -> None:
     v = mp.check_policy("mixed_float16", backend=cl)
     assert v.supported and not v.fast and "CPU device" in v.reason
+    assert "MPCORE_OPENCL_HALF=" in v.reason  # which float16 variant runs, and why
 
 
 # --- kernels against NumPy --------------------------------------------------------------
@@ -347,7 +368,9 @@ def test_every_kernel_gets_fast_argument_packing(cl: Any) -> None:
                    1e-7, 1, 0.0, None)
     programs = list(cl.runtime._programs.values())
     assert len(programs) >= 6
-    assert [name for p in programs for name in p.generic] == []
+    assert [name for p in programs if p.arg_info for name in p.generic] == []
+    if "Portable Computing Language" in cl.device().details["platform"]:
+        assert all(p.arg_info for p in programs)  # PoCL describes every kernel's arguments
 
 
 # --- invalid indices: never followed, reported at the next host read --------------------

@@ -170,3 +170,41 @@ def test_fit_rejects_bad_epochs_and_split_with_a_clear_error(kwargs: dict) -> No
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):
         model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32), verbose=0, **kwargs)
+
+
+def test_sparse_crossentropy_none_keeps_the_labels_shape() -> None:
+    """(N, T, C) predictions give (N, T) losses with reduction="none", as Keras' (a sequence
+    model's per-token losses); they were flattened to (N * T,)."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, (4, 3))
+    p = rng.random((4, 3, 5)).astype(np.float32)
+    p /= p.sum(-1, keepdims=True)
+    want = -np.log(np.take_along_axis(p, y[..., None], -1)[..., 0])
+    for labels in (y, y[..., None]):
+        got = mp.losses.SparseCategoricalCrossentropy(reduction="none")(labels, mp.constant(p))
+        assert got.shape == (4, 3)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
+    logits = mp.constant(np.log(p))
+    got = mp.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(y, logits)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
+    mean = mp.losses.SparseCategoricalCrossentropy()(y, mp.constant(p))
+    np.testing.assert_allclose(float(mean), want.mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("sa", "sb", "ta"), [((2, 3, 4), (3, 5), True),
+                                               ((2, 1, 3, 4), (5, 4, 6), False),
+                                               ((3, 4), (2, 4, 5), False)])
+def test_matmul_broadcasts_batch_axes_like_numpy(backend: mp.Backend, sa: tuple, sb: tuple,
+                                                 ta: bool) -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.random(sa, dtype=np.float32), rng.random(sb, dtype=np.float32)
+    got = mp.ops.matmul(mp.constant(a), mp.constant(b), transpose_a=ta).numpy()
+    want = np.matmul(np.swapaxes(a, -1, -2) if ta else a, b)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_matmul_names_batch_axes_that_do_not_broadcast() -> None:
+    with pytest.raises(ValueError, match=r"batch dimensions of \(2, 3, 4\) and \(3, 4, 5\)"):
+        mp.ops.matmul(mp.constant(np.ones((2, 3, 4), np.float32)),
+                      mp.constant(np.ones((3, 4, 5), np.float32)))

@@ -4,10 +4,11 @@ Availability is decided without importing CuPy or opening the driver (``import m
 cheap on machines with and without a GPU); CuPy is imported when the backend is first used.
 
 - Matmul: 2-D GEMMs through ``cupy.matmul`` (cuBLAS ``gemmEx``, float16/bfloat16 inputs with
-  float32 accumulation, tensor cores where the GPU has them); batched 16-bit GEMMs through
-  cuBLAS ``gemmStridedBatchedEx`` directly, because CuPy's batched matmul upcasts float16 to
-  float32 and fails on bfloat16. Below compute capability 7.0 (float16) or 8.0 (bfloat16) the
-  GEMM runs in float32 and rounds once, as the verdict says.
+  float32 accumulation, tensor cores where the GPU has them); batched (and 1x1) 16-bit GEMMs
+  through cuBLAS ``gemmStridedBatchedEx`` directly, because CuPy's batched matmul upcasts
+  float16 to float32 and fails on bfloat16, and its 1x1 product is a 16-bit reduction.
+  Below compute capability 7.0 (float16) or 8.0 (bfloat16) the GEMM runs in float32 and
+  rounds once, as the verdict says.
 - Elementwise math, reductions, shapes: CuPy's ufuncs and reductions (16-bit sums and means
   accumulate in float32); relu, sigmoid, erf, casts between float32/float16/bfloat16, fused
   bias add, relu backward, softmax, sparse softmax cross-entropy (forward and backward), image
@@ -93,6 +94,48 @@ def _native(x: Any) -> Any:
 
 def _grid(n: int) -> tuple[int]:
     return (max(1, min((n + _BLOCK - 1) // _BLOCK, _MAX_GRID)),)
+
+
+_HOST_SCALARS = (bool, int, float, np.generic)
+
+
+def _operands(a: Any, b: Any) -> tuple[Any, Any]:
+    """A host scalar next to a bfloat16 array becomes a bfloat16 scalar (as on the CPU backend).
+
+    CuPy 14 cannot apply a weak Python float to its bfloat16 loops (``numpy.result_type(0.0,
+    bfloat16)`` is float64), so ``bf16_array * 2.0`` would resolve to the float32 loop and
+    return float32. A Python int resolves to bfloat16 already; it is converted all the same."""
+    if isinstance(b, _HOST_SCALARS) and getattr(a, "dtype", None) == BF16:
+        b = BF16.type(b)
+    elif isinstance(a, _HOST_SCALARS) and getattr(b, "dtype", None) == BF16:
+        a = BF16.type(a)
+    return a, b
+
+
+def _select_operands(a: Any, b: Any) -> tuple[Any, Any, Any]:
+    """``cupy.where`` operands and the dtype to view its result as: CuPy 14's where has no
+    bfloat16 loop (it would select in float32), so bfloat16 values are selected as raw bits."""
+    if getattr(a, "dtype", None) == BF16 and getattr(b, "dtype", None) == BF16:
+        return a.view(np.uint16), b.view(np.uint16), BF16
+    return a, b, None
+
+
+def strided_gemm_args(a_shape: tuple[int, ...], b_shape: tuple[int, ...], transpose_a: bool,
+                      transpose_b: bool) -> tuple[int, ...]:
+    """cuBLAS ``gemmStridedBatchedEx`` arguments (transa, transb, m, n, k, lda, strideA, ldb,
+    strideB, ldc, strideC, batchCount) for the row-major, C-contiguous ``C = op(a) @ op(b)``
+    of shape (..., M, N) with inner dimension K.
+
+    cuBLAS is column-major, and a row-major matrix is its transpose in column-major order, so
+    this computes ``C^T = op(b)^T op(a)^T``: cuBLAS's A is ``b``, its B is ``a``, and its
+    (m, n, k) are (N, M, K)."""
+    m = a_shape[-1] if transpose_a else a_shape[-2]
+    k = a_shape[-2] if transpose_a else a_shape[-1]
+    n = b_shape[-2] if transpose_b else b_shape[-1]
+    return (_CUBLAS_OP_T if transpose_b else _CUBLAS_OP_N,
+            _CUBLAS_OP_T if transpose_a else _CUBLAS_OP_N, n, m, k,
+            k if transpose_b else n, k * n, m if transpose_a else k, m * k, n, m * n,
+            math.prod(a_shape[:-2]))
 
 
 class CudaBackend(Backend):
@@ -255,51 +298,51 @@ class CudaBackend(Backend):
                       stddev: float) -> Any:
         return self._random("rand_normal", shape, dtype, seed, mean, stddev)
 
-    # --- elementwise (CuPy ufuncs: Python scalars are weakly typed, as NumPy 2) -----------
+    # --- elementwise (CuPy ufuncs; a scalar takes the array's dtype, see _operands) -------
     def add(self, a: Any, b: Any) -> Any:
-        return self.cp.add(a, b)
+        return self.cp.add(*_operands(a, b))
 
     def subtract(self, a: Any, b: Any) -> Any:
-        return self.cp.subtract(a, b)
+        return self.cp.subtract(*_operands(a, b))
 
     def multiply(self, a: Any, b: Any) -> Any:
-        return self.cp.multiply(a, b)
+        return self.cp.multiply(*_operands(a, b))
 
     def divide(self, a: Any, b: Any) -> Any:
-        return self.cp.true_divide(a, b)
+        return self.cp.true_divide(*_operands(a, b))
 
     def power(self, a: Any, b: Any) -> Any:
-        return self.cp.power(a, b)
+        return self.cp.power(*_operands(a, b))
 
     def maximum(self, a: Any, b: Any) -> Any:
-        return self.cp.maximum(a, b)
+        return self.cp.maximum(*_operands(a, b))
 
     def minimum(self, a: Any, b: Any) -> Any:
-        return self.cp.minimum(a, b)
+        return self.cp.minimum(*_operands(a, b))
 
     def equal(self, a: Any, b: Any) -> Any:
-        return self.cp.equal(a, b)
+        return self.cp.equal(*_operands(a, b))
 
     def not_equal(self, a: Any, b: Any) -> Any:
-        return self.cp.not_equal(a, b)
+        return self.cp.not_equal(*_operands(a, b))
 
     def less(self, a: Any, b: Any) -> Any:
-        return self.cp.less(a, b)
+        return self.cp.less(*_operands(a, b))
 
     def less_equal(self, a: Any, b: Any) -> Any:
-        return self.cp.less_equal(a, b)
+        return self.cp.less_equal(*_operands(a, b))
 
     def greater(self, a: Any, b: Any) -> Any:
-        return self.cp.greater(a, b)
+        return self.cp.greater(*_operands(a, b))
 
     def greater_equal(self, a: Any, b: Any) -> Any:
-        return self.cp.greater_equal(a, b)
+        return self.cp.greater_equal(*_operands(a, b))
 
     def logical_and(self, a: Any, b: Any) -> Any:
-        return self.cp.logical_and(a, b)
+        return self.cp.logical_and(*_operands(a, b))
 
     def logical_or(self, a: Any, b: Any) -> Any:
-        return self.cp.logical_or(a, b)
+        return self.cp.logical_or(*_operands(a, b))
 
     def logical_not(self, x: Any) -> Any:
         return self.cp.logical_not(x)
@@ -351,7 +394,9 @@ class CudaBackend(Backend):
         return self._unary("erf", x)
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
-        return self.cp.where(cond, a, b)
+        a, b, view = _select_operands(a, b)
+        out = self.cp.where(cond, a, b)
+        return out if view is None else out.view(view)
 
     # --- reductions ---------------------------------------------------------------------
     def sum(self, x: Any, axis: Any, keepdims: bool) -> Any:
@@ -360,7 +405,7 @@ class CudaBackend(Backend):
             # A 16-bit bias gradient: ones(1, N) @ x is a cuBLAS GEMV with coalesced reads and
             # float32 accumulation, where a column reduction reads with a stride of a row.
             # (Not for float32: with CUPY_TF32=1 the GEMV would round its inputs to TF32.)
-            out = self.cp.matmul(self.cp.ones((1, x.shape[0]), dtype=x.dtype), x)
+            out = self.matmul(self.cp.ones((1, x.shape[0]), dtype=x.dtype), x, False, False)
             return out if keepdims else out.reshape(x.shape[1])
         if x.dtype in LOW:
             src = self.cast(x, "float32") if x.dtype == BF16 else x
@@ -402,11 +447,15 @@ class CudaBackend(Backend):
             out = self.matmul(self.cast(a, "float32"), self.cast(b, "float32"), transpose_a,
                               transpose_b)
             return self.cast(out, dtype.name)
+        rows = a.shape[-1] if transpose_a else a.shape[-2]
+        cols = b.shape[-2] if transpose_b else b.shape[-1]
+        if dtype in LOW and (a.ndim > 2 or (rows == 1 and cols == 1)):
+            # cuBLAS directly: CuPy's batched matmul upcasts float16 and fails on bfloat16, and
+            # its 2-D matmul computes a 1x1 product as a reduction in the 16-bit dtype
+            return self._batched_gemm16(a, b, transpose_a, transpose_b)
         if a.ndim == 2:
             # cupy.matmul hands transposed views to cuBLAS as transpose flags, without a copy
             return cp.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
-        if dtype in LOW:
-            return self._batched_gemm16(a, b, transpose_a, transpose_b)
         return cp.matmul(cp.swapaxes(a, -1, -2) if transpose_a else a,
                          cp.swapaxes(b, -1, -2) if transpose_b else b)
 
@@ -416,10 +465,8 @@ class CudaBackend(Backend):
         from cupy_backends.cuda.libs import cublas
 
         a, b = self._contig(a), self._contig(b)
-        m = a.shape[-1] if transpose_a else a.shape[-2]
-        k = a.shape[-2] if transpose_a else a.shape[-1]
-        n = b.shape[-2] if transpose_b else b.shape[-1]
-        batch = math.prod(a.shape[:-2])
+        transa, transb, n, m, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch = (
+            strided_gemm_args(a.shape, b.shape, transpose_a, transpose_b))
         out = cp.empty((*a.shape[:-2], m, n), dtype=a.dtype)
         if out.size == 0:
             return out
@@ -427,13 +474,13 @@ class CudaBackend(Backend):
             out.fill(0)
             return out
         ctype = _CUDA_R[a.dtype]
-        handle = cp.cuda.device.get_cublas_handle()
+        # The wrapper puts the handle on CuPy's current stream; alpha and beta are host float32
+        # (CuPy keeps the handle in host pointer mode; compute type 32F takes float scalars).
         cublas.gemmStridedBatchedEx(
-            handle, _CUBLAS_OP_T if transpose_b else _CUBLAS_OP_N,
-            _CUBLAS_OP_T if transpose_a else _CUBLAS_OP_N, n, m, k,
-            _ONE.ctypes.data, b.data.ptr, ctype, k if transpose_b else n, k * n,
-            a.data.ptr, ctype, m if transpose_a else k, m * k,
-            _ZERO.ctypes.data, out.data.ptr, ctype, n, m * n,
+            cp.cuda.device.get_cublas_handle(), transa, transb, n, m, k,
+            _ONE.ctypes.data, b.data.ptr, ctype, lda, stride_a,
+            a.data.ptr, ctype, ldb, stride_b,
+            _ZERO.ctypes.data, out.data.ptr, ctype, ldc, stride_c,
             batch, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
         return out
 

@@ -4,10 +4,24 @@ Arrays live in device buffers (:class:`~mpcore_opencl.runtime.CLArray`, always C
 the host sees them only at the edges (``to_host``, printing, the loss-scale decision). Kernels
 that take indices (gathers, labels) never follow an invalid one: they record it in a device
 error record that the host reads along with its next read, and raise there (IndexError for
-indices, ValueError for labels). float16 is stored as half and read/written with ``vload_half`` /
-``vstore_half`` (no ``cl_khr_fp16`` needed), bfloat16 as 16-bit words converted in the kernel
-with round-to-nearest-even; both compute in float32. Programs are generated per dtype from the
-templates in ``kernels/`` on first use and cached with their kernel objects.
+indices, ValueError for labels). bfloat16 is stored as 16-bit words converted in the kernel with
+round-to-nearest-even and computed in float32. float16 is stored as half and runs in one of two
+kernel variants (see :mod:`mpcore_opencl.runtime`): "convert" reads and writes it with
+``vload_half``/``vstore_half`` (no ``cl_khr_fp16`` needed) and computes in float32; "native"
+(``cl_khr_fp16``) computes elementwise ops in half and keeps GEMM tiles and panels in half. Both
+accumulate reductions, softmax, losses and GEMMs in float32. Programs are generated per dtype
+and variant from the templates in ``kernels/`` on first use and cached with their kernel objects.
+
+Which float16 variant runs: ``MPCORE_OPENCL_HALF=auto|native|convert`` (default auto; see
+:meth:`OpenCLBackend.half_choice`). ``auto`` uses convert on a device without ``cl_khr_fp16``.
+On a device with it, it measures both variants once per device and process
+(:func:`measure_half_variants`: a float16 GEMM and an elementwise multiply, a fraction of a
+second) and decides per kernel family: the elementwise programs run native where the multiply
+is faster, the GEMM and every other program where the GEMM is. On Intel's CPU runtime here,
+for instance, native elementwise kernels ran 2.2x faster (half loads and stores vectorise;
+``vload_half`` does not) and the native GEMM 0.7x, so it runs native elementwise kernels and
+convert GEMMs. The decision and its figures are part of the float16 verdict's reason
+(``check_policy``, ``mpcore info``).
 
 Device choice and auto-selection: see :mod:`mpcore_opencl.devices`.
 """
@@ -16,6 +30,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +40,7 @@ from mpcore.backend import Backend, BackendUnavailableError, Device, Support
 
 from . import devices as _devices
 from .arrays import MAX_DIMS, NAMES, NP_DTYPES, SCALAR, CLArray, coalesce, contiguous_strides, vec8
-from .rules import opencl_policy_support
+from .rules import FP16, opencl_policy_support
 
 # The runtime (pyopencl) is imported on activation only: `import mpcore` must not load it.
 Key = tuple[Any, ...]
@@ -71,6 +87,124 @@ BINARY_BOOL: dict[str, str] = {
 GEMM_PACKED = {"WPM": 16, "VW": 16, "KC": 128}
 PACKED_WG = (8, 4)
 GEMM_TILED = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 4}
+
+HALF_MODES = ("auto", "native", "convert")
+#: ``auto`` runs a kernel family native when its measured speedup exceeds this (a gain within
+#: timing noise is not worth a second set of kernels).
+MIN_NATIVE_GAIN = 1.05
+
+
+def half_mode() -> str:
+    """The float16 kernel variant asked for by ``MPCORE_OPENCL_HALF`` (default ``auto``)."""
+    raw = os.environ.get("MPCORE_OPENCL_HALF", "")
+    value = raw.strip().lower() or "auto"
+    if value not in HALF_MODES:
+        raise ValueError(f"MPCORE_OPENCL_HALF={raw!r} is not valid; valid values: "
+                         + ", ".join(HALF_MODES))
+    return value
+
+
+@dataclass(frozen=True)
+class HalfMeasurement:
+    """float16 speed of the native-half and the convert kernels on one device: a GEMM
+    (GFLOP/s) and an elementwise multiply (GB/s moved: two reads and a write)."""
+
+    device: str
+    gemm_n: int
+    gemm_native_gflops: float
+    gemm_convert_gflops: float
+    elements: int
+    ew_native_gbps: float
+    ew_convert_gbps: float
+    seconds: float
+
+    @property
+    def gemm_speedup(self) -> float:
+        return self.gemm_native_gflops / self.gemm_convert_gflops
+
+    @property
+    def ew_speedup(self) -> float:
+        return self.ew_native_gbps / self.ew_convert_gbps
+
+    @property
+    def gemm_native(self) -> bool:
+        """Whether the GEMM (and the kernel families that follow it) should run native."""
+        return self.gemm_speedup > MIN_NATIVE_GAIN
+
+    @property
+    def elementwise_native(self) -> bool:
+        """Whether the elementwise kernels should run native."""
+        return self.ew_speedup > MIN_NATIVE_GAIN
+
+    def __str__(self) -> str:
+        return (f"native vs convert half kernels: float16 GEMM n={self.gemm_n} "
+                f"{self.gemm_native_gflops:.1f} vs {self.gemm_convert_gflops:.1f} GFLOP/s "
+                f"({self.gemm_speedup:.2f}x), multiply of {self.elements} elements "
+                f"{self.ew_native_gbps:.1f} vs {self.ew_convert_gbps:.1f} GB/s "
+                f"({self.ew_speedup:.2f}x)")
+
+
+@dataclass(frozen=True)
+class HalfChoice:
+    """The float16 kernel variants the backend runs on its device, and why: ``variant`` for
+    the GEMMs and every program but the elementwise ones, which run ``elementwise``."""
+
+    variant: str  # "native" or "convert"
+    mode: str  # MPCORE_OPENCL_HALF
+    reason: str
+    measured: HalfMeasurement | None = None
+    elementwise: str = ""  # default: as ``variant``
+
+    @property
+    def native(self) -> bool:
+        return self.variant == "native"
+
+    @property
+    def native_elementwise(self) -> bool:
+        return (self.elementwise or self.variant) == "native"
+
+
+def measure_half_variants(backend: OpenCLBackend, n: int = 512, elements: int = 1 << 22,
+                          repeats: int = 3) -> HalfMeasurement:
+    """Time the native-half and the convert float16 kernels on ``backend``'s device (which
+    must have cl_khr_fp16): an n x n GEMM (the device's GEMM variant) and a multiply of
+    ``elements`` values, best of ``repeats`` after a warm-up, the variants taking turns so
+    that a load change hits both. About a second at most on a CPU device, far less on a GPU."""
+    device = backend.device()
+    if FP16 not in device.features:
+        raise ValueError(f"{device.name} ({device.index}) lacks {FP16}: it has no native-half "
+                         "kernels to measure")
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    ga, gb = (backend.asarray(rng.uniform(-1, 1, (n, n)).astype(np.float16), "float16")
+              for _ in range(2))
+    ea, eb = (backend.asarray(rng.uniform(-1, 1, elements).astype(np.float16), "float16")
+              for _ in range(2))
+    eo = backend._empty((elements,), "float16")
+    rt = backend.runtime
+
+    def gemm(native: bool) -> None:
+        backend._matmul(ga, gb, False, False, native)
+
+    def multiply(native: bool) -> None:
+        kernel = backend._elementwise("float16", "float16", native)["k_multiply"]
+        rt.launch(kernel, elements, np.int32(elements), ea.data, eb.data, eo.data)
+
+    best: dict[tuple[str, bool], float] = {}
+    for round_ in range(repeats + 1):  # round 0 warms up: builds programs, allocates
+        for name, fn in (("gemm", gemm), ("ew", multiply)):
+            for native in (True, False):
+                t0 = time.perf_counter()
+                fn(native)
+                rt.finish()
+                elapsed = time.perf_counter() - t0
+                if round_:
+                    best[name, native] = min(best.get((name, native), math.inf), elapsed)
+    flops, moved = 2.0 * n ** 3, 3.0 * 2 * elements
+    return HalfMeasurement(
+        device.name, n, flops / best["gemm", True] / 1e9, flops / best["gemm", False] / 1e9,
+        elements, moved / best["ew", True] / 1e9, moved / best["ew", False] / 1e9,
+        time.perf_counter() - start)
 
 
 def _expr(table_entry: tuple[str | None, str | None], dtype: str) -> str | None:
@@ -145,6 +279,11 @@ def _view(shape: tuple[int, ...], key: tuple[Any, ...]) -> tuple[int, tuple[int,
     return offset, tuple(out_shape), tuple(out_strides)
 
 
+def _auto_convert_reason(device: Device) -> str:
+    where = f"{device.name} ({device.index})" if device.index else device.name
+    return f"MPCORE_OPENCL_HALF=auto: {where} lacks {FP16}, so the convert kernels run"
+
+
 class OpenCLBackend(Backend):
     """OpenCL C kernels on one OpenCL device (a GPU when there is one)."""
 
@@ -161,6 +300,7 @@ class OpenCLBackend(Backend):
         self._devices: list[tuple[Device, Any]] | None = None
         self._ew: dict[Key, Any] = {}
         self._flat: dict[Key, Any] = {}  # (op, dtype, out) -> same-shape binary kernel
+        self._half: HalfChoice | None = None
 
     # --- availability, devices, verdicts ------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -191,15 +331,68 @@ class OpenCLBackend(Backend):
                 raise BackendUnavailableError(str(exc)) from None
         return self._device
 
-    #: Whether this backend runs native-half (cl_khr_fp16) kernels or matrix-engine bfloat16
-    #: kernels: not yet (every op computes 16-bit data in float32), so no 16-bit policy is
-    #: judged fast. A subclass that adds such kernels says so here.
-    native_half_kernels = False
+    #: Whether this backend has native-half (cl_khr_fp16) kernels (it does: which variant runs
+    #: on a device is :meth:`half_choice`) and matrix-engine bfloat16 kernels (not yet, so
+    #: bfloat16 is never judged fast). A subclass changes these to say what it runs.
+    native_half_kernels = True
     matrix_kernels = False
 
     def policy_support(self, policy: str, device: Device) -> Support:
-        return opencl_policy_support(policy, device, native_half_kernels=self.native_half_kernels,
-                                     matrix_kernels=self.matrix_kernels)
+        native, note = self._half_plan(device)
+        return opencl_policy_support(policy, device, native_half_kernels=native,
+                                     matrix_kernels=self.matrix_kernels, half_note=note)
+
+    def _half_plan(self, device: Device) -> tuple[bool, str]:
+        """(native half kernels run on ``device``, why): the decision itself for this
+        backend's device, else what ``MPCORE_OPENCL_HALF`` would do on a described one."""
+        if not self.native_half_kernels:
+            return False, ""
+        own = self._device
+        if own is not None and (device.index, device.name) == (own.index, own.name):
+            choice = self.half_choice()
+            return choice.native, choice.reason
+        mode = half_mode()
+        if mode != "auto":
+            return mode == "native" and FP16 in device.features, f"MPCORE_OPENCL_HALF={mode}"
+        if FP16 not in device.features:
+            return False, _auto_convert_reason(device)
+        if device.kind != "cpu":
+            return True, ("MPCORE_OPENCL_HALF=auto, assuming the measurement made once when the "
+                          "device is used finds the native GEMM faster")
+        return False, ("MPCORE_OPENCL_HALF=auto, assuming the measurement made once when the "
+                       "device is used finds the native GEMM no faster, as on CPUs without "
+                       "AVX512-FP16")
+
+    def half_choice(self) -> HalfChoice:
+        """The float16 kernel variants on this backend's device, decided once: by
+        ``MPCORE_OPENCL_HALF`` (native needs cl_khr_fp16), else convert on a device without
+        cl_khr_fp16, else per kernel family by :func:`measure_half_variants`."""
+        if self._half is None:
+            mode = half_mode()
+            device = self.device()
+            where = f"{device.name} ({device.index})"
+            if mode == "native" and FP16 not in device.features:
+                found = [f"{d.index} = {d.name}" for d in self.devices()
+                         if FP16 in d.features]
+                raise ValueError(
+                    f"MPCORE_OPENCL_HALF=native needs {FP16}, which the OpenCL device {where} "
+                    "lacks; use MPCORE_OPENCL_HALF=auto or convert, or pick a device that has it "
+                    "with MPCORE_OPENCL_DEVICE ("
+                    + ("; ".join(found) or f"none here has {FP16}; pip install intel-opencl-rt "
+                                            "intel-cmplr-lib-rt adds a CPU device with it")
+                    + ")")
+            if mode != "auto":
+                self._half = HalfChoice(mode, mode, f"MPCORE_OPENCL_HALF={mode}")
+            elif FP16 not in device.features:
+                self._half = HalfChoice("convert", mode, _auto_convert_reason(device))
+            else:
+                m = measure_half_variants(self)
+                gemm = "native" if m.gemm_native else "convert"
+                ew = "native" if m.elementwise_native else "convert"
+                self._half = HalfChoice(gemm, mode,
+                                        f"MPCORE_OPENCL_HALF=auto measured {m}: {gemm} GEMM "
+                                        f"kernels and {ew} elementwise kernels run", m, ew)
+        return self._half
 
     def synchronize(self) -> None:
         if self._rt is not None:
@@ -210,6 +403,9 @@ class OpenCLBackend(Backend):
 
         if self.unavailable_reason() is None and self._rt is None:
             desc = self.device()
+            mode = half_mode()  # a bad MPCORE_OPENCL_HALF fails here, not at a first float16 op
+            if mode != "auto" or FP16 not in desc.features:
+                self.half_choice()  # decided without measuring (native: checks cl_khr_fp16)
             dev = next(d for x, d in self._found() if x.index == desc.index)
             try:
                 self._rt = Runtime(dev)
@@ -225,10 +421,22 @@ class OpenCLBackend(Backend):
         return self._rt
 
     # --- programs -----------------------------------------------------------------------
-    def _elementwise(self, dtype: str, out: str) -> Any:
+    def _native(self, dtypes: Any, native: bool | None, elementwise: bool = False) -> bool:
+        """Whether programs over ``dtypes`` use native half: ``native`` when given (the
+        measurement builds both variants), else the device's decision for the kernel family
+        where float16 is in."""
+        if native is not None:
+            return native
+        if "float16" not in dtypes:
+            return False
+        choice = self.half_choice()
+        return choice.native_elementwise if elementwise else choice.native
+
+    def _elementwise(self, dtype: str, out: str, native: bool | None = None) -> Any:
         """The elementwise program of ``dtype`` -> ``out``: same-dtype arithmetic, dtype ->
-        bool predicates, or (other pairs) the conversion ``copy``."""
-        key = ("ew", dtype, out)
+        bool predicates, or (other pairs) the conversion ``copy``; ``native``: the float16
+        variant (default: the device's)."""
+        key = ("ew", dtype, out) if native is None else ("ew", dtype, out, native)
         prog = self._ew.get(key)
         if prog is None:
             lines = []
@@ -254,15 +462,19 @@ class OpenCLBackend(Backend):
             elif out != dtype:
                 lines.append("UNARY(k_copy, x)")
             prog = self.runtime.program("elementwise.cl", (("A", dtype), ("O", out)),
-                                        "\n".join(lines), ("-DWITH_COPY", "-DWITH_WHERE"))
+                                        "\n".join(lines), ("-DWITH_COPY", "-DWITH_WHERE"),
+                                        self._native((dtype, out), native, elementwise=True))
             self._ew[key] = prog
         return prog
 
-    def _prog(self, template: str, *slots: tuple[str, str], options: tuple[str, ...] = ()) -> Any:
-        key = (template, slots, options)
+    def _prog(self, template: str, *slots: tuple[str, str], options: tuple[str, ...] = (),
+              native: bool | None = None) -> Any:
+        key = (template, slots, options) if native is None else (template, slots, options,
+                                                                 native)
         prog = self._ew.get(key)
         if prog is None:
-            prog = self._ew[key] = self.runtime.program(template, slots, "", options)
+            prog = self._ew[key] = self.runtime.program(
+                template, slots, "", options, self._native([dt for _, dt in slots], native))
         return prog
 
     # --- helpers ------------------------------------------------------------------------
@@ -656,6 +868,10 @@ class OpenCLBackend(Backend):
         return "packed" if self.device().kind == "cpu" else "tiled"
 
     def matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool) -> CLArray:
+        return self._matmul(a, b, transpose_a, transpose_b)
+
+    def _matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool,
+                native: bool | None = None) -> CLArray:
         dt = self._dt(a)
         sa, sb = tuple(a.shape), tuple(b.shape)
         batch = sa[:-2]
@@ -668,10 +884,10 @@ class OpenCLBackend(Backend):
         if k == 0:
             return self.full(out.shape, 0, dt)
         if self._variant() == "packed":
-            self._gemm_packed(a, b, transpose_a, transpose_b, m, n, k, nb, out)
+            self._gemm_packed(a, b, transpose_a, transpose_b, m, n, k, nb, out, native)
             return out
         opts = tuple(f"-D{key}={val}" for key, val in GEMM_TILED.items())
-        prog = self._prog("gemm.cl", ("A", dt), ("O", dt), options=opts)
+        prog = self._prog("gemm.cl", ("A", dt), ("O", dt), options=opts, native=native)
         name = "gemm_" + ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
         vw, wpm, tsm, tsn = (GEMM_TILED[key] for key in ("VW", "WPM", "TSM", "TSN"))
         wx, wy = tsn // vw, tsm // wpm
@@ -681,9 +897,10 @@ class OpenCLBackend(Backend):
         return out
 
     def _gemm_packed(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool, m: int,
-                     n: int, k: int, nb: int, out: CLArray) -> None:
+                     n: int, k: int, nb: int, out: CLArray, native: bool | None = None) -> None:
         dt = self._dt(a)
-        acc = "float32" if dt in LOW else dt
+        # panels hold the compute type: float32 for 16-bit storage, half with native half
+        acc = dt if self._native((dt,), native) else ("float32" if dt in LOW else dt)
         wpm, vw = GEMM_PACKED["WPM"], GEMM_PACKED["VW"]
         # Small problems get smaller groups, so that padding to whole groups stays small.
         pm_n, pn_n = -(-m // wpm), -(-n // vw)
@@ -698,11 +915,13 @@ class OpenCLBackend(Backend):
         rt = self.runtime
         for src, dst, rows, panels, width, rs, ks in ((a, ap, m, pm, wpm, a_rs, a_ks),
                                                       (b, bp, n, pn, vw, b_rs, b_ks)):
-            prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"))
+            prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"),
+                              native=native)
             rt.launch(prog["pack"], dst.size, np.int32(rows), np.int32(k), np.int32(panels),
                       np.int64(rs), np.int64(ks), np.int64(src.size // nb), np.int64(dst.size),
                       src.data, dst.data)
-        prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"))
+        prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"),
+                          native=native)
         prog["gemm_packed"](rt.queue, (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
                             np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)
 

@@ -3,19 +3,21 @@ mpcore's kernels do on it (testable for devices that are not here).
 
 "Fast" needs both the hardware and kernels that use it; the reasons say what actually runs.
 
-- float16: the backend stores float16 and reads/writes it with ``vload_half``/``vstore_half``
-  (core OpenCL), computing every op, matmuls included, in float32. That halves memory traffic
-  and memory use, but compute-bound work runs at float32 speed. float16 is fast only where
-  ``cl_khr_fp16`` is exposed, the GPU has native half throughput (a native half vector width
-  > 0, or a known double-rate family: Intel Xe/Arc, AMD GCN5/Vega and later), *and* the backend
-  has native-half kernels for the device (``native_half_kernels``; it has none yet: the PoCL
-  CPU device it is tested on exposes no ``cl_khr_fp16``). NVIDIA's OpenCL has no tensor-core
-  path, so it is never fast there.
+- float16 runs in one of two kernel variants. "convert" stores float16 and reads/writes it with
+  ``vload_half``/``vstore_half`` (core OpenCL), computing every op, matmuls included, in
+  float32: that halves memory traffic and memory use, but compute-bound work runs at float32
+  speed. "native" (needs ``cl_khr_fp16``) computes elementwise ops in half and keeps GEMM tiles
+  in half, accumulating in float32. float16 is fast only on a GPU with ``cl_khr_fp16`` and
+  native half throughput (a native half vector width > 0, or a known double-rate family: Intel
+  Xe/Arc, AMD GCN5/Vega and later) where the native kernels run (``native_half_kernels``: the
+  backend's choice for the device, ``MPCORE_OPENCL_HALF`` or its measurement; ``half_note``
+  says why). NVIDIA's OpenCL has no tensor-core path, so it is never fast there.
 - bfloat16 is fast only where a matrix engine is exposed
   (``cl_intel_subgroup_matrix_multiply_accumulate``) *and* the backend's kernels use it
   (``matrix_kernels``; they do not yet): otherwise stored in 16 bits, computed in float32.
-- A CPU device (PoCL, Intel's CPU runtime): supported, never fast; 16-bit values are converted
-  to float32 for every operation.
+- A CPU device (PoCL, Intel's CPU runtime): supported, never fast. The convert kernels run
+  there unless native is forced; a CPU without AVX512-FP16 converts half to float32 for the
+  arithmetic either way.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ FP16 = "cl_khr_fp16"
 INTEL_MATRIX = "cl_intel_subgroup_matrix_multiply_accumulate"
 #: Whether mpcore's kernels drive the Intel matrix engine (they do not yet).
 USES_INTEL_MATRIX = False
-#: Whether mpcore has native-half (cl_khr_fp16 arithmetic) kernels (it does not yet).
-NATIVE_HALF_KERNELS = False
+#: Whether mpcore has native-half (cl_khr_fp16 arithmetic) kernels: it does, and a device
+#: described without a decision is judged as if they run where the hardware qualifies.
+NATIVE_HALF_KERNELS = True
 _STORAGE = ("is stored in 16 bits and computed in float32 by every op, matmuls included: that "
             "halves memory traffic and memory use, but compute-bound work runs at float32 "
             "speed")
@@ -53,10 +56,12 @@ def _native_half(details: Mapping[str, Any], name: str, vendor: str) -> bool:
 
 def opencl_policy_support(policy: str, device: Device, *,
                           native_half_kernels: bool = NATIVE_HALF_KERNELS,
-                          matrix_kernels: bool = USES_INTEL_MATRIX) -> Support:
+                          matrix_kernels: bool = USES_INTEL_MATRIX,
+                          half_note: str = "") -> Support:
     """Judge ``policy`` on the OpenCL ``device`` (its kind, extensions and details), given
-    whether the backend runs native-half kernels (``native_half_kernels``) and matrix-engine
-    bfloat16 kernels (``matrix_kernels``) on it."""
+    whether the backend runs native-half kernels (``native_half_kernels``, ignored without
+    cl_khr_fp16) and matrix-engine bfloat16 kernels (``matrix_kernels``) on it; ``half_note``
+    (why that float16 variant) goes into float16 reasons."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid names: {', '.join(POLICIES)}")
     compute = POLICIES[policy][0]
@@ -71,30 +76,40 @@ def opencl_policy_support(policy: str, device: Device, *,
                            + ("" if device.kind == "cpu" else
                               " (most GPUs run float64 at a small fraction of float32 speed)"))
         return Support(False, False, f"{where} lacks cl_khr_fp64: float64 cannot run on it")
+    native = native_half_kernels and FP16 in ext and compute == "float16"
+    why = f" ({half_note})" if half_note and compute == "float16" else ""
     if device.kind == "cpu":
+        kernels = ("mpcore's native-half kernels" if native else
+                   "kernels that compute it in float32, matmuls included")
         return Support(True, False,
-                       f"{where} is a CPU device: {compute} {_STORAGE} (emulated; the NumPy "
-                       "cpu backend is usually faster on a CPU)")
+                       f"{where} is a CPU device: {compute} is stored in 16 bits, which halves "
+                       f"memory traffic, and runs {kernels}{why}; but a CPU without "
+                       "AVX512-FP16 computes 16-bit values in float32 (emulated), so it is "
+                       "not faster than float32 (the NumPy cpu backend is usually faster on a "
+                       "CPU)")
     if compute == "float16":
         if FP16 not in ext:
-            return Support(True, False, f"{where} lacks {FP16}: float16 {_STORAGE}")
+            return Support(True, False, f"{where} lacks {FP16}: float16 {_STORAGE}{why}")
         if "nvidia" in device.vendor.lower():
             return Support(True, False,
-                           f"{where} exposes {FP16}, but NVIDIA's OpenCL has no tensor-core path: "
+                           f"{where} exposes {FP16}{why}, but NVIDIA's OpenCL has no tensor-core "
+                           "path: "
                            "float16 matmuls run at float32 speed here; use the cuda backend "
                            '(pip install "mpcore[cuda]") for fast float16 on NVIDIA GPUs')
         if not _native_half(device.details, device.name, device.vendor):
             return Support(True, False,
                            f"{where} has {FP16} but reports no native half vector width: its "
-                           f"half arithmetic is not faster than float32; float16 {_STORAGE}")
-        if not native_half_kernels:
+                           f"half arithmetic is not faster than float32{why}; float16 "
+                           f"{_STORAGE}")
+        if not native:
             return Support(True, False,
-                           f"{where} has {FP16} with native half throughput, but mpcore's OpenCL "
-                           f"kernels do not use half arithmetic yet: float16 {_STORAGE}")
+                           f"{where} has {FP16} with native half throughput, but mpcore runs its "
+                           f"convert kernels on it{why}: float16 {_STORAGE}")
         return Support(True, True,
                        f"{where} has {FP16} with native half throughput and mpcore runs "
-                       "native-half kernels on it: float16 arithmetic runs at up to twice the "
-                       "float32 rate, and 16-bit storage halves memory traffic")
+                       f"native-half kernels on it{why}: float16 arithmetic runs at up to twice "
+                       "the float32 rate, GEMM tiles are staged in half, and 16-bit storage "
+                       "halves memory traffic")
     # bfloat16
     if INTEL_MATRIX in ext and matrix_kernels:
         return Support(True, True, f"bfloat16 matmuls run on the XMX matrix engine of {where} "

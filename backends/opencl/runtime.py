@@ -1,11 +1,20 @@
 """The OpenCL runtime under the backend: one context and queue, a memory pool, the device error
 record, and programs built from the ``kernels/*.cl`` templates once per (template, dtypes,
-options) and cached with their kernel objects. The native array type, :class:`CLArray`, and the
-layout helpers are in :mod:`mpcore_opencl.arrays` (importable without pyopencl).
+options, half variant) and cached with their kernel objects. The native array type,
+:class:`CLArray`, and the layout helpers are in :mod:`mpcore_opencl.arrays` (importable without
+pyopencl).
+
+float16 slots come in two variants. "convert" (any device): stored as half, read and written
+with ``vload_half``/``vstore_half_rte`` and computed in float32. "native" (``cl_khr_fp16``
+devices): plain half loads and stores and half arithmetic (``X_CT`` is ``half``). Either way
+``X_AT``, the accumulation type, is float32 for 16-bit dtypes: reductions, softmax and losses,
+gradients that sum and every GEMM accumulate in float32 (Keras semantics), and scalars reach
+kernels as float32 (``X_PT``), rounded to the dtype first by the host.
 """
 
 from __future__ import annotations
 
+import warnings
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -33,6 +42,10 @@ _C: dict[str, tuple[str, str, str, str]] = {
     "uint64": ("ulong", "ulong", "{p}[{i}]", "{p}[{i}] = (ulong)({v})"),
     "bool": ("uchar", "uchar", "{p}[{i}]", "{p}[{i}] = (uchar)(({v}) != 0)"),
 }
+#: float16 with cl_khr_fp16 arithmetic ("native"): half loads and stores, rounded to nearest
+#: even explicitly (a plain cast would use the device's default rounding mode).
+_HALF_NATIVE = ("half", "half", "{p}[{i}]", "{p}[{i}] = convert_half_rte({v})")
+FP16_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
 #: Codes of the device error record (common.cl ``record_error``): exception and message, with
 #: the offending ``value`` and the axis ``size``; 256 + code marks an unsigned value. A kernel
 #: that records one never dereferences the bad index; the host raises at its next read (see
@@ -49,11 +62,14 @@ _DETECTED = ("; found on the OpenCL device and reported at the first host read a
              "that met it")
 
 
-def slot_macros(slot: str, dtype: str) -> str:
-    """The LOAD_/STORE_/_ST/_CT/_FLOAT macros of one dtype slot (A, B, O ...)."""
-    st, ct, load, store = _C[dtype]
+def slot_macros(slot: str, dtype: str, native_half: bool = False) -> str:
+    """The LOAD_/STORE_/_ST/_CT/_AT/_PT/_FLOAT macros of one dtype slot (A, B, O ...); a
+    float16 slot in the native-half variant when ``native_half``."""
+    st, ct, load, store = _HALF_NATIVE if native_half and dtype == "float16" else _C[dtype]
+    at = "float" if dtype in ("float16", "bfloat16") else _C[dtype][1]
     return "\n".join((
-        f"#define {slot}_ST {st}", f"#define {slot}_CT {ct}",
+        f"#define {slot}_ST {st}", f"#define {slot}_CT {ct}", f"#define {slot}_AT {at}",
+        f"#define {slot}_PT {at}",
         f"#define {slot}_FLOAT {int(dtype in FLOATS)}",
         f"#define {slot}_HALF {int(dtype == 'float16')}",
         f"#define {slot}_BF16 {int(dtype == 'bfloat16')}",
@@ -82,21 +98,28 @@ class Program:
     Each kernel is told its by-value argument types, so pyopencl packs scalars with
     ``struct.pack`` instead of its generic per-argument path: that cuts a small launch's host
     time about fourfold (about 20 us to 5 us with PoCL here), which is most of a small op's cost.
+    Intel's CPU runtime gives no argument info for a program that pyopencl loads from its binary
+    cache (``arg_info`` False): those kernels stay on the generic path, which is slower per launch
+    but correct, rather than paying an uncached rebuild (about a second per program) per process.
     """
 
-    __slots__ = ("generic", "kernels")
+    __slots__ = ("arg_info", "generic", "kernels")
 
     def __init__(self, program: cl.Program) -> None:
         self.kernels = {k.function_name: k for k in program.all_kernels()}
+        declared = {name: _declare_scalar_args(k) for name, k in self.kernels.items()}
         #: kernels left on pyopencl's generic (slow) argument path
-        self.generic = sorted(name for name, k in self.kernels.items()
-                              if not _declare_scalar_args(k))
+        self.generic = sorted(name for name, ok in declared.items() if not ok)
+        #: whether the driver described the kernels' arguments
+        self.arg_info = None not in declared.values()
 
     def __getitem__(self, name: str) -> cl.Kernel:
         return self.kernels[name]
 
 
-def _declare_scalar_args(kernel: cl.Kernel) -> bool:
+def _declare_scalar_args(kernel: cl.Kernel) -> bool | None:
+    """Declare ``kernel``'s by-value argument types: True if done, False if an argument type is
+    not packed here, None if the driver gives no argument info."""
     info = cl.kernel_arg_info
     try:
         types = []
@@ -110,7 +133,7 @@ def _declare_scalar_args(kernel: cl.Kernel) -> bool:
                 return False  # an argument type we do not pack: keep the generic path
             types.append(ARG_DTYPES[name])
     except cl.Error:
-        return False  # no argument info from this driver: the generic path still works
+        return None  # no argument info from this driver: the generic path still works
     kernel.set_scalar_arg_dtypes(types)
     return True
 
@@ -124,6 +147,7 @@ class Runtime:
         self.queue = cl.CommandQueue(self.context)
         self.pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
         self.fp64 = "cl_khr_fp64" in device.extensions
+        self.fp16 = "cl_khr_fp16" in device.extensions
         self.max_wg = int(device.max_work_group_size)
         self.local = min(256, self.max_wg)
         self._programs: dict[tuple[Any, ...], Program] = {}
@@ -146,10 +170,12 @@ class Runtime:
         return text
 
     def program(self, template: str, slots: tuple[tuple[str, str], ...], extra: str = "",
-                options: tuple[str, ...] = ()) -> Program:
+                options: tuple[str, ...] = (), native_half: bool = False) -> Program:
         """The program of ``template`` with dtype ``slots`` ((slot, dtype) pairs) and
-        ``extra`` source appended (instantiations); built on first use, then cached."""
-        key = (template, slots, extra, options)
+        ``extra`` source appended (instantiations), its float16 slots in the native-half
+        variant when ``native_half``; built on first use, then cached."""
+        native_half = native_half and any(dtype == "float16" for _, dtype in slots)
+        key = (template, slots, extra, options, native_half)
         prog = self._programs.get(key)
         if prog is None:
             for _, dtype in slots:
@@ -157,11 +183,19 @@ class Runtime:
                     raise TypeError(f"float64 needs cl_khr_fp64, which {self.device.name} "
                                     "lacks; valid dtypes here: float16, bfloat16, float32 and "
                                     "the integer types")
-            macros = "\n".join(slot_macros(slot, dtype) for slot, dtype in slots)
-            src = "\n".join((self.common, macros, self.template(template), extra))
+            if native_half and not self.fp16:
+                raise ValueError(f"native-half kernels need cl_khr_fp16, which "
+                                 f"{self.device.name.strip()} lacks")
+            macros = "\n".join(slot_macros(slot, dtype, native_half) for slot, dtype in slots)
+            head = FP16_PRAGMA if native_half else ""
+            src = "\n".join((head + self.common, macros, self.template(template), extra))
             # argument info lets Program declare scalar argument types (fast launches)
-            built = cl.Program(self.context, src).build(
-                options=["-cl-kernel-arg-info", *options])
+            with warnings.catch_warnings():
+                # a successful build's log (Intel's runtime always writes one) is noise here;
+                # a failed build still raises with its log
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                built = cl.Program(self.context, src).build(
+                    options=["-cl-kernel-arg-info", *options])
             prog = self._programs[key] = Program(built)
         return prog
 

@@ -1,7 +1,10 @@
 /* Shared by every mpcore OpenCL program. The Python side prepends, for each dtype slot X
- * (A, B, C, O), the macros X_ST (storage type), X_CT (compute type), LOAD_X(p, i),
- * STORE_X(p, i, v) and X_FLOAT (1 for floating dtypes). float16 is read and written with
- * vload_half/vstore_half, which need no cl_khr_fp16; bfloat16 is stored as ushort. */
+ * (A, B, C, O), the macros X_ST (storage type), X_CT (compute type: elementwise arithmetic),
+ * X_AT (accumulation type: float for 16-bit dtypes, else X_CT), X_PT (type of a by-value scalar
+ * argument), LOAD_X(p, i), STORE_X(p, i, v) and X_FLOAT (1 for floating dtypes). float16 is read
+ * and written with vload_half/vstore_half (no cl_khr_fp16 needed) and computed in float, or, in
+ * the native-half variant (cl_khr_fp16), loaded, stored and computed as half; bfloat16 is
+ * stored as ushort. Sums, dot products and softmax accumulate in X_AT in both variants. */
 
 /* The device error record, err = {code, size, value low word, value high word}: the first invalid
  * index any kernel met since the host last looked (codes in runtime.py ERRORS). Kernels never

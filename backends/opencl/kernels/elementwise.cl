@@ -24,14 +24,16 @@ __kernel void NAME(const int n, __global const A_ST *pa, __global const A_ST *pb
     if (i < n) { const A_CT x = LOAD_A(pa, i); const A_CT y = LOAD_A(pb, i);                \
                  STORE_O(po, i, (EXPR)); }                                                  \
 }                                                                                           \
-__kernel void NAME##_as(const int n, __global const A_ST *pa, const A_CT y,                 \
+__kernel void NAME##_as(const int n, __global const A_ST *pa, const A_PT ys,                \
                         __global O_ST *po) {                                                \
     const int i = get_global_id(0);                                                         \
+    const A_CT y = (A_CT)ys;                                                                \
     if (i < n) { const A_CT x = LOAD_A(pa, i); STORE_O(po, i, (EXPR)); }                    \
 }                                                                                           \
-__kernel void NAME##_sa(const int n, const A_CT x, __global const A_ST *pb,                 \
+__kernel void NAME##_sa(const int n, const A_PT xs, __global const A_ST *pb,                \
                         __global O_ST *po) {                                                \
     const int i = get_global_id(0);                                                         \
+    const A_CT x = (A_CT)xs;                                                                \
     if (i < n) { const A_CT y = LOAD_A(pb, i); STORE_O(po, i, (EXPR)); }                    \
 }                                                                                           \
 __kernel void NAME##_bc(const int n, const int nd, const int8 shape, const int8 sa,         \
@@ -59,7 +61,7 @@ __kernel void copy_w(const int n, const int nd, const int8 shape, const int8 st,
     if (i < n) STORE_O(po, off + strided_offset(i, nd, shape, st), LOAD_A(pa, i));
 }
 
-__kernel void fill(const int n, const O_CT v, __global O_ST *po) {
+__kernel void fill(const int n, const O_PT v, __global O_ST *po) {
     const int i = get_global_id(0);
     if (i < n) STORE_O(po, i, v);
 }

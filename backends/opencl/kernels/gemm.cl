@@ -1,18 +1,21 @@
 /* GEMM: C[b] = op(A[b]) @ op(B[b]) with op = identity or transpose, any M, N, K, accumulated in
- * the compute type (float32 for 16-bit storage). Two variants, chosen by the host per device
+ * A_AT (float32 for 16-bit storage). Two variants, chosen by the host per device
  * kind and built with their tile sizes as macros: "tiled" (TSM defined; local memory, for GPUs)
  * and "packed" (KC defined; packed panels and cache blocking, for CPU devices such as PoCL).
  *
  * Tiled: a work-group computes a TSM x TSN tile of C. Each K-step it stages a TSK-deep slice of
- * A and B in local memory, converted to the accumulation type (so 16-bit storage is widened once
- * per element, transposes and edges are resolved while staging, and the inner loop has no
- * branch). Each work-item then computes a WPM x VW register block with VW-wide vector
- * multiply-adds. */
+ * A and B in local memory in the compute type A_CT (float for 16-bit storage, widened once per
+ * element; half in the native-half variant, which halves local memory and its traffic and widens
+ * at the multiply-add); transposes and edges are resolved while staging, so the inner loop has
+ * no branch. Each work-item then computes a WPM x VW register block with VW-wide vector
+ * multiply-adds into A_AT accumulators. */
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#define VT CAT(A_CT, VW)
+#define VT CAT(A_AT, VW)
 #define VLOAD CAT(vload, VW)
+/* staged values widened to the accumulation type (a no-op unless native half) */
+#define WIDEN(v) CAT(convert_, VT)(v)
 #define WG_X (TSN / VW)
 #define WG_Y (TSM / WPM)
 #define WGS (WG_X * WG_Y)
@@ -58,16 +61,17 @@ void NAME(const int M, const int N, const int K, const long stride_a, const long
         }                                                                                   \
         barrier(CLK_LOCAL_MEM_FENCE);                                                       \
         for (int kk = 0; kk < TSK; ++kk) {                                                  \
-            const VT b = VLOAD(0, &Bs[kk][tx * VW]);                                        \
+            const VT b = WIDEN(VLOAD(0, &Bs[kk][tx * VW]));                                 \
             _Pragma("unroll")                                                               \
-            for (int r = 0; r < WPM; ++r) acc[r] = MAD((VT)(As[kk][ty * WPM + r]), b, acc[r]); \
+            for (int r = 0; r < WPM; ++r)                                                   \
+                acc[r] = MAD((VT)((A_AT)As[kk][ty * WPM + r]), b, acc[r]);                  \
         }                                                                                   \
         barrier(CLK_LOCAL_MEM_FENCE);                                                       \
     }                                                                                       \
     for (int r = 0; r < WPM; ++r) {                                                         \
         const int gm = m0 + ty * WPM + r;                                                   \
         if (gm >= M) break;                                                                 \
-        A_CT out[VW];                                                                       \
+        A_AT out[VW];                                                                       \
         CAT(vstore, VW)(acc[r], 0, out);                                                    \
         for (int c = 0; c < VW; ++c) {                                                      \
             const int gn = n0 + tx * VW + c;                                                \
@@ -86,8 +90,8 @@ GEMM(gemm_tt, 1, 1)
 #ifdef KC
 /* The CPU-device variant ("packed"). On a CPU, local memory is ordinary cached memory and the
  * caches do the staging, so what matters is the order of memory accesses. Both operands are
- * first packed (O(n^2), one pass that also resolves transposes and widens 16-bit storage) into
- * panels: Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW]
+ * first packed (O(n^2), one pass that also resolves transposes and widens 16-bit storage to the
+ * compute type; native half keeps half panels, widened at the multiply-add) into panels: Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW]
  * VW columns of op(B), zero-padded to whole panels. A work-item computes one WPM x VW block of C
  * from one A panel and one B panel, both read contiguously (no cache-set conflicts or TLB misses
  * from row strides, which is what made large sizes slow), with VW-wide vector multiply-adds into
@@ -122,9 +126,10 @@ __kernel void gemm_packed(const int M, const int N, const int K, const int PM, c
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int k1 = min(k0 + KC, K);
         for (int k = k0; k < k1; ++k) {
-            const VT bv = VLOAD(k, pb);
+            const VT bv = WIDEN(VLOAD(k, pb));
             _Pragma("unroll")
-            for (int r = 0; r < WPM; ++r) acc[r] = MAD((VT)(pa[(long)k * WPM + r]), bv, acc[r]);
+            for (int r = 0; r < WPM; ++r)
+                acc[r] = MAD((VT)((A_AT)pa[(long)k * WPM + r]), bv, acc[r]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -133,7 +138,7 @@ __kernel void gemm_packed(const int M, const int N, const int K, const int PM, c
     for (int r = 0; r < WPM; ++r) {
         const int gm = m0 + r;
         if (gm >= M) break;
-        A_CT out[VW];
+        A_AT out[VW];
         CAT(vstore, VW)(acc[r], 0, out);
         for (int c = 0; c < VW && n0 + c < N; ++c) STORE_O(pc, (long)gm * N + n0 + c, out[c]);
     }

@@ -34,7 +34,7 @@ __kernel void extract_patches_grad(const int total, const int h, const int w, co
     const int x = t % w; t /= w;
     const int y = t % h;
     const int b = t / h;
-    A_CT acc = 0;
+    A_AT acc = 0;
     for (int r = 0; r < kh; ++r) {
         const int yy = y + top - r;
         if (yy < 0 || yy % sh) continue;
@@ -91,7 +91,7 @@ __kernel void max_pool2d_grad(const int total, const int h, const int w, const i
     const int x = t % w; t /= w;
     const int y = t % h;
     const int b = t / h;
-    A_CT acc = 0;
+    A_AT acc = 0;
     for (int r = 0; r < ph; ++r) {
         const int yy = y + top - r;
         if (yy < 0 || yy % sh) continue;

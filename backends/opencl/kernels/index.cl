@@ -53,7 +53,7 @@ __kernel void take_grad(const int outer, const int axis_size, const int nidx, co
             continue;
         }
         const long dst = ((long)o * axis_size + pos) * inner + in;
-        const A_CT v = LOAD_O(po, dst) + LOAD_A(pg, ((long)o * nidx + j) * inner + in);
+        const A_AT v = (A_AT)LOAD_O(po, dst) + (A_AT)LOAD_A(pg, ((long)o * nidx + j) * inner + in);
         STORE_O(po, dst, v);
     }
 }

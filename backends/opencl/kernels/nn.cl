@@ -1,14 +1,14 @@
 /* Softmax, log-softmax and the fused sparse softmax cross-entropy, over the middle axis of a
  * contiguous (outer, K, inner) array; one work-item per (outer, inner) row, three passes
- * (max, sum of exponentials, write), all in the compute type (float32 for 16-bit data). */
+ * (max, sum of exponentials, write), all in the accumulation type (float32 for 16-bit data). */
 
 /* The max m of a row of k values `stride` apart from `base`, and (in *sum) the sum of their
  * exp(value - m): the shared first two passes of softmax, log-softmax and cross-entropy. */
-A_CT row_max_sumexp(__global const A_ST *pa, const long base, const int k, const long stride,
-                    A_CT *sum) {
-    A_CT m = LOAD_A(pa, base);
-    for (int t = 1; t < k; ++t) m = fmax(m, LOAD_A(pa, base + (long)t * stride));
-    A_CT s = 0;
+A_AT row_max_sumexp(__global const A_ST *pa, const long base, const int k, const long stride,
+                    A_AT *sum) {
+    A_AT m = LOAD_A(pa, base);
+    for (int t = 1; t < k; ++t) m = fmax(m, (A_AT)LOAD_A(pa, base + (long)t * stride));
+    A_AT s = 0;
     for (int t = 0; t < k; ++t) s += exp(LOAD_A(pa, base + (long)t * stride) - m);
     *sum = s;
     return m;
@@ -19,9 +19,9 @@ __kernel void softmax(const int outer, const int k, const int inner,
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
     const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_CT s;
-    const A_CT m = row_max_sumexp(pa, base, k, inner, &s);
-    const A_CT inv = (A_CT)1 / s;
+    A_AT s;
+    const A_AT m = row_max_sumexp(pa, base, k, inner, &s);
+    const A_AT inv = (A_AT)1 / s;
     for (int t = 0; t < k; ++t) {
         const long j = base + (long)t * inner;
         STORE_O(po, j, exp(LOAD_A(pa, j) - m) * inv);
@@ -33,9 +33,9 @@ __kernel void log_softmax(const int outer, const int k, const int inner,
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
     const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_CT s;
-    const A_CT m = row_max_sumexp(pa, base, k, inner, &s);
-    const A_CT ls = log(s);
+    A_AT s;
+    const A_AT m = row_max_sumexp(pa, base, k, inner, &s);
+    const A_AT ls = log(s);
     for (int t = 0; t < k; ++t) {
         const long j = base + (long)t * inner;
         STORE_O(po, j, LOAD_A(pa, j) - m - ls);
@@ -54,9 +54,9 @@ __kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
     if (r >= n) return;
     const long base = (long)r * c;
     const long label = (long)LOAD_L(labels, r);
-    A_CT s;
-    const A_CT m = row_max_sumexp(pa, base, c, 1, &s);
-    const A_CT inv = (A_CT)1 / s;
+    A_AT s;
+    const A_AT m = row_max_sumexp(pa, base, c, 1, &s);
+    const A_AT inv = (A_AT)1 / s;
     for (int t = 0; t < c; ++t) STORE_O(probs, base + t, exp(LOAD_A(pa, base + t) - m) * inv);
     if (label < 0 || label >= c) {
         record_error(err, ERR_LABEL, label, c);
@@ -87,6 +87,6 @@ __kernel void sparse_xent_grad(const int total, const int c, __global const A_ST
         STORE_O(po, i, NAN);
         return;
     }
-    const A_CT hot = label == (long)(i % c) ? (A_CT)1 : (A_CT)0;
-    STORE_O(po, i, (LOAD_A(probs, i) - hot) * LOAD_A(g, r));
+    const A_AT hot = label == (long)(i % c) ? (A_AT)1 : (A_AT)0;
+    STORE_O(po, i, ((A_AT)LOAD_A(probs, i) - hot) * (A_AT)LOAD_A(g, r));
 }

@@ -2,7 +2,7 @@
  * the backend needs is brought to this form (reduced axes adjacent; transposed first when they
  * are not). One work-item reduces a chunk of `chunk` elements of one (o, i) column; partial
  * results of several chunks are reduced again by a further launch, so long sums keep float32
- * accuracy and still use every core. Accumulation is in A_CT (float32 for 16-bit inputs). */
+ * accuracy and still use every core. Accumulation is in A_AT (float32 for 16-bit inputs). */
 
 #if A_FLOAT
 #define IS_NAN(v) isnan(v)
@@ -18,7 +18,7 @@
 
 #define REDUCE(NAME, STEP)                                                                  \
 __kernel void NAME(const int outer, const int k, const int inner, const int chunk,          \
-                   const int nchunks, const A_CT scale, const int do_scale,                 \
+                   const int nchunks, const A_AT scale, const int do_scale,                 \
                    __global const A_ST *pa, __global O_ST *po) {                            \
     const int gid = get_global_id(0);                                                       \
     if (gid >= outer * nchunks * inner) return;                                             \
@@ -28,9 +28,9 @@ __kernel void NAME(const int outer, const int k, const int inner, const int chun
     const int start = j * chunk;                                                            \
     const int end = min(k, start + chunk);                                                  \
     const long base = ((long)o * k) * inner + i;                                            \
-    A_CT acc = LOAD_A(pa, base + (long)start * inner);                                      \
+    A_AT acc = LOAD_A(pa, base + (long)start * inner);                                      \
     for (int t = start + 1; t < end; ++t) {                                                 \
-        const A_CT v = LOAD_A(pa, base + (long)t * inner);                                  \
+        const A_AT v = LOAD_A(pa, base + (long)t * inner);                                  \
         acc = STEP(acc, v);                                                                 \
     }                                                                                       \
     if (do_scale) acc = acc * scale;                                                        \
