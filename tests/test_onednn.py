@@ -36,7 +36,7 @@ def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     backend = CpuBackend()
     kernels = backend.kernels()
-    assert [s.provider for s in backend.kernel_sets] == ["mpcore_onednn"]
+    assert "mpcore_onednn" in [s.provider for s in backend.kernel_sets]
     return backend, kernels["matmul"]
 
 
@@ -169,7 +169,7 @@ def test_off_leaves_the_backend_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPCORE_ONEDNN", "off")
     backend = CpuBackend()
     assert mpcore_onednn.mpcore_kernels(backend) is None
-    assert backend.kernel_sets == ()
+    assert "mpcore_onednn" not in [s.provider for s in backend.kernel_sets]
     assert backend.kernels()["matmul"] == backend.matmul
     assert "off" in mpcore_onednn.status()
 
@@ -228,7 +228,7 @@ def test_a_library_that_fails_to_load_never_breaks_the_cpu_backend(
     assert mpcore_onednn.mpcore_kernels(backend) is None
     assert mpcore_onednn.status().startswith("not used: ")
     kernels = backend.kernels()   # through the plugin manager, as at first use
-    assert backend.kernel_sets == ()
+    assert "mpcore_onednn" not in [s.provider for s in backend.kernel_sets]
     a = np.ones((3, 4), BF16)
     out = kernels["matmul"](a, a, False, True)
     assert out.dtype == BF16 and float(out[0, 0]) == 4.0

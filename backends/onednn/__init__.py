@@ -80,10 +80,9 @@ def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any],
     """The CPU backend's float32 copies of 16-bit operands and its fast rounding back, for
     16-bit dtypes oneDNN has no fast GEMM for here (None for a backend without them)."""
     upcast = getattr(backend, "upcast", None)
-    if upcast is None:
+    convert = getattr(backend, "convert", None)
+    if upcast is None or convert is None:
         return None
-    from mpcore_cpu.backend import convert
-
     return upcast, convert
 
 

@@ -84,9 +84,9 @@ def opencl_policy_support(policy: str, device: Device, *,
         return Support(True, False,
                        f"{where} is a CPU device: {compute} is stored in 16 bits, which halves "
                        f"memory traffic, and runs {kernels}{why}; but a CPU without "
-                       "AVX512-FP16 computes 16-bit values in float32 (emulated), so it is "
-                       "not faster than float32 (the NumPy cpu backend is usually faster on a "
-                       "CPU)")
+                       f"{'AVX512-FP16' if compute == 'float16' else 'AVX512-BF16 or AMX'} "
+                       "computes 16-bit values in float32 (emulated), so it is not faster than "
+                       "float32 (the NumPy cpu backend is usually faster on a CPU)")
     if compute == "float16":
         if FP16 not in ext:
             return Support(True, False, f"{where} lacks {FP16}: float16 {_STORAGE}{why}")
