@@ -85,3 +85,11 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
         assert summary["float32"]["fit"]["vs_torch"] > 0
     else:
         assert "no --torch-python" in result["peer_skipped"]
+
+
+def test_step_gemms_quick() -> None:
+    records = run("step_gemms.py", "--quick", "--backend", "cpu")
+    gemms = [r for r in records if r["bench"] == "step_gemm"]
+    assert len(gemms) == 8 and all(r["mpcore_ms"] > 0 for r in gemms)
+    (total,) = [r for r in records if r["bench"] == "step_gemms_total"]
+    assert total["mpcore_ms"] > 0
