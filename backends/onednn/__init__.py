@@ -26,7 +26,6 @@ A library that cannot be found or loaded leaves the CPU backend exactly as it wa
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ import numpy as np
 
 import mpcore
 from mpcore.backend import Backend, KernelSet
+from mpcore.settings import env_choice
 
 from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
 
@@ -51,10 +51,7 @@ _status = "not asked yet"
 
 def mode() -> str:
     """The ``MPCORE_ONEDNN`` setting; an unknown value is an error naming the valid ones."""
-    value = os.environ.get("MPCORE_ONEDNN", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"MPCORE_ONEDNN={value!r} is not valid; use one of {', '.join(MODES)}")
-    return value
+    return env_choice("MPCORE_ONEDNN", MODES)
 
 
 def status() -> str:
@@ -175,10 +172,7 @@ def float32_wanted() -> bool:
     """``MPCORE_ONEDNN_FLOAT32`` (``on``/``off``, default on): whether float32 matmuls go to
     oneDNN too when the plugin is in use. Its brgemm kernels beat NumPy's OpenBLAS on the
     train-step shapes here (see benchmarks/train_step.py)."""
-    value = os.environ.get("MPCORE_ONEDNN_FLOAT32", "on").strip().lower() or "on"
-    if value not in ("on", "off"):
-        raise ValueError(f"MPCORE_ONEDNN_FLOAT32={value!r} is not valid; use on or off")
-    return value == "on"
+    return env_choice("MPCORE_ONEDNN_FLOAT32", ("on", "off")) == "on"
 
 
 @mpcore.hookimpl

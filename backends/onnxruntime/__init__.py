@@ -17,10 +17,10 @@ mpcore``.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import mpcore
 from mpcore.backend import Backend, KernelSet
+from mpcore.settings import env_choice
 
 from .cast import MIN_ELEMENTS, FastCast, cast_model
 
@@ -32,12 +32,7 @@ _status = "not asked yet"
 
 def mode() -> str:
     """The ``MPCORE_ONNXRUNTIME`` setting; an unknown value is an error naming the valid ones."""
-    raw = os.environ.get("MPCORE_ONNXRUNTIME", "")
-    value = raw.strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"MPCORE_ONNXRUNTIME={raw!r} is not valid; use one of "
-                         + ", ".join(MODES))
-    return value
+    return env_choice("MPCORE_ONNXRUNTIME", MODES)
 
 
 def status() -> str:

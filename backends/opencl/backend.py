@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from mpcore.backend import Backend, BackendUnavailableError, Device, Support
+from mpcore.settings import env_choice
 
 from . import devices as _devices
 from .arrays import MAX_DIMS, NAMES, NP_DTYPES, SCALAR, CLArray, coalesce, contiguous_strides, vec8
@@ -96,12 +97,7 @@ MIN_NATIVE_GAIN = 1.05
 
 def half_mode() -> str:
     """The float16 kernel variant asked for by ``MPCORE_OPENCL_HALF`` (default ``auto``)."""
-    raw = os.environ.get("MPCORE_OPENCL_HALF", "")
-    value = raw.strip().lower() or "auto"
-    if value not in HALF_MODES:
-        raise ValueError(f"MPCORE_OPENCL_HALF={raw!r} is not valid; valid values: "
-                         + ", ".join(HALF_MODES))
-    return value
+    return env_choice("MPCORE_OPENCL_HALF", HALF_MODES)
 
 
 @dataclass(frozen=True)
