@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 _f32 = np.float32
-#: Elements per block: 64 KB of float32, so a block of each operand and the scratch fit in L2.
-BLOCK = 16384
+#: Elements per block: 128 KB of float32, so a block of each operand and the scratch fit in L2.
+#: (RMSprop over 1M weights, caches evicted first, median of 12: 3.0 ms with 8K-element blocks,
+#: 2.41 with 16K, 2.26 with 32K, 2.33 with 64K, 2.58 with 128K, on this 2-core Xeon.)
+BLOCK = 32768
 
 
 def _blocks(arrays: list[np.ndarray | None]) -> Iterator[tuple[Any, ...]]:
