@@ -6,7 +6,7 @@ GEMM that beats that), so a training step is bound by float16 <-> float32 conver
 NumPy does in software. This plugin implements the ``mpcore_kernels`` hook for the ``cpu``
 backend and gives it a ``convert`` kernel that runs them through ONNX Runtime's vectorised
 ``Cast`` (see :mod:`mpcore_onnxruntime.cast`): bit for bit the same values, about 10x faster.
-The guide's MLP in mixed_float16 then trains at about 0.85x of its float32 speed on the CPU,
+The guide's MLP in mixed_float16 then trains at 0.80-0.86x of its float32 speed on the CPU,
 instead of 0.55x (``benchmarks/compare.py``).
 
 ``MPCORE_ONNXRUNTIME=auto`` (default) uses it whenever ``onnxruntime`` is installed; ``off``

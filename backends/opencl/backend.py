@@ -146,10 +146,10 @@ class HalfChoice:
     the GEMMs and every program but the elementwise ones, which run ``elementwise``."""
 
     variant: str  # "native" or "convert"
+    elementwise: str  # "native" or "convert"
     mode: str  # MPCORE_OPENCL_HALF
     reason: str
     measured: HalfMeasurement | None = None
-    elementwise: str = ""  # default: as ``variant``
 
     @property
     def native(self) -> bool:
@@ -157,7 +157,7 @@ class HalfChoice:
 
     @property
     def native_elementwise(self) -> bool:
-        return (self.elementwise or self.variant) == "native"
+        return self.elementwise == "native"
 
 
 def measure_half_variants(backend: OpenCLBackend, n: int = 512, elements: int = 1 << 22,
@@ -275,9 +275,17 @@ def _view(shape: tuple[int, ...], key: tuple[Any, ...]) -> tuple[int, tuple[int,
     return offset, tuple(out_shape), tuple(out_strides)
 
 
-def _auto_convert_reason(device: Device) -> str:
-    where = f"{device.name} ({device.index})" if device.index else device.name
-    return f"MPCORE_OPENCL_HALF=auto: {where} lacks {FP16}, so the convert kernels run"
+def _unmeasured_half_choice(mode: str, device: Device) -> HalfChoice | None:
+    """The float16 variants ``MPCORE_OPENCL_HALF=mode`` settles on ``device`` without
+    measuring, or None where ``auto`` has to measure (a device with cl_khr_fp16)."""
+    if mode != "auto":
+        return HalfChoice(mode, mode, mode, f"MPCORE_OPENCL_HALF={mode}")
+    if FP16 not in device.features:
+        where = f"{device.name} ({device.index})" if device.index else device.name
+        return HalfChoice("convert", "convert", mode,
+                          f"MPCORE_OPENCL_HALF=auto: {where} lacks {FP16}, so the convert "
+                          "kernels run")
+    return None
 
 
 class OpenCLBackend(Backend):
@@ -347,11 +355,9 @@ class OpenCLBackend(Backend):
         if own is not None and (device.index, device.name) == (own.index, own.name):
             choice = self.half_choice()
             return choice.native, choice.reason
-        mode = half_mode()
-        if mode != "auto":
-            return mode == "native" and FP16 in device.features, f"MPCORE_OPENCL_HALF={mode}"
-        if FP16 not in device.features:
-            return False, _auto_convert_reason(device)
+        plan = _unmeasured_half_choice(half_mode(), device)
+        if plan is not None:  # (native without cl_khr_fp16 is ignored by the rules)
+            return plan.native, plan.reason
         if device.kind != "cpu":
             return True, ("MPCORE_OPENCL_HALF=auto, assuming the measurement made once when the "
                           "device is used finds the native GEMM faster")
@@ -377,17 +383,14 @@ class OpenCLBackend(Backend):
                     + ("; ".join(found) or f"none here has {FP16}; pip install intel-opencl-rt "
                                             "intel-cmplr-lib-rt adds a CPU device with it")
                     + ")")
-            if mode != "auto":
-                self._half = HalfChoice(mode, mode, f"MPCORE_OPENCL_HALF={mode}")
-            elif FP16 not in device.features:
-                self._half = HalfChoice("convert", mode, _auto_convert_reason(device))
-            else:
+            choice = _unmeasured_half_choice(mode, device)
+            if choice is None:
                 m = measure_half_variants(self)
                 gemm = "native" if m.gemm_native else "convert"
                 ew = "native" if m.elementwise_native else "convert"
-                self._half = HalfChoice(gemm, mode,
-                                        f"MPCORE_OPENCL_HALF=auto measured {m}: {gemm} GEMM "
-                                        f"kernels and {ew} elementwise kernels run", m, ew)
+                choice = HalfChoice(gemm, ew, mode, f"MPCORE_OPENCL_HALF=auto measured {m}: "
+                                    f"{gemm} GEMM kernels and {ew} elementwise kernels run", m)
+            self._half = choice
         return self._half
 
     def synchronize(self) -> None:
@@ -399,8 +402,8 @@ class OpenCLBackend(Backend):
 
         if self.unavailable_reason() is None and self._rt is None:
             desc = self.device()
-            mode = half_mode()  # a bad MPCORE_OPENCL_HALF fails here, not at a first float16 op
-            if mode != "auto" or FP16 not in desc.features:
+            # a bad MPCORE_OPENCL_HALF fails here, not at a first float16 op
+            if _unmeasured_half_choice(half_mode(), desc) is not None:
                 self.half_choice()  # decided without measuring (native: checks cl_khr_fp16)
             dev = next(d for x, d in self._found() if x.index == desc.index)
             try:

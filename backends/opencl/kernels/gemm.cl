@@ -91,7 +91,8 @@ GEMM(gemm_tt, 1, 1)
 /* The CPU-device variant ("packed"). On a CPU, local memory is ordinary cached memory and the
  * caches do the staging, so what matters is the order of memory accesses. Both operands are
  * first packed (O(n^2), one pass that also resolves transposes and widens 16-bit storage to the
- * compute type; native half keeps half panels, widened at the multiply-add) into panels: Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW]
+ * compute type; native half keeps half panels, widened at the multiply-add) into panels:
+ * Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW] holds
  * VW columns of op(B), zero-padded to whole panels. A work-item computes one WPM x VW block of C
  * from one A panel and one B panel, both read contiguously (no cache-set conflicts or TLB misses
  * from row strides, which is what made large sizes slow), with VW-wide vector multiply-adds into
