@@ -9,7 +9,11 @@ processes, alternating, so all see the same machine in the same minute. The tabl
 samples/s per path and policy, and these ratios:
 
 - ``vs torch``: mpcore / torch for the same policy (torch's float32, autocast bfloat16, autocast
-  float16 + GradScaler);
+  float16 + GradScaler), the ratio of the two medians;
+- ``paired`` and ``range``: the median, min and max of the per-round ratios (each mpcore run over
+  the peer run of its own round). On a shared VM whose speed drifts by tens of percent from
+  minute to minute, the paired median is the steadier figure; the range shows the noise. Rounds
+  alternate which side runs first, so a drift does not always favour the same side;
 - ``vs own f32``: mpcore's policy / mpcore float32 on the same path (when float32 is among the
   policies).
 
@@ -67,6 +71,13 @@ def median(records: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired_ratios(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[float]:
+    """mpcore / peer samples/s for every round in which both ran."""
+    peer = {r["round"]: r["samples_per_s"] for r in theirs if r.get("samples_per_s")}
+    return [round(r["samples_per_s"] / peer[r["round"]], 3) for r in mine
+            if r.get("samples_per_s") and r["round"] in peer]
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
@@ -112,26 +123,34 @@ def main(argv: list[str] | None = None) -> int:
     sides = [*a.path, "torch"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         p: {side: [] for side in sides} for p in a.policy}
+    def run_mpcore(policy: str, round_no: int) -> None:
+        for path in a.path:
+            cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy, *shape]
+            if a.backend:
+                cmd += ["--backend", a.backend]
+            rec = run_json(cmd, env)
+            rec["round"] = round_no
+            runs[policy][path].append(rec)
+
+    def run_peer(policy: str, round_no: int) -> None:
+        if peer_problem is not None or (a.peer_policy is not None
+                                        and policy not in a.peer_policy):
+            return
+        assert a.torch_python is not None
+        peer_shape = list(shape)
+        if policy in peer_steps:
+            peer_shape[peer_shape.index("--steps") + 1] = str(peer_steps[policy])
+            peer_shape[peer_shape.index("--warmup") + 1] = "1"
+        rec = run_json([a.torch_python, a.peer, "--device", a.device, "--policy", policy,
+                        *peer_shape])
+        rec["round"] = round_no
+        runs[policy]["torch"].append(rec)
+
     for round_no in range(a.rounds):
         for policy in a.policy:
-            for path in a.path:
-                cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy,
-                       *shape]
-                if a.backend:
-                    cmd += ["--backend", a.backend]
-                rec = run_json(cmd, env)
-                rec["round"] = round_no
-                runs[policy][path].append(rec)
-            if peer_problem is None and (a.peer_policy is None or policy in a.peer_policy):
-                assert a.torch_python is not None
-                peer_shape = list(shape)
-                if policy in peer_steps:
-                    peer_shape[peer_shape.index("--steps") + 1] = str(peer_steps[policy])
-                    peer_shape[peer_shape.index("--warmup") + 1] = "1"
-                rec = run_json([a.torch_python, a.peer, "--device", a.device, "--policy", policy,
-                                *peer_shape])
-                rec["round"] = round_no
-                runs[policy]["torch"].append(rec)
+            order = (run_mpcore, run_peer) if round_no % 2 == 0 else (run_peer, run_mpcore)
+            for run in order:
+                run(policy, round_no)
         print(f"round {round_no + 1}/{a.rounds} done", file=sys.stderr, flush=True)
 
     summary: dict[str, dict[str, Any]] = {}
@@ -141,10 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                            "torch_ms_per_step": median(runs[policy]["torch"], "ms_per_step")}
         for path in a.path:
             mine = median(runs[policy][path], "samples_per_s")
+            paired = paired_ratios(runs[policy][path], runs[policy]["torch"])
             summary[policy][path] = {"mpcore_samples_per_s": mine,
                                      "mpcore_ms_per_step": median(runs[policy][path],
                                                                   "ms_per_step"),
-                                     "vs_torch": ratio(mine, theirs)}
+                                     "vs_torch": ratio(mine, theirs),
+                                     "vs_torch_rounds": paired,
+                                     "vs_torch_paired": (round(statistics.median(paired), 3)
+                                                         if paired else None)}
     for path in a.path:
         own_f32 = summary.get("float32", {}).get(path, {}).get("mpcore_samples_per_s")
         for policy in a.policy:
@@ -160,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if peer_steps:
         print(f"peer steps: {peer_steps} (others: {a.steps})")
     header = (f"{'path':<6}{'policy':<16}{'mpcore':>12}{'torch':>12}{'vs torch':>10}"
-              f"{'vs own f32':>12}")
+              f"{'paired':>8}{'range':>14}{'vs own f32':>12}")
     print(header)
     print("-" * len(header))
 
@@ -171,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         for policy in a.policy:
             s = summary[policy]
             e = s[path]
+            spread = (f"{min(e['vs_torch_rounds']):.2f}-{max(e['vs_torch_rounds']):.2f}"
+                      if e["vs_torch_rounds"] else "-")
             print(f"{path:<6}{policy:<16}{fmt(e['mpcore_samples_per_s'], '12.1f')}"
                   f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
+                  f"{fmt(e['vs_torch_paired'], '8.3f')}{spread:>14}"
                   f"{fmt(e['vs_own_float32'], '12.3f')}")
     print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
                       "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,

@@ -81,10 +81,16 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
         assert f"\n{path:<6}mixed_bfloat16" in proc.stdout
     if with_torch:
         assert result["peer_skipped"] is None
-        assert summary["float32"]["loop"]["vs_torch"] > 0
-        assert summary["float32"]["fit"]["vs_torch"] > 0
+        for path in ("loop", "fit"):
+            entry = summary["float32"][path]
+            assert entry["vs_torch"] > 0 and len(entry["vs_torch_rounds"]) == 2
+            assert min(entry["vs_torch_rounds"]) <= entry["vs_torch_paired"] \
+                <= max(entry["vs_torch_rounds"])
+        # rounds alternate which side runs first
+        assert [r["round"] for r in result["runs"]["float32"]["torch"]] == [0, 1]
     else:
         assert "no --torch-python" in result["peer_skipped"]
+        assert summary["float32"]["loop"]["vs_torch_paired"] is None
 
 
 def test_step_gemms_quick() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from mpcore_cpu import backend as cpu_backend
-from mpcore_cpu.pool import BufferPool
+from mpcore_cpu.pool import ALIGNMENT, BufferPool, aligned_empty
 
 import mpcore as mp
 
@@ -46,6 +46,23 @@ def test_a_buffer_is_reused_only_when_no_array_views_it() -> None:
     assert d.shape == (1024, 256) and d.dtype == np.int32 and d.flags.c_contiguous
     d[:] = 7
     assert not np.shares_memory(d, b) and not np.shares_memory(d, c)
+
+
+def test_pooled_buffers_and_variable_copies_start_on_a_cache_line() -> None:
+    pool = BufferPool(limit=64 * MB)
+    held = [pool.empty(shape, dtype) for shape, dtype in
+            [((1024, 1024), F32), ((1000, 333), np.dtype(np.float16)), ((MB + 1,), np.uint8)]]
+    held.append(pool.empty((1024, 1024), F32))        # a reused buffer is aligned too
+    for a in held:
+        assert a.ctypes.data % ALIGNMENT == 0 and a.flags.c_contiguous and a.flags.writeable
+    odd = aligned_empty((3, 5), np.dtype(np.float64))
+    assert odd.shape == (3, 5) and odd.ctypes.data % ALIGNMENT == 0
+    weights = np.random.default_rng(0).random((784, 1024), dtype=np.float32)[:, ::1]
+    copied = cpu_backend.CpuBackend().copy(weights.T)
+    assert copied.ctypes.data % ALIGNMENT == 0 and np.array_equal(copied, weights.T)
+    assert not np.shares_memory(copied, weights)
+    variable = mp.Variable(weights, backend=cpu_backend.CpuBackend())
+    assert variable.numpy().ctypes.data % ALIGNMENT == 0
 
 
 def test_small_requests_and_an_exhausted_limit_are_plain_arrays() -> None:

@@ -33,7 +33,7 @@ from mpcore.dtypes import ALL as ALL_DTYPES
 
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
-from .pool import BufferPool
+from .pool import BufferPool, aligned_empty
 from .rules import cpu_policy_support
 from .train_kernels import TrainKernels
 
@@ -63,6 +63,8 @@ _UINT_OF = {F32: (np.dtype(np.uint32), 0x7F800000), F16: (np.dtype(np.uint16), 0
 #: Recycled buffers for the large outputs of this backend's kernels (one per process: it is
 #: process memory that it recycles).
 POOL = BufferPool()
+#: Copies at least this large are cache-line aligned.
+_ALIGNED_COPY_BYTES = 4096
 
 
 def convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -250,7 +252,14 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         return (fast or convert)(x, dtype)
 
     def copy(self, x: np.ndarray) -> np.ndarray:
-        return np.array(x, copy=True)
+        # Variables copy their values: large ones start on a cache line (see pool.py), as
+        # weights are read by every GEMM and rewritten by every optimizer step
+        x = np.asarray(x)
+        if x.nbytes < _ALIGNED_COPY_BYTES:
+            return np.array(x, copy=True)
+        out = aligned_empty(x.shape, x.dtype)
+        np.copyto(out, x)
+        return out
 
     def random_uniform(self, shape: tuple[int, ...], dtype: str, seed: int, minval: float,
                        maxval: float) -> np.ndarray:

@@ -13,6 +13,13 @@ A buffer is handed out as a view of a flat byte array that the pool keeps; every
 from it (views, reshapes, ``t.numpy()``) holds a reference to that base array, so the buffer is
 idle again exactly when the base's reference count is back to the pool's own: when NumPy would
 have freed the memory. Nothing is returned to the pool explicitly.
+
+Buffers start on a 64-byte boundary (:func:`aligned_empty`). glibc places large blocks at 16
+bytes past a page, so a plain ``np.empty`` row of a 1024-wide float32 matrix starts 16 bytes
+into a cache line and every AVX-512 load of it spans two lines. Measured on this 2-core Xeon
+(medians of 10, oneDNN 3.2): five of the train step's 1024-wide GEMMs 37.1 ms -> 35.7 ms,
+three elementwise passes over 1M float32 1.056 ms -> 0.992 ms, when their operands and outputs
+are 64-byte aligned.
 """
 
 from __future__ import annotations
@@ -28,15 +35,28 @@ import numpy as np
 MIN_BYTES = 1 << 20
 #: At most this many buffers of one size; beyond, a request is a plain ``np.empty``.
 MAX_PER_SIZE = 32
+#: Start address multiple of the pool's buffers: a cache line (and an AVX-512 vector).
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on an :data:`ALIGNMENT` boundary. Its ``base`` is
+    the byte array that owns the memory (NumPy points every view at the owner)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _refcounts(bucket: list[np.ndarray]) -> list[int]:
-    return [sys.getrefcount(buf) for buf in bucket]
+    # every array made from a buffer holds its owner, not the buffer itself
+    return [sys.getrefcount(buf.base) for buf in bucket]
 
 
 #: What :func:`_refcounts` reports for a buffer only its bucket holds: measured through the
 #: same function, so it holds whatever the interpreter's conventions for ``sys.getrefcount``.
-_IDLE = _refcounts([np.empty(1, np.uint8)])[0]
+_IDLE = _refcounts([aligned_empty((1,), np.uint8)])[0]
 
 
 def default_limit() -> int:
@@ -85,8 +105,8 @@ class BufferPool:
             self._drop_idle()
             if len(bucket) >= MAX_PER_SIZE or self.nbytes + nbytes > self.limit:
                 return np.empty(shape, dtype)
-        # uint8 of the exact size: any dtype's view of it is aligned (malloc aligns to 16)
-        buf = np.empty(nbytes, np.uint8)
+        # uint8 of the exact size: any dtype's view of it is aligned
+        buf = aligned_empty((nbytes,), np.uint8)
         bucket.append(buf)
         self.nbytes += nbytes
         return buf.view(dtype).reshape(shape)

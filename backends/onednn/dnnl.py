@@ -1,4 +1,4 @@
-"""A small ctypes binding of oneDNN's C API: just what a cached matmul primitive needs.
+"""A small ctypes binding of oneDNN's C API: what cached matmul and binary primitives need.
 
 oneDNN ships no Python bindings, and the wheels on PyPI ship ``libdnnl.so`` without headers, so
 the few C declarations used here are written out by hand (oneDNN v3 C API: opaque memory
@@ -143,6 +143,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dnnl_post_ops_create": [ctypes.POINTER(_vp)],
         "dnnl_post_ops_destroy": [_vp],
         "dnnl_post_ops_append_eltwise": [_vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+        "dnnl_post_ops_append_binary": [_vp, ctypes.c_int, _vp],
+        "dnnl_binary_primitive_desc_create": [ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp,
+                                              _vp, _vp],
         "dnnl_primitive_attr_set_scratchpad_mode": [_vp, ctypes.c_int],
     }
     for name, argtypes in sig.items():
