@@ -235,28 +235,71 @@ def test_a_library_that_fails_to_load_never_breaks_the_cpu_backend(
     assert not backend.policy_support("mixed_bfloat16", backend.device()).fast
 
 
-# --- the RMSprop update on oneDNN's threads -------------------------------------------------
-def _rmsprop_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, Any]:
+# --- the fused optimizer updates on oneDNN's threads ----------------------------------------
+def _updates_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, dict[str, Any]]:
     _library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "auto")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
     backend = CpuBackend()
-    kernel = backend.kernels()["rmsprop_update"]
-    assert getattr(kernel, "original", None) is not None, "the oneDNN update is not installed"
-    return backend, kernel
+    kernels = backend.kernels()
+    for name in UPDATES:
+        assert getattr(kernels[name], "original", None) is not None, f"{name}: not installed"
+    return backend, kernels
 
 
-def _update_operands(rng: np.random.Generator, shape: tuple[int, ...]) -> list[np.ndarray]:
-    """Weights, gradients and mean squares over many magnitudes, with signed zeros, tiny and
-    huge gradients, infinities and NaN (the update is not gated here, so they flow through)."""
+def _operands(rng: np.random.Generator, shape: tuple[int, ...], count: int) -> list[np.ndarray]:
+    """Weights, gradients and slots over many magnitudes, with signed zeros, tiny and huge
+    gradients, infinities and NaN (the updates are not gated here, so they flow through)."""
     n = int(np.prod(shape))
     var = (rng.standard_normal(n) * 0.05).astype(np.float32)
     grad = (rng.standard_normal(n) * 10.0 ** rng.integers(-9, 4, n)).astype(np.float32)
-    ms = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-14, 3, n)).astype(np.float32)
     grad[:8] = [0.0, -0.0, 1e-30, -1e-30, 3e38, np.inf, -np.inf, np.nan]
     var[:8] = [-0.0, 0.0, -0.0, 1.0, 0.5, -0.0, 0.25, 1.0]
-    ms[:8] = [0.0, 0.0, 0.0, 1e-38, 0.0, 1.0, 2.0, 3.0]
-    return [a.reshape(shape) for a in (var, grad, ms)]
+    slots = []
+    for i in range(count - 2):
+        slot = (rng.standard_normal(n) * 10.0 ** rng.integers(-14, 3, n)).astype(np.float32)
+        slot[:8] = [0.0, -0.0, 0.0, 1e-38, -0.0, 1.0, 2.0, 3.0]
+        slots.append(np.abs(slot) if i == count - 3 else slot)  # second moments are >= 0
+    return [a.reshape(shape) for a in (var, grad, *slots)]
+
+
+# name -> (arrays: var, grad, slots..., a function of (arrays, step) giving the call's
+# arguments after the arrays, as the optimizers pass them)
+UPDATES: dict[str, tuple[int, Any]] = {
+    "sgd_update": (3, lambda step: (0.01, 0.9, False, None)),
+    "rmsprop_update": (3, lambda step: (None, 1e-3 * step, 0.9, 0.0, 1e-7, None)),
+    "adam_update": (4, lambda step: (1e-3, 0.9, 0.999, 1e-7, step, 0.0, None)),
+}
+VARIANTS: list[tuple[str, int, Any]] = [
+    ("sgd_update", 2, lambda step: (None, 0.05, 0.0, False, None)),           # plain SGD
+    ("sgd_update", 3, lambda step: (0.01, 0.9, True, None)),                  # Nesterov
+    ("adam_update", 4, lambda step: (1e-3, 0.9, 0.999, 1e-7, step, 0.004, None)),  # AdamW
+]
+
+
+def _cases() -> list[tuple[str, int, Any]]:
+    return [(name, count, args) for name, (count, args) in UPDATES.items()] + VARIANTS
+
+
+@pytest.mark.parametrize(("name", "count", "args"), _cases(),
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(_cases())])
+@pytest.mark.parametrize("shape", [(784, 1024), (300_001,)])
+def test_updates_match_the_numpy_kernels_bit_for_bit(
+        monkeypatch: pytest.MonkeyPatch, name: str, count: int, args: Any,
+        shape: tuple[int, ...]) -> None:
+    backend, kernels = _updates_or_skip(monkeypatch)
+    kernel, reference = kernels[name], getattr(backend, name)
+    rng = np.random.default_rng(7)
+    ours = _operands(rng, shape, max(count, 3))[:count]
+    ref = [a.copy() for a in ours]
+    misses = kernel.cache.misses
+    for step in (1, 2, 3):
+        with np.errstate(all="ignore"):  # inf / inf and inf - inf in the reference, on purpose
+            kernel(*ours, *args(step))
+            reference(*ref, *args(step))
+        for got, want in zip(ours, ref):
+            assert _same_bits(got, want), f"{name} step {step}"
+    assert kernel.cache.misses > misses        # it ran on oneDNN, not on the fallback
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -265,42 +308,26 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
                 and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
 
 
-@pytest.mark.parametrize("shape", [(784, 1024), (300_001,)])
-def test_rmsprop_update_matches_the_numpy_kernel_bit_for_bit(
-        monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]) -> None:
-    backend, kernel = _rmsprop_or_skip(monkeypatch)
-    rng = np.random.default_rng(7)
-    ours = _update_operands(rng, shape)
-    ref = [a.copy() for a in ours]
-    misses = kernel.cache.misses
-    for lr, rho, eps in [(1e-3, 0.9, 1e-7), (0.05, 0.99, 1e-3), (1e-3, 0.9, 1e-7)]:
-        with np.errstate(all="ignore"):  # inf / inf in the reference, on purpose
-            kernel(*ours[:3], None, lr, rho, 0.0, eps, None)
-            backend.rmsprop_update(*ref[:3], None, lr, rho, 0.0, eps, None)
-        for got, want in zip(ours, ref):
-            assert _same_bits(got, want)
-    assert kernel.cache.misses > misses        # it ran on oneDNN, not on the fallback
-    assert np.signbit(ours[0].reshape(-1)[0])  # -0 - (+0) stays -0
-
-
-def test_rmsprop_update_respects_the_flag_and_falls_back_where_it_must(
+def test_updates_respect_the_flag_and_fall_back_where_they_must(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    backend, kernel = _rmsprop_or_skip(monkeypatch)
+    backend, kernels = _updates_or_skip(monkeypatch)
     rng = np.random.default_rng(3)
-    var, grad, ms = _update_operands(rng, (512, 512))
-    before = var.copy(), ms.copy()
-    kernel(var, grad, ms, None, 1e-3, 0.9, 0.0, 1e-7, np.asarray(False))
-    assert np.array_equal(var, before[0]) and np.array_equal(ms, before[1])
-    kernel(var, grad, ms, None, 1e-3, 0.9, 0.0, 1e-7, np.asarray(True))
-    assert not np.array_equal(ms, before[1])
-    # momentum, small arrays and strided arrays take the NumPy kernel: same results
+    for name, (count, args) in UPDATES.items():
+        kernel = kernels[name]
+        arrays = _operands(rng, (512, 512), max(count, 3))[:count]
+        before = [a.copy() for a in arrays]
+        kernel(*arrays, *args(1)[:-1], np.asarray(False))
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(arrays, before)), name
+        kernel(*arrays, *args(1)[:-1], np.asarray(True))
+        assert not np.array_equal(arrays[0], before[0], equal_nan=True), name
+    # RMSprop with momentum, small arrays and strided arrays take the NumPy kernels
+    kernel = kernels["rmsprop_update"]
     misses = kernel.cache.misses
-    cases = [((512, 512), 0.9, np.zeros((512, 512), np.float32), lambda a: a),
-             ((64, 64), 0.0, None, lambda a: a),
-             ((512, 1024), 0.0, None, lambda a: a[:, ::2])]
-    for shape, momentum, mom, view in cases:
-        ours = [view(a) for a in _update_operands(rng, shape)]
+    for shape, momentum, view in [((512, 512), 0.9, lambda a: a), ((64, 64), 0.0, lambda a: a),
+                                  ((512, 1024), 0.0, lambda a: a[:, ::2])]:
+        ours = [view(a) for a in _operands(rng, shape, 3)]
         ref = [a.copy() for a in ours]
+        mom = None if not momentum else np.zeros(ours[0].shape, np.float32)
         mom_ref = None if mom is None else mom.copy()
         with np.errstate(all="ignore"):
             kernel(*ours, mom, 1e-3, 0.9, momentum, 1e-7, None)
@@ -309,9 +336,9 @@ def test_rmsprop_update_respects_the_flag_and_falls_back_where_it_must(
     assert kernel.cache.misses == misses
 
 
-def test_float32_off_keeps_the_numpy_update(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float32_off_keeps_the_numpy_updates(monkeypatch: pytest.MonkeyPatch) -> None:
     _library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")
     kernel_set = mpcore_onednn.mpcore_kernels(CpuBackend())
-    assert kernel_set is not None and "rmsprop_update" not in kernel_set.kernels
+    assert kernel_set is not None and not set(UPDATES) & set(kernel_set.kernels)

@@ -8,8 +8,9 @@ accumulation, bfloat16 out; ``dense`` fuses the bias and relu as post-ops), read
 operands in place through strided memory descriptors. float32 operands go to oneDNN as well
 (``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
 the train step's shapes here, and the fused bias + relu saves two passes per layer. With float32
-on, the fused RMSprop update of large float32 weights also runs on oneDNN (binary primitives on
-its OpenMP team, both cores, bit for bit the CPU kernel's results; see ``updates.py``). oneDNN 3.2
+on, the fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights also run on oneDNN
+(binary primitives on its OpenMP team, both cores, bit for bit the CPU kernels' results; see
+``updates.py``). oneDNN 3.2
 has no float16 matmul without avx512_fp16 (nor a fast float16 reorder), so float16 (and
 bfloat16 on a CPU without avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's
 float32 copies, rounded once, exactly as the CPU backend's own kernels do with NumPy.
@@ -40,7 +41,7 @@ from mpcore.settings import env_choice
 
 from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
 from .elementwise import BinaryCache
-from .updates import make_rmsprop_update
+from .updates import MAKERS as UPDATE_MAKERS
 
 __all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "float32_wanted",
            "library", "make_dense", "make_matmul", "mode", "status"]
@@ -174,8 +175,9 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
 
 def float32_wanted() -> bool:
     """``MPCORE_ONEDNN_FLOAT32`` (``on``/``off``, default on): whether float32 work (matmuls and
-    the RMSprop update) goes to oneDNN too when the plugin is in use. Its brgemm kernels beat
-    NumPy's OpenBLAS on the train-step shapes here (see benchmarks/train_step.py)."""
+    the fused optimizer updates) goes to oneDNN too when the plugin is in use. Its brgemm
+    kernels beat NumPy's OpenBLAS on the train-step shapes here (see
+    benchmarks/train_step.py), and its binary primitives run the updates on both cores."""
     return env_choice("MPCORE_ONEDNN_FLOAT32", ("on", "off")) == "on"
 
 
@@ -213,9 +215,12 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     dense = getattr(backend, "dense", None)
     if dense is not None:
         kernels["dense"] = make_dense(dense, cache, chosen_dtypes, via, alloc)
-    rmsprop = getattr(backend, "rmsprop_update", None)
-    if rmsprop is not None and "float32" in dtypes:
-        kernels["rmsprop_update"] = make_rmsprop_update(rmsprop, BinaryCache(lib), alloc)
+    if "float32" in dtypes:
+        passes = BinaryCache(lib)
+        for name, make in UPDATE_MAKERS.items():
+            update = getattr(backend, name, None)
+            if update is not None:
+                kernels[name] = make(update, passes, alloc)
     if "bfloat16" in dtypes:
         where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
     else:

@@ -26,7 +26,7 @@ import numpy as np
 from .dnnl import DATA_TYPES, Library, _check, _Dims, _ExecArg, _vp
 
 # dnnl_alg_kind_t values of oneDNN v3 (dnnl_types.h)
-BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4}
+BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4, "sub": 0x1FFF5}
 ELTWISE = {"sqrt": 0x25, "linear": 0x26}
 _ARG_SRC_0, _ARG_SRC_1, _ARG_DST = 1, 2, 17
 _ARG_POST_OP_BASE = 32768  # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE in oneDNN v3
@@ -37,8 +37,8 @@ def _post_op_src1(index: int) -> int:
     return _ARG_POST_OP_BASE * (index + 1) | _ARG_SRC_1
 
 
-#: A post-op: ("add" | "mul" | "div",) with a full-size second operand, or
-#: ("sqrt" | "linear", alpha, beta) applied to the running value.
+#: A post-op: (binary op, "full" | "scalar"): the running value <op> an operand of the full
+#: length or of one element; or ("sqrt" | "linear", alpha, beta) applied to the running value.
 PostOp = tuple[Any, ...]
 
 
@@ -55,7 +55,7 @@ class _Chain:
 class BinaryCache:
     """``dst = post_ops(src0 <op> src1)`` over flat float32 arrays, one primitive per problem
     (LRU-cached by length, operation, whether ``src1`` is a one-element scalar, and post-ops).
-    A post-op that names a binary operation takes its own full-length operand."""
+    A binary post-op takes its own operand, in order, in ``post_operands``."""
 
     def __init__(self, library: Library, max_entries: int = 64) -> None:
         self.library = library
@@ -69,9 +69,9 @@ class BinaryCache:
 
     def run(self, op: str, src0: np.ndarray, src1: np.ndarray, dst: np.ndarray,
             post_ops: Sequence[PostOp] = (), post_operands: Sequence[np.ndarray] = ()) -> None:
-        """Execute on C-contiguous float32 arrays of one length (``src1`` may have one
-        element, broadcast). ``dst`` may be ``src0``, ``src1`` or a post-op operand: each
-        element is read before it is written."""
+        """Execute on C-contiguous float32 arrays of one length (``src1`` and "scalar" post-op
+        operands have one element, broadcast). ``dst`` may be ``src0``, ``src1`` or a post-op
+        operand: each element is read before it is written."""
         n = src0.size
         key = (n, op, src1.size == 1 and n != 1, tuple(post_ops))
         chain = self._get(key)
@@ -121,9 +121,10 @@ class BinaryCache:
             slots = [(_ARG_SRC_0, full), (_ARG_SRC_1, second), (_ARG_DST, full)]
             for index, post in enumerate(post_ops):
                 if post[0] in BINARY:
-                    _check(lib.dnnl_post_ops_append_binary(ops, BINARY[post[0]], full),
+                    operand = full if post[1] == "full" else desc(1)
+                    _check(lib.dnnl_post_ops_append_binary(ops, BINARY[post[0]], operand),
                            "dnnl_post_ops_append_binary")
-                    slots.append((_post_op_src1(index), full))
+                    slots.append((_post_op_src1(index), operand))
                 else:
                     _check(lib.dnnl_post_ops_append_eltwise(ops, ELTWISE[post[0]], post[1],
                                                             post[2]),

@@ -1,23 +1,37 @@
-"""The CPU backend's fused RMSprop update on both cores, through oneDNN binary primitives.
+"""The CPU backend's fused optimizer updates on both cores, through oneDNN binary primitives.
 
-The CPU backend's ``rmsprop_update`` (mpcore_cpu.train_kernels) runs NumPy over L2-sized blocks
-on one thread: 2.3 ms per million weights inside a training step here, the largest cost of the
-step after the GEMMs. The same float32 operations in the same order, as five oneDNN passes on
-oneDNN's OpenMP team, give identical bits in 1.7 ms per million (medians of 15, each after a
-GEMM as in a step, on this 2-core Xeon):
+The CPU backend's ``sgd_update``, ``rmsprop_update`` and ``adam_update``
+(mpcore_cpu.train_kernels) run NumPy over L2-sized blocks on one thread; RMSprop takes 2.3 ms per
+million weights inside a training step here, the largest cost of the step after the GEMMs. The
+same float32 operations in the same order, as a few oneDNN passes on oneDNN's OpenMP team, give
+identical bits (tested against the NumPy kernels, signed zeros, Inf and NaN included): RMSprop
+in 1.7 ms per million instead of 2.6 (medians of 15, each after a GEMM as in a step, 2-core Xeon).
 
-    tmp = (g * g) * (1 - rho)          mul, linear(1 - rho, 0): g * g >= 0, so no -0 issue
-    ms  = ms * rho + tmp               mul by a scalar, add
-    tmp = sqrt(ms + epsilon)           add a scalar, sqrt
-    tmp = (g * -lr) / tmp              mul by a scalar, div: -(g * lr / tmp) exactly
-    var = var + tmp                    add: var - g * lr / tmp exactly, signed zeros included
+Each line below is one primitive; every operation rounds once, in the NumPy kernel's order.
+``x - y`` is written ``x + (-y)`` with the negation folded into a hyperparameter
+(``-(a * b) == a * (-b)`` exactly), which is the same float32 result, signed zeros included::
 
-Momentum, other dtypes, strided arrays and arrays under :data:`MIN_ELEMENTS` go to the CPU
-backend's own kernel (for small arrays five primitive launches cost more than they save).
+    RMSprop   tmp = (g * g) * (1 - rho)       linear(1 - rho, 0): g * g >= 0, so no -0 issue
+              ms  = ms * rho + tmp
+              tmp = sqrt(ms + epsilon)
+              tmp = (g * -lr) / tmp
+              var = var + tmp
+    SGD       var = var + g * -lr                             (no momentum)
+              tmp = g * -lr;  vel = vel * m + tmp;  var = var + vel
+              (Nesterov: var = (vel * m + tmp) + var)
+    Adam      var = var * -decay + var                        (weight decay only)
+              m   = (g - m) * (1 - beta1) + m
+              v   = ((g * g) - v) * (1 - beta2) + v
+              tmp = sqrt(v * 1) + epsilon
+              var = (m * -alpha) / tmp + var
+
+Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS` go to
+the CPU backend's own kernel (for small arrays the launches cost more than they save).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,45 +39,127 @@ import numpy as np
 
 from .elementwise import BinaryCache
 
-#: Below this many elements the NumPy kernel is faster (about 75 us of launch overhead).
+#: Below this many elements the NumPy kernels are faster (about 15 us per primitive launch).
 MIN_ELEMENTS = 1 << 17
 
 _F32 = np.dtype(np.float32)
+Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
-def _eligible(*arrays: np.ndarray) -> bool:
+def _eligible(*arrays: np.ndarray | None) -> bool:
     first = arrays[0]
+    assert first is not None
     return first.size >= MIN_ELEMENTS and all(
-        a.dtype == _F32 and a.shape == first.shape and a.flags.c_contiguous for a in arrays)
+        a is None or (a.dtype == _F32 and a.shape == first.shape and a.flags.c_contiguous)
+        for a in arrays)
+
+
+def _skip(flag: Any) -> bool:
+    return flag is not None and not bool(flag)
+
+
+def _scalar(value: float) -> np.ndarray:
+    """A hyperparameter as a one-element float32 operand (rounded to float32 first, as the
+    NumPy kernels do)."""
+    return np.array([value], _F32)
+
+
+def _flat(*arrays: np.ndarray | None) -> list[Any]:
+    return [None if a is None else a.reshape(-1) for a in arrays]
 
 
 def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
-                        alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None,
-                        ) -> Callable[..., None]:
-    """The ``rmsprop_update`` kernel (same signature and results as the CPU backend's) with
-    large plain-RMSprop float32 updates done by oneDNN; ``alloc`` gives the scratch array."""
+                        alloc: Alloc | None = None) -> Callable[..., None]:
+    """``rmsprop_update`` (the CPU kernel's signature and results), plain RMSprop on oneDNN;
+    ``alloc`` gives the scratch array (the CPU backend's recycled buffers)."""
 
     def rmsprop_update(var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
                        epsilon: float, flag: Any) -> None:
         if mom is not None or momentum or not _eligible(var, grad, ms):
             return original(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
-        if flag is not None and not bool(flag):
+        if _skip(flag):
             return None
-        v, g, s = var.reshape(-1), grad.reshape(-1), ms.reshape(-1)
+        v, g, s = _flat(var, grad, ms)
         tmp = (alloc or np.empty)(v.shape, _F32)
-        # hyperparameters rounded to float32 first, as the NumPy kernel does
-        rate = np.float32(1.0 - rho)
-        keep = np.array([rho], _F32)
-        eps = np.array([epsilon], _F32)
-        minus_lr = np.array([-np.float32(lr)], _F32)
-        cache.run("mul", g, g, tmp, [("linear", float(rate), 0.0)])
-        cache.run("mul", s, keep, s, [("add",)], [tmp])
-        cache.run("add", s, eps, tmp, [("sqrt", 0.0, 0.0)])
-        cache.run("mul", g, minus_lr, tmp, [("div",)], [tmp])
+        rate = float(np.float32(1.0 - rho))
+        cache.run("mul", g, g, tmp, [("linear", rate, 0.0)])
+        cache.run("mul", s, _scalar(rho), s, [("add", "full")], [tmp])
+        cache.run("add", s, _scalar(epsilon), tmp, [("sqrt", 0.0, 0.0)])
+        cache.run("mul", g, -_scalar(lr), tmp, [("div", "full")], [tmp])
         cache.run("add", v, tmp, v)
         return None
 
-    rmsprop_update.cache = cache  # type: ignore[attr-defined]
-    rmsprop_update.original = original  # type: ignore[attr-defined]
-    return rmsprop_update
+    return _mark(rmsprop_update, original, cache)
+
+
+def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
+                    alloc: Alloc | None = None) -> Callable[..., None]:
+    """``sgd_update`` (the CPU kernel's signature and results) on oneDNN."""
+
+    def sgd_update(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
+                   momentum: float, nesterov: bool, flag: Any) -> None:
+        if not _eligible(var, grad, velocity):
+            return original(var, grad, velocity, lr, momentum, nesterov, flag)
+        if _skip(flag):
+            return None
+        v, g, vel = _flat(var, grad, velocity)
+        minus_lr = -_scalar(lr)
+        if vel is None:
+            cache.run("mul", g, minus_lr, v, [("add", "full")], [v])
+            return None
+        tmp = (alloc or np.empty)(v.shape, _F32)
+        cache.run("mul", g, minus_lr, tmp)
+        cache.run("mul", vel, _scalar(momentum), vel, [("add", "full")], [tmp])
+        if nesterov:
+            cache.run("mul", vel, _scalar(momentum), v, [("add", "full"), ("add", "full")],
+                      [tmp, v])
+        else:
+            cache.run("add", v, vel, v)
+        return None
+
+    return _mark(sgd_update, original, cache)
+
+
+def make_adam_update(original: Callable[..., None], cache: BinaryCache,
+                     alloc: Alloc | None = None) -> Callable[..., None]:
+    """``adam_update`` (the CPU kernel's signature and results, AdamW's decoupled decay
+    included) on oneDNN."""
+
+    def adam_update(var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
+                    lr: float, beta1: float, beta2: float, epsilon: float, step: int,
+                    weight_decay: float, flag: Any) -> None:
+        if not _eligible(var, grad, m, v):
+            return original(var, grad, m, v, lr, beta1, beta2, epsilon, step, weight_decay,
+                            flag)
+        if _skip(flag):
+            return None
+        w, g, m1, m2 = _flat(var, grad, m, v)
+        # the NumPy kernel's float32 hyperparameters, from the same float64 expressions
+        alpha = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        full = ("add", "full")
+        if weight_decay:
+            cache.run("mul", w, -_scalar(lr * weight_decay), w, [full], [w])
+        cache.run("sub", g, m1, m1, [("mul", "scalar"), full],
+                  [_scalar(1.0 - beta1), m1])
+        cache.run("mul", g, g, m2, [("sub", "full"), ("mul", "scalar"), full],
+                  [m2, _scalar(1.0 - beta2), m2])
+        tmp = (alloc or np.empty)(w.shape, _F32)
+        cache.run("mul", m2, _scalar(1.0), tmp, [("sqrt", 0.0, 0.0), ("add", "scalar")],
+                  [_scalar(epsilon)])
+        cache.run("mul", m1, -_scalar(alpha), w, [("div", "full"), full], [tmp, w])
+        return None
+
+    return _mark(adam_update, original, cache)
+
+
+def _mark(kernel: Callable[..., None], original: Callable[..., None],
+          cache: BinaryCache) -> Callable[..., None]:
+    kernel.cache = cache  # type: ignore[attr-defined]
+    kernel.original = original  # type: ignore[attr-defined]
+    return kernel
+
+
+#: kernel name -> maker, for the kernels the CPU backend has.
+MAKERS = {"sgd_update": make_sgd_update, "rmsprop_update": make_rmsprop_update,
+          "adam_update": make_adam_update}
