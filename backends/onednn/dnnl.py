@@ -162,6 +162,19 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
 
 
+def release(lib: ctypes.CDLL, primitive: Any, pd: Any, mems: list[Any],
+            descs: list[Any]) -> None:
+    """Destroy what a cached primitive owns (any part may be unset after a failed creation)."""
+    for mem in mems:
+        lib.dnnl_memory_destroy(mem)
+    if primitive:
+        lib.dnnl_primitive_destroy(primitive)
+    if pd:
+        lib.dnnl_primitive_desc_destroy(pd)
+    for md in descs:
+        lib.dnnl_memory_desc_destroy(md)
+
+
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise DnnlError(f"{what} failed: dnnl_{_STATUS.get(status, str(status))}")
@@ -438,17 +451,8 @@ class MatmulCache:
                       scratch_mem if scratch_bytes else None, scratch_bytes)
 
     def _destroy(self, entry: _Entry) -> None:
-        lib = self.library.lib
-        for mem in entry.mems:
-            lib.dnnl_memory_destroy(mem)
-        if entry.scratch_mem:
-            lib.dnnl_memory_destroy(entry.scratch_mem)
-        if entry.primitive:
-            lib.dnnl_primitive_destroy(entry.primitive)
-        if entry.pd:
-            lib.dnnl_primitive_desc_destroy(entry.pd)
-        for md in entry.descs:
-            lib.dnnl_memory_desc_destroy(md)
+        mems = [*entry.mems, entry.scratch_mem] if entry.scratch_mem else entry.mems
+        release(self.library.lib, entry.primitive, entry.pd, mems, entry.descs)
 
     def clear(self) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .dnnl import DATA_TYPES, Library, _check, _Dims, _ExecArg, _vp
+from .dnnl import DATA_TYPES, Library, _check, _Dims, _ExecArg, _vp, release
 
 # dnnl_alg_kind_t values of oneDNN v3 (dnnl_types.h)
 BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4, "sub": 0x1FFF5}
@@ -156,12 +156,4 @@ class BinaryCache:
         return _Chain(primitive, pd, descs, mems, args, threading.Lock())
 
     def _destroy(self, chain: _Chain) -> None:
-        lib = self.library.lib
-        for mem in chain.mems:
-            lib.dnnl_memory_destroy(mem)
-        if chain.primitive:
-            lib.dnnl_primitive_destroy(chain.primitive)
-        if chain.pd:
-            lib.dnnl_primitive_desc_destroy(chain.pd)
-        for md in chain.descs:
-            lib.dnnl_memory_desc_destroy(md)
+        release(self.library.lib, chain.primitive, chain.pd, chain.mems, chain.descs)
