@@ -233,5 +233,5 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         kernels=kernels,
         fast_dtypes=fast,
         reason=(f"{lib.describe()}, bfloat16 matmul with float32 accumulation" if fast else
-                f"{lib.describe()}, float32 matmul"),
+                f"{lib.describe()}, float32 matmul and optimizer updates"),
     )
