@@ -162,19 +162,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
 
 
-def release(lib: ctypes.CDLL, primitive: Any, pd: Any, mems: list[Any],
-            descs: list[Any]) -> None:
-    """Destroy what a cached primitive owns (any part may be unset after a failed creation)."""
-    for mem in mems:
-        lib.dnnl_memory_destroy(mem)
-    if primitive:
-        lib.dnnl_primitive_destroy(primitive)
-    if pd:
-        lib.dnnl_primitive_desc_destroy(pd)
-    for md in descs:
-        lib.dnnl_memory_desc_destroy(md)
-
-
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise DnnlError(f"{what} failed: dnnl_{_STATUS.get(status, str(status))}")
@@ -262,7 +249,11 @@ def _strides(shape: tuple[int, ...], column_major: bool) -> list[int]:
 
 
 @dataclass
-class _Entry:
+class Entry:
+    """A cached primitive with its memory descriptors and its memory objects (one per
+    argument, pointed at each call's arrays), the execution arguments built from them, and
+    the lock that serialises the calls that rebind those memory objects."""
+
     primitive: Any
     pd: Any
     descs: list[Any]
@@ -274,7 +265,72 @@ class _Entry:
     scratch_bytes: int = 0
 
 
-class MatmulCache:
+class PrimitiveCache:
+    """Primitives kept by problem key, the least recently used evicted past ``max_entries``.
+    Subclasses create the entries; a cached call is one ``dnnl_primitive_execute``."""
+
+    def __init__(self, library: Library, max_entries: int) -> None:
+        self.library = library
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Any, Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _get(self, key: Any, create: Callable[[], Entry]) -> Entry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry
+            self.misses += 1
+            entry = self._entries[key] = create()
+            while len(self._entries) > self.max_entries:
+                self._destroy(self._entries.popitem(last=False)[1])
+            return entry
+
+    def _execute(self, entry: Entry, arrays: tuple[np.ndarray, ...],
+                 scratch_address: int | None = None) -> None:
+        """Point the entry's memory objects at ``arrays`` (in argument order) and its
+        scratchpad at ``scratch_address``, run it, and wait for it."""
+        lib = self.library.lib
+        with entry.lock:
+            for mem, arr in zip(entry.mems, arrays):
+                _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
+                       "dnnl_memory_set_data_handle")
+            if entry.scratch_mem is not None:
+                _check(lib.dnnl_memory_set_data_handle(entry.scratch_mem, scratch_address),
+                       "dnnl_memory_set_data_handle")
+            _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream,
+                                              len(entry.args), entry.args),
+                   "dnnl_primitive_execute")
+            _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
+
+    def _destroy(self, entry: Entry) -> None:
+        """Destroy what an entry owns (any part may be unset after a failed creation)."""
+        lib = self.library.lib
+        for mem in entry.mems:
+            lib.dnnl_memory_destroy(mem)
+        if entry.scratch_mem:
+            lib.dnnl_memory_destroy(entry.scratch_mem)
+        if entry.primitive:
+            lib.dnnl_primitive_destroy(entry.primitive)
+        if entry.pd:
+            lib.dnnl_primitive_desc_destroy(entry.pd)
+        for md in entry.descs:
+            lib.dnnl_memory_desc_destroy(md)
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._entries:
+                self._destroy(self._entries.popitem()[1])
+
+
+class MatmulCache(PrimitiveCache):
     """``activation(op(A) @ op(B) + bias)`` through oneDNN matmul primitives, cached (LRU) by
     shapes, layouts, dtypes and fused post-ops. Memory objects are cached with their primitive
     and pointed at each call's arrays, so a cached call is one ``dnnl_primitive_execute``.
@@ -286,16 +342,8 @@ class MatmulCache:
     ``alloc`` lets the caller supply the result arrays (the CPU backend's recycled buffers)."""
 
     def __init__(self, library: Library, max_entries: int = 256) -> None:
-        self.library = library
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        super().__init__(library, max_entries)
         self._scratch = threading.local()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def info(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
@@ -338,47 +386,22 @@ class MatmulCache:
             bias = np.ascontiguousarray(bias)
             bias_dtype = _dtype_name(bias.dtype)
         key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype, activation)
-        entry = self._get(key, out_shape)
+        entry = self._get(key, lambda: self._create(key, out_shape))
         dtype = a.dtype if out_dtype == in_dtype else _NUMPY_DTYPES[out_dtype]
         out = (alloc or np.empty)(out_shape, dtype)
         if out.shape != out_shape or out.dtype != dtype or not out.flags.c_contiguous:
             raise ValueError(f"alloc returned {out.dtype} {out.shape}, not a C-contiguous "
                              f"{dtype} {out_shape}")
-        lib = self.library.lib
         arrays = (a, b, out) if bias is None else (a, b, out, bias)
-        with entry.lock:
-            for mem, arr in zip(entry.mems, arrays):
-                _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
-                       "dnnl_memory_set_data_handle")
-            if entry.scratch_mem is not None:
-                _check(lib.dnnl_memory_set_data_handle(
-                    entry.scratch_mem, self._scratch_address(entry.scratch_bytes)),
-                    "dnnl_memory_set_data_handle")
-            _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream,
-                                              len(entry.args), entry.args),
-                   "dnnl_primitive_execute")
-            _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
+        scratch = (self._scratch_address(entry.scratch_bytes)
+                   if entry.scratch_mem is not None else None)
+        self._execute(entry, arrays, scratch)
         return out
 
     def implementation(self, key: tuple[Any, ...]) -> str:
         return self._entries[key].impl
 
-    def _get(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> _Entry:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return entry
-            self.misses += 1
-            entry = self._create(key, out_shape)
-            self._entries[key] = entry
-            while len(self._entries) > self.max_entries:
-                _, old = self._entries.popitem(last=False)
-                self._destroy(old)
-            return entry
-
-    def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> _Entry:
+    def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> Entry:
         a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype, bias_dtype, activation = key
         lib = self.library.lib
         descs: list[Any] = []
@@ -430,7 +453,7 @@ class MatmulCache:
                 _check(lib.dnnl_memory_create(ctypes.byref(scratch_mem), scratch_md,
                                               self.library.engine, None), "dnnl_memory_create")
         except DnnlError:
-            self._destroy(_Entry(primitive, pd, descs, mems, None, "", threading.Lock(),
+            self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock(),
                                  scratch_mem or None))
             raise
         finally:
@@ -447,17 +470,9 @@ class MatmulCache:
         if scratch_bytes:
             pairs.append((_ARG_SCRATCHPAD, scratch_mem))
         args = (_ExecArg * len(pairs))(*(_ExecArg(r, m) for r, m in pairs))
-        return _Entry(primitive, pd, descs, mems, args, impl, threading.Lock(),
+        return Entry(primitive, pd, descs, mems, args, impl, threading.Lock(),
                       scratch_mem if scratch_bytes else None, scratch_bytes)
 
-    def _destroy(self, entry: _Entry) -> None:
-        mems = [*entry.mems, entry.scratch_mem] if entry.scratch_mem else entry.mems
-        release(self.library.lib, entry.primitive, entry.pd, mems, entry.descs)
-
-    def clear(self) -> None:
-        with self._lock:
-            while self._entries:
-                self._destroy(self._entries.popitem()[1])
 
 
 _NAMES: dict[Any, str] = {}

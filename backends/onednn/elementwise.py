@@ -5,29 +5,26 @@ OpenMP worker spins on the other core waiting for the next parallel region, so a
 cannot use that core either (tried: no gain). A oneDNN primitive runs on that same OpenMP team,
 so an update pass through oneDNN gets both cores.
 
-Every operation used here is one IEEE float32 instruction per element (add, mul, div, sqrt),
-each rounded once, in the order given, so a chain reproduces NumPy's float32 ufuncs bit for bit.
-``linear`` (``alpha * x + beta``) is an FMA in oneDNN; with ``beta = 0`` it equals NumPy's
-``x * alpha`` except that a product of -0 comes out +0, so it is only used where ``x`` is known
-to be non-negative.
+Every operation offered here is one IEEE float32 instruction per element (add, sub, mul, div,
+sqrt), each rounded once, in the order given, so a chain reproduces NumPy's float32 ufuncs bit
+for bit. (oneDNN's ``linear`` eltwise is an FMA, which would not: it is deliberately absent;
+a product by a hyperparameter is a binary post-op with a one-element operand.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .dnnl import DATA_TYPES, Library, _check, _Dims, _ExecArg, _vp, release
+from .dnnl import DATA_TYPES, Entry, Library, PrimitiveCache, _check, _Dims, _ExecArg, _vp
 
 # dnnl_alg_kind_t values of oneDNN v3 (dnnl_types.h)
 BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4, "sub": 0x1FFF5}
-ELTWISE = {"sqrt": 0x25, "linear": 0x26}
+ELTWISE = {"sqrt": 0x25}
 _ARG_SRC_0, _ARG_SRC_1, _ARG_DST = 1, 2, 17
 _ARG_POST_OP_BASE = 32768  # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE in oneDNN v3
 
@@ -38,34 +35,17 @@ def _post_op_src1(index: int) -> int:
 
 
 #: A post-op: (binary op, "full" | "scalar"): the running value <op> an operand of the full
-#: length or of one element; or ("sqrt" | "linear", alpha, beta) applied to the running value.
-PostOp = tuple[Any, ...]
+#: length or of one element; or ("sqrt",) applied to the running value.
+PostOp = tuple[str, ...]
 
 
-@dataclass
-class _Chain:
-    primitive: Any
-    pd: Any
-    descs: list[Any]
-    mems: list[Any]
-    args: Any
-    lock: threading.Lock
-
-
-class BinaryCache:
+class BinaryCache(PrimitiveCache):
     """``dst = post_ops(src0 <op> src1)`` over flat float32 arrays, one primitive per problem
     (LRU-cached by length, operation, whether ``src1`` is a one-element scalar, and post-ops).
     A binary post-op takes its own operand, in order, in ``post_operands``."""
 
     def __init__(self, library: Library, max_entries: int = 64) -> None:
-        self.library = library
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[Any, ...], _Chain] = OrderedDict()
-        self._lock = threading.Lock()
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(library, max_entries)
 
     def run(self, op: str, src0: np.ndarray, src1: np.ndarray, dst: np.ndarray,
             post_ops: Sequence[PostOp] = (), post_operands: Sequence[np.ndarray] = ()) -> None:
@@ -74,31 +54,10 @@ class BinaryCache:
         operand: each element is read before it is written."""
         n = src0.size
         key = (n, op, src1.size == 1 and n != 1, tuple(post_ops))
-        chain = self._get(key)
-        lib = self.library.lib
-        arrays = (src0, src1, dst, *post_operands)
-        with chain.lock:
-            for mem, arr in zip(chain.mems, arrays):
-                _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
-                       "dnnl_memory_set_data_handle")
-            _check(lib.dnnl_primitive_execute(chain.primitive, self.library.stream,
-                                              len(chain.mems), chain.args),
-                   "dnnl_primitive_execute")
-            _check(lib.dnnl_stream_wait(self.library.stream), "dnnl_stream_wait")
+        entry = self._get(key, lambda: self._create(*key))
+        self._execute(entry, (src0, src1, dst, *post_operands))
 
-    def _get(self, key: tuple[Any, ...]) -> _Chain:
-        with self._lock:
-            chain = self._entries.get(key)
-            if chain is not None:
-                self._entries.move_to_end(key)
-                return chain
-            self.misses += 1
-            chain = self._entries[key] = self._create(*key)
-            while len(self._entries) > self.max_entries:
-                self._destroy(self._entries.popitem(last=False)[1])
-            return chain
-
-    def _create(self, n: int, op: str, scalar: bool, post_ops: tuple[PostOp, ...]) -> _Chain:
+    def _create(self, n: int, op: str, scalar: bool, post_ops: tuple[PostOp, ...]) -> Entry:
         lib = self.library.lib
         descs: list[Any] = []
         mems: list[Any] = []
@@ -126,8 +85,7 @@ class BinaryCache:
                            "dnnl_post_ops_append_binary")
                     slots.append((_post_op_src1(index), operand))
                 else:
-                    _check(lib.dnnl_post_ops_append_eltwise(ops, ELTWISE[post[0]], post[1],
-                                                            post[2]),
+                    _check(lib.dnnl_post_ops_append_eltwise(ops, ELTWISE[post[0]], 0.0, 0.0),
                            "dnnl_post_ops_append_eltwise")
             _check(lib.dnnl_primitive_attr_set_post_ops(attr, ops),
                    "dnnl_primitive_attr_set_post_ops")
@@ -143,7 +101,7 @@ class BinaryCache:
                        "dnnl_memory_create")
                 mems.append(mem)
         except Exception:
-            self._destroy(_Chain(primitive, pd, descs, mems, None, threading.Lock()))
+            self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
             raise
         finally:
             # the primitive descriptor keeps its own copy of the attributes
@@ -153,7 +111,4 @@ class BinaryCache:
                 lib.dnnl_primitive_attr_destroy(attr)
         args = (_ExecArg * len(slots))(*(_ExecArg(arg, mem)
                                          for (arg, _), mem in zip(slots, mems)))
-        return _Chain(primitive, pd, descs, mems, args, threading.Lock())
-
-    def _destroy(self, chain: _Chain) -> None:
-        release(self.library.lib, chain.primitive, chain.pd, chain.mems, chain.descs)
+        return Entry(primitive, pd, descs, mems, args, "", threading.Lock())

@@ -11,7 +11,7 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
 ``x - y`` is written ``x + (-y)`` with the negation folded into a hyperparameter
 (``-(a * b) == a * (-b)`` exactly), which is the same float32 result, signed zeros included::
 
-    RMSprop   tmp = (g * g) * (1 - rho)       linear(1 - rho, 0): g * g >= 0, so no -0 issue
+    RMSprop   tmp = (g * g) * (1 - rho)
               ms  = ms * rho + tmp
               tmp = sqrt(ms + epsilon)
               tmp = (g * -lr) / tmp
@@ -82,10 +82,9 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
             return None
         v, g, s = _flat(var, grad, ms)
         tmp = (alloc or np.empty)(v.shape, _F32)
-        rate = float(np.float32(1.0 - rho))
-        cache.run("mul", g, g, tmp, [("linear", rate, 0.0)])
+        cache.run("mul", g, g, tmp, [("mul", "scalar")], [_scalar(1.0 - rho)])
         cache.run("mul", s, _scalar(rho), s, [("add", "full")], [tmp])
-        cache.run("add", s, _scalar(epsilon), tmp, [("sqrt", 0.0, 0.0)])
+        cache.run("add", s, _scalar(epsilon), tmp, [("sqrt",)])
         cache.run("mul", g, -_scalar(lr), tmp, [("div", "full")], [tmp])
         cache.run("add", v, tmp, v)
         return None
@@ -145,7 +144,7 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
         cache.run("mul", g, g, m2, [("sub", "full"), ("mul", "scalar"), full],
                   [m2, _scalar(1.0 - beta2), m2])
         tmp = (alloc or np.empty)(w.shape, _F32)
-        cache.run("mul", m2, _scalar(1.0), tmp, [("sqrt", 0.0, 0.0), ("add", "scalar")],
+        cache.run("mul", m2, _scalar(1.0), tmp, [("sqrt",), ("add", "scalar")],
                   [_scalar(epsilon)])
         cache.run("mul", m1, -_scalar(alpha), w, [("div", "full"), full], [tmp, w])
         return None
