@@ -11,7 +11,9 @@ cross-entropy), per policy and backend. One JSON line per configuration.
 mixed_float16, and an RMSprop update (the backend's fused ``rmsprop_update`` kernel where it
 has one, else ops). ``--path fit`` trains the same model through ``mp.Model.fit``. The input
 is random MNIST-shaped data, as in the PyTorch peer (``shared/peers/torch_mlp.py``), and
-GFLOP/s counts the same 6 * batch * weights FLOPs.
+GFLOP/s counts the same 6 * batch * weights FLOPs. Both paths time their steps as the peer
+does: all of them in one stretch, divided by their number (a mean; a median of per-step times
+would drop the slow steps that the peer's figure keeps).
 
 Peak memory: ``peak_traced_mb`` is the peak of memory allocated through Python's allocators
 (NumPy arrays included) during one extra step run under tracemalloc, after the timed steps (so
@@ -25,7 +27,6 @@ import itertools
 import json
 import math
 import resource
-import statistics
 import sys
 import time
 import tracemalloc
@@ -187,12 +188,11 @@ def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int,
         for _ in range(warmup):
             trainer.step()
         backend.synchronize()
-        times = []
+        t0 = time.perf_counter()
         for _ in range(steps):
-            t0 = time.perf_counter()
             trainer.step()
-            backend.synchronize()
-            times.append(time.perf_counter() - t0)
+        backend.synchronize()
+        dt = (time.perf_counter() - t0) / steps
         record["update"] = "fused" if trainer.fused is not None else "ops"
         record["peak_traced_mb"] = round(peak_memory(trainer.step), 1)
         loss = trainer.loss_value()
@@ -206,12 +206,11 @@ def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int,
             t0 = time.perf_counter()
             fit.run(steps)
             backend.synchronize()
-            times = [(time.perf_counter() - t0) / steps]
+            dt = (time.perf_counter() - t0) / steps
             record["peak_traced_mb"] = round(peak_memory(lambda: fit.run(1)), 1)
             loss = fit.last_loss
         finally:
             fit.close()
-    dt = statistics.median(times)
     record.update({
         "ms_per_step": round(dt * 1e3, 3),
         "samples_per_s": round(batch / dt, 1),

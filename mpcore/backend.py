@@ -70,6 +70,8 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "sparse_softmax_cross_entropy_grad": "(probs, labels, g) -> (probs - one_hot(labels)) * "
                                          "g[:, None]  # the fused backward",
     "relu_grad": "(g, y) -> g where y > 0 else 0",
+    "relu_grad_bias": "(g, y) -> (relu_grad(g, y), its sum over every axis but the last)"
+                      "  # a dense layer's bias gradient; 16-bit: summed in float32, rounded once",
     "bias_add": "(x, bias) -> x + bias over the last axis",
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",

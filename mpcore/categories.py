@@ -40,7 +40,8 @@ CATEGORIES: dict[str, Category] = {
     "add": INFER, "subtract": INFER, "multiply": INFER, "divide": INFER,
     "negative": INFER, "abs": INFER, "square": INFER, "sqrt": INFER, "rsqrt": INFER,
     "reciprocal": INFER, "sigmoid": INFER, "tanh": INFER, "gelu": INFER,
-    "relu_grad": INFER, "bias_add": INFER, "where": INFER, "one_hot": INFER,
+    "relu_grad": INFER, "relu_grad_bias": INFER, "bias_add": INFER, "where": INFER,
+    "one_hot": INFER,
     # clear: data movement and selection
     "relu": CLEAR, "maximum": CLEAR, "minimum": CLEAR, "max": CLEAR, "min": CLEAR,
     "reshape": CLEAR, "transpose": CLEAR, "broadcast_to": CLEAR, "concat": CLEAR,

@@ -940,6 +940,20 @@ def _relu_grad_bias_add(dtype: str) -> Callable[[_Context], None]:
                        ctx.rounded(g, dtype) * (ctx.rounded(y, dtype) > 0), dtype,
                        f"relu_grad[{dtype}]")
             done.append("relu_grad")
+        if ctx.k.get("relu_grad_bias") is not None:
+            for shape in ((5, 4), (2, 3, 4)):
+                g, y = ctx.data(shape, key="rgb-g"), ctx.data(shape, key="rgb-y")
+                y.reshape(-1)[0] = 0.0
+                want = ctx.rounded(g, dtype) * (ctx.rounded(y, dtype) > 0)
+                got = ctx.k["relu_grad_bias"](ctx.up(g, dtype), ctx.up(y, dtype))
+                if not isinstance(got, tuple) or len(got) != 2:
+                    raise CheckFailedError("relu_grad_bias must return (relu_grad, bias grad)")
+                ctx.expect(got[0], want, dtype, f"relu_grad_bias[{dtype}] {shape}: relu_grad")
+                rows = want.reshape(-1, shape[-1])
+                ctx.expect(got[1], rows.sum(axis=0), dtype,
+                           f"relu_grad_bias[{dtype}] {shape}: bias grad", 2,
+                           magnitude=abs(rows).sum(axis=0))
+            done.append("relu_grad_bias")
         if ctx.k.get("bias_add") is not None:
             for shape in ((3, 4), (2, 3, 4)):
                 x, b = ctx.data(shape, key="ba-x"), ctx.data((4,), key="ba-b")
@@ -948,7 +962,8 @@ def _relu_grad_bias_add(dtype: str) -> Callable[[_Context], None]:
                            dtype, f"bias_add[{dtype}] {shape} + (4,)", 2)
             done.append("bias_add")
         if not done:
-            raise CheckSkippedError("relu_grad and bias_add are not provided (optional)")
+            raise CheckSkippedError("relu_grad, relu_grad_bias and bias_add are not provided "
+                                    "(optional)")
 
     return run
 
@@ -1256,7 +1271,7 @@ def _plan(quick: bool) -> Iterator[_Check]:
             ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad"))
     for dtype in FLOATS:
         yield c(f"optional.relu_grad_bias_add[{dtype}]", "optional", _relu_grad_bias_add(dtype),
-                ("relu_grad", "bias_add"))
+                ("relu_grad", "relu_grad_bias", "bias_add"))
     for dtype in FLOATS:
         yield c(f"optional.dense[{dtype}]", "optional", _dense(dtype), ("dense",))
     yield c("optional.dropout_mask", "optional", _dropout_mask, ("dropout_mask",))

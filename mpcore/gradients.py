@@ -274,22 +274,23 @@ def _matmul(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
 @register("dense")
 def _dense(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     x, w = node.inputs[0], node.inputs[1]
+    with_bias = len(node.inputs) == 3 and needs[2]
+    gb = None
     if node.attrs["activation"] == "relu":
-        g = ops.relu_grad(g, node.output)
+        if with_bias:  # the bias gradient summed in relu_grad's pass where the backend can
+            g, gb = ops.relu_grad_bias(g, node.output)
+        else:
+            g = ops.relu_grad(g, node.output)
     gx = ops.matmul(g, w, False, True) if needs[0] else None
-    g2 = ops.reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
     gw = None
     if needs[1]:
+        g2 = ops.reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
         x2 = ops.reshape(x, (-1, x.shape[-1])) if x.ndim > 2 else x
         gw = ops.matmul(x2, g2, True, False)
     if len(node.inputs) == 2:
         return gx, gw
-    gb = None
-    if needs[2]:
-        # ones @ g: the bias gradient as a GEMV, accumulated in float32 like the other GEMMs
-        # (a 16-bit g is not converted again: the backend has its float32 copy from them)
-        ones = ops.ones((1, g2.shape[0]), g2.dtype, g2.backend)
-        gb = ops.reshape(ops.matmul(ones, g2), (g2.shape[-1],))
+    if with_bias and gb is None:
+        gb = ops.bias_grad(g)
     return gx, gw, gb
 
 

@@ -674,6 +674,28 @@ def relu_grad(g: Tensor, y: Tensor) -> Tensor:
     return multiply(g, cast(greater(y, 0), g._dtype))
 
 
+def bias_grad(g: Tensor) -> Tensor:
+    """The gradient of a bias added over the last axis: ``g`` summed over every other axis, as
+    the GEMV ``ones @ g``, so a 16-bit ``g`` accumulates in float32 like the GEMMs (and a
+    backend that keeps the float32 copy of a 16-bit GEMM operand does not convert it again)."""
+    g2 = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
+    return reshape(matmul(ones((1, g2.shape[0]), g2._dtype, g2._backend), g2), (g2.shape[-1],))
+
+
+def relu_grad_bias(g: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``relu_grad(g, y)`` and its :func:`bias_grad`: the backward pass through a dense
+    layer's relu and bias, in one pass over ``g`` where the backend fuses them (the bias
+    gradient is summed while each block of the result is in cache). Under a recording tape (a
+    gradient of a gradient) it is composed of recorded ops instead."""
+    be = g._backend
+    kernel = be._kernel_table.get("relu_grad_bias")
+    if kernel is None or _state.tapes or g.ndim < 2:
+        dz = relu_grad(g, y)
+        return dz, bias_grad(dz)
+    dz, db = kernel(g._data, y._data)
+    return Tensor(dz, be, g._dtype), Tensor(db, be, g._dtype)
+
+
 # --- randomness -------------------------------------------------------------------------
 def random_uniform(shape: Any, minval: float = 0.0, maxval: float = 1.0, dtype: Any = "float32",
                    seed: int | None = None, backend: Any = None) -> Tensor:

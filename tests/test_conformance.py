@@ -154,6 +154,15 @@ class MatmulIgnoresTranspose(CpuBackend):
         return CpuBackend.matmul(self, a, b, transpose_a, transpose_b)
 
 
+class BiasGradSkipsLastRow(CpuBackend):
+    name = "broken-bias-grad"
+
+    def relu_grad_bias(self, g: Any, y: Any) -> Any:
+        dz, _ = CpuBackend.relu_grad_bias(self, g, y)
+        rows = dz.reshape(-1, dz.shape[-1])
+        return dz, rows[:-1].sum(axis=0, dtype=dz.dtype)
+
+
 class ErfMissing(CpuBackend):
     name = "broken-missing-erf"
     erf = None
@@ -172,8 +181,10 @@ class ErfMissing(CpuBackend):
     (UnseededNormal(), "random.normal[float32]", "two calls with the same seed differ"),
     (TakeGradOverwrites(), "take[float32]", "take_grad[float32] indices [4, 0, 0, 2] axis=0"),
     (MatmulIgnoresTranspose(), "matmul[bfloat16]", "matmul[bfloat16] (4, 4)^T @ (4, 4):"),
+    (BiasGradSkipsLastRow(), "optional.relu_grad_bias_add[float32]",
+     "relu_grad_bias[float32] (5, 4): bias grad"),
 ], ids=["add-dtype", "add-dtype-f16", "sgd-flag", "sgd-flag-training", "nan-flag", "seed",
-        "take-grad", "square-transpose"])
+        "take-grad", "square-transpose", "bias-grad"])
 def test_broken_backend_fails_with_a_precise_message(backend: Any, check: str,
                                                      message: str) -> None:
     report = conformance.check(backend, quick=True)

@@ -486,6 +486,9 @@ def test_fused_elementwise_kernels(cuda: CudaBackend, cpu: mp.Backend, dtype: st
     _same(cuda, cpu, cuda.bias_add(cx, cb), cpu.bias_add(px, pb), dtype)
     y = cuda.relu(cx)
     _same(cuda, cpu, cuda.relu_grad(cg, y), cpu.relu_grad(pg, cpu.relu(px)), dtype)
+    (dz, db), (pdz, pdb) = cuda.relu_grad_bias(cg, y), cpu.relu_grad_bias(pg, cpu.relu(px))
+    _same(cuda, cpu, dz, pdz, dtype)
+    _same(cuda, cpu, db, pdb, dtype, 8.0)   # a sum of 33 rows, in another order
     _same(cuda, cpu, cuda.add(cx, 2.0), cpu.add(px, 2.0), dtype)
     assert cuda.add(cx, 2.0).dtype == NP[dtype]
     _same(cuda, cpu, cuda.subtract(1.0, cx), cpu.subtract(1.0, px), dtype)

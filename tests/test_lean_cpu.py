@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
 from mpcore_cpu.backend import convert
+from mpcore_cpu.relu_kernels import BLOCK as RELU_BLOCK
 from mpcore_cpu.train_kernels import BLOCK
 
 import mpcore as mp
@@ -98,6 +99,53 @@ def test_relu_grad_matches_where_on_random_data_and_broadcast_gradients() -> Non
     assert np.array_equal(be.relu_grad(col, y), np.where(y > 0, col, np.float32(0)))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(300, 7), (3, RELU_BLOCK + 3), (5, 40, 33),
+                                   (3 * (RELU_BLOCK // 64) + 5, 64)],
+                         ids=["narrow", "rows-wider-than-a-block", "3d", "several-blocks"])
+def test_relu_grad_bias_is_relu_grad_bit_for_bit_and_its_column_sums(
+        dtype: str, shape: tuple[int, ...]) -> None:
+    native = {"float32": F32, "float16": F16, "bfloat16": BF16}[dtype]
+    rng = np.random.default_rng(7)
+    g = rng.standard_normal(shape, dtype=F32).astype(native)
+    y = np.maximum(rng.standard_normal(shape, dtype=F32), 0).astype(native)
+    flat_y = y.reshape(-1)
+    flat_y[::11] = -0.0
+    flat_y[::13] = np.nan
+    be = CpuBackend()
+    dz, db = be.relu_grad_bias(g, y)
+    assert dz.dtype == native and db.dtype == native and db.shape == (shape[-1],)
+    with np.errstate(invalid="ignore"):  # ml_dtypes' NaN compare warns
+        want = np.where(y > 0, g, native.type(0))
+    assert np.array_equal(_bits(dz), _bits(want))
+    assert np.array_equal(_bits(dz), _bits(be.relu_grad(g, y)))
+    rows = dz.reshape(-1, shape[-1]).astype(np.float64)
+    exact = rows.sum(axis=0)
+    resolution = {"float32": 1e-6, "float16": 2.0**-10, "bfloat16": 2.0**-7}[dtype]
+    assert np.all(np.abs(db.astype(np.float64) - exact)
+                  <= resolution * (np.abs(rows).sum(axis=0) + np.abs(exact)))
+
+
+def test_relu_grad_bias_keeps_dropped_infs_out_of_the_bias_gradient() -> None:
+    y = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]], F32)
+    g = np.array([[1.0, np.inf, np.nan], [np.nan, -np.inf, 4.0]], F32)
+    dz, db = CpuBackend().relu_grad_bias(g, y)
+    assert np.array_equal(dz, np.array([[1.0, 0.0, np.nan], [0.0, 0.0, 4.0]], F32),
+                          equal_nan=True)
+    assert db[0] == 1.0 and db[1] == 0.0 and np.isnan(db[2])
+    assert not np.signbit(dz[dz == 0]).any()
+
+
+def test_relu_grad_bias_with_a_broadcast_gradient_takes_the_general_path() -> None:
+    rng = np.random.default_rng(2)
+    y = np.maximum(rng.standard_normal((8, 5), dtype=F32), 0)
+    row = np.broadcast_to(rng.standard_normal((1, 5), dtype=F32), y.shape)
+    dz, db = CpuBackend().relu_grad_bias(row, y)
+    want = np.where(y > 0, row, np.float32(0))
+    assert np.array_equal(dz, want)
+    assert np.allclose(db, want.sum(axis=0), rtol=1e-6, atol=1e-6)
+
+
 # --- the dense op ---------------------------------------------------------------------------
 class _NoDense(CpuBackend):
     """The CPU backend without a dense kernel: ops.dense falls back to matmul/bias_add/relu."""
@@ -135,6 +183,48 @@ def test_dense_value_and_gradients_match_the_composite_ops(dtype: str,
     tol = {"float32": 1e-5, "float16": 2e-2, "bfloat16": 6e-2}[dtype]
     for fused, plain in zip(*results):
         np.testing.assert_allclose(fused, plain, rtol=tol, atol=tol)
+
+
+class _CountsFusedBias(CpuBackend):
+    name = "cpu"
+    calls = 0
+
+    def relu_grad_bias(self, g: Any, y: Any) -> Any:
+        type(self).calls += 1
+        return CpuBackend.relu_grad_bias(self, g, y)
+
+
+class _NoFusedBias(CpuBackend):
+    relu_grad_bias = None  # type: ignore[assignment]
+
+
+def test_dense_backward_sums_the_bias_gradient_in_the_relu_pass() -> None:
+    rng = np.random.default_rng(8)
+    values = [rng.standard_normal(s, dtype=F32) for s in ((9, 6), (6, 5), (5,))]
+    grads = []
+    for backend in (_CountsFusedBias(), _NoFusedBias()):
+        x = mp.constant(values[0], backend=backend)
+        w, b = (mp.Variable(v, backend=backend) for v in values[1:])
+        with mp.GradientTape() as tape:
+            loss = ops.sum(ops.square(ops.dense(x, w, b, "relu")))
+        grads.append([g.numpy() for g in tape.gradient(loss, [w, b])])
+    assert _CountsFusedBias.calls == 1
+    for fused, plain in zip(*grads):
+        np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-6)
+
+
+def test_a_gradient_of_the_fused_bias_gradient_is_recorded() -> None:
+    rng = np.random.default_rng(9)
+    x = mp.Variable(rng.standard_normal((7, 4), dtype=F32))
+    w = mp.Variable(rng.standard_normal((4, 3), dtype=F32))
+    b = mp.Variable(rng.standard_normal(3, dtype=F32))
+    with mp.GradientTape() as outer:
+        with mp.GradientTape() as inner:
+            loss = ops.sum(ops.square(ops.dense(x, w, b, "relu")))
+        total = ops.sum(inner.gradient(loss, b))       # 2 * sum(relu(x @ w + b))
+    got = outer.gradient(total, x).numpy()
+    z = x.numpy() @ w.numpy() + b.numpy()
+    np.testing.assert_allclose(got, 2 * (z > 0).astype(F32) @ w.numpy().T, rtol=1e-5)
 
 
 def test_dense_16_bit_rounds_once_after_bias_and_relu() -> None:

@@ -34,6 +34,7 @@ from mpcore.dtypes import ALL as ALL_DTYPES
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
 from .pool import BufferPool, aligned_empty
+from .relu_kernels import ReluKernels
 from .rules import cpu_policy_support
 from .train_kernels import TrainKernels
 
@@ -54,10 +55,6 @@ _C64 = np.dtype(np.complex64)
 _C32 = np.dtype(ml_dtypes.complex32) if hasattr(ml_dtypes, "complex32") else None
 _ZERO32 = np.zeros((), F32)
 
-# uint views of floats, with the bits of +inf: for a float y, "y > 0" is "0 < bits <= inf"
-# (NaNs have larger bits, negatives the sign bit), one unsigned compare of bits - 1.
-_UINT_OF = {F32: (np.dtype(np.uint32), 0x7F800000), F16: (np.dtype(np.uint16), 0x7C00),
-            DTYPES["bfloat16"]: (np.dtype(np.uint16), 0x7F80)}
 
 
 #: Recycled buffers for the large outputs of this backend's kernels (one per process: it is
@@ -207,7 +204,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
 
 
-class CpuBackend(ImageKernels, TrainKernels, Backend):
+class CpuBackend(ImageKernels, TrainKernels, ReluKernels, Backend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"
@@ -315,24 +312,6 @@ class CpuBackend(ImageKernels, TrainKernels, Backend):
         if not x.ndim:
             return np.maximum(x, zero)
         return np.maximum(x, zero, out=self.buffer(x.shape, x.dtype))
-
-    def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``g`` where ``y > 0``, else +0, even where ``g`` is inf or NaN (TF's ReluGrad; a
-        product ``g * (y > 0)`` would make NaN of an overflowed gradient, and -0). NumPy's
-        ``where`` is ~7x slower than a multiply here, and its float16 compare ~10x, so the
-        selection is a bitwise AND with a mask made from the bits of ``y``."""
-        bits = _UINT_OF.get(g.dtype)
-        if bits is None or y.dtype != g.dtype or y.shape != np.shape(g) or not y.ndim:
-            return np.where(y > 0, g, np.zeros((), dtype=g.dtype))
-        uint, inf = bits
-        keep = self.buffer(y.shape, np.bool_)
-        if g.dtype == F32:
-            np.greater(y, _ZERO32, out=keep)
-        else:
-            np.less(np.subtract(y.view(uint), uint.type(1)), uint.type(inf), out=keep)
-        # all ones where kept
-        mask = np.negative(keep.view(np.uint8), dtype=uint, out=self.buffer(y.shape, uint))
-        return np.bitwise_and(np.asarray(g).view(uint), mask, out=mask).view(g.dtype)
 
     def sigmoid(self, x: np.ndarray) -> np.ndarray:
         # 0.5 * (1 + tanh(x / 2)): one transcendental, no overflow for large |x|

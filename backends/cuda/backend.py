@@ -700,6 +700,13 @@ class CudaBackend(Backend):
                 _grid(g.size), (_BLOCK,), (g, y, out, I64(g.size)))
         return out
 
+    def relu_grad_bias(self, g: Any, y: Any) -> tuple[Any, Any]:
+        # relu_grad's kernel, then the bias gradient as this backend's column sum (a float32-
+        # accumulating GEMV for 16-bit): on a GPU a second read of dz is cheap next to the
+        # layer's GEMMs, so there is no fused reduction kernel to maintain.
+        dz = self.relu_grad(g, y)
+        return dz, self.sum(dz.reshape(-1, dz.shape[-1]), (0,), False)
+
     def dense(self, x: Any, w: Any, bias: Any, activation: str | None) -> Any:
         # The matmul, bias_add and relu kernels in sequence (not fused: a 16-bit result is
         # rounded after the GEMM and again after the bias).

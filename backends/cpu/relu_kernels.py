@@ -1,0 +1,102 @@
+"""relu's backward pass on the CPU backend, in blocks whose scratch stays in cache, and the same
+pass with the bias gradient of the dense layer it belongs to summed while each block is hot.
+
+``relu_grad(g, y)`` is ``g`` where ``y > 0`` and +0 elsewhere, even where ``g`` is inf or NaN
+(TF's ReluGrad: a product ``g * (y > 0)`` would make NaN of an overflowed gradient, and -0).
+NumPy's ``where`` is ~7x slower than a multiply here, so the selection works on the bits: a
+0/1 integer mask from ``y`` times the bits of ``g`` is ``g``'s bits or +0, exactly.
+
+Blocks of :data:`BLOCK` elements keep the mask in L2, so memory sees one read of ``g`` and
+``y`` and one write of the result. Measured on this 2-core Xeon (1M float32, each call right
+after a 1024^3 GEMM as in a step, medians of 25): three whole-array passes (compare, mask,
+and) 1.85 ms; blocks of 8K elements 1.82, 16K 1.60, 32K 1.51, 64K 1.47 ms. float16: 1.63 ms
+whole-array, 1.29 ms in 64K blocks.
+
+``relu_grad_bias`` adds each block's column sums (float32 accumulation, rounded once for a
+16-bit ``g``) to the bias gradient while the block is in cache: the separate pass it replaces
+(``ones @ dz``, a GEMV that reads the 4 MB gradient of a 1024-wide layer back from memory)
+cost ~0.4 ms per layer in a step here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+_F32 = np.dtype(np.float32)
+_ZERO32 = np.zeros((), _F32)
+
+# uint views of floats, with the bits of +inf: for a float y, "y > 0" is "0 < bits <= inf"
+# (NaNs have larger bits, negatives the sign bit), one unsigned compare of bits - 1.
+_UINT_OF = {_F32: (np.dtype(np.uint32), 0x7F800000),
+            np.dtype(np.float16): (np.dtype(np.uint16), 0x7C00),
+            np.dtype(ml_dtypes.bfloat16): (np.dtype(np.uint16), 0x7F80)}
+
+#: Elements per block (see the module docstring for the measurements behind it).
+BLOCK = 1 << 16
+
+
+def _blocked(g: np.ndarray, y: np.ndarray) -> bool:
+    """Whether the bitwise blocked path applies: a float dtype it knows, one dtype, one shape
+    (a broadcast ``g`` of another shape takes NumPy's ``where``), at least one axis."""
+    return g.dtype in _UINT_OF and y.dtype == g.dtype and y.shape == np.shape(g) and y.ndim > 0
+
+
+def _masked_blocks(g: np.ndarray, y: np.ndarray, out: np.ndarray) -> Iterator[np.ndarray]:
+    """Write ``relu_grad(g, y)`` into ``out`` (C-contiguous, ``y``'s shape) block by block of
+    whole rows of the last axis, yielding each written block as a 2-D array."""
+    uint, inf = _UINT_OF[g.dtype]
+    cols = y.shape[-1]
+    g2 = np.ascontiguousarray(g).reshape(-1, cols).view(uint)
+    y2 = np.ascontiguousarray(y).reshape(-1, cols)
+    out2 = out.reshape(-1, cols).view(uint)
+    rows = len(y2)
+    step = max(1, BLOCK // max(cols, 1))
+    mask = np.empty((min(step, rows), cols), uint)
+    one, inf_bits = uint.type(1), uint.type(inf)
+    for lo in range(0, rows, step):
+        hi = min(lo + step, rows)
+        keep = mask[:hi - lo]
+        if g.dtype == _F32:
+            np.greater(y2[lo:hi], _ZERO32, out=keep, casting="unsafe")
+        else:  # NumPy's 16-bit compares convert every element (~10x slower than this)
+            np.subtract(y2[lo:hi].view(uint), one, out=keep)
+            np.less(keep, inf_bits, out=keep, casting="unsafe")
+        np.multiply(g2[lo:hi], keep, out=out2[lo:hi])  # g's bits times 1 or 0
+        yield out2[lo:hi].view(g.dtype)
+
+
+class ReluKernels:
+    """Mixed into CpuBackend, whose ``buffer`` gives the outputs and ``convert`` rounds."""
+
+    buffer: Any
+    convert: Any
+
+    def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
+        if not _blocked(g, y):
+            return np.where(y > 0, g, np.zeros((), dtype=g.dtype))
+        out = self.buffer(y.shape, g.dtype)
+        for _ in _masked_blocks(g, y, out):
+            pass
+        return out
+
+    def relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``relu_grad(g, y)`` and its sum over every axis but the last: a dense layer's
+        pre-activation gradient and its bias gradient, in one pass."""
+        if not _blocked(g, y):
+            dz = self.relu_grad(g, y)
+            # float32 accumulation at least (float64 keeps its own)
+            acc = np.result_type(dz.dtype, _F32)
+            total = np.add.reduce(dz.reshape(-1, dz.shape[-1]), axis=0, dtype=acc)
+            return dz, self._rounded(total, dz.dtype)
+        out = self.buffer(y.shape, g.dtype)
+        total = np.zeros(y.shape[-1], _F32)
+        for block in _masked_blocks(g, y, out):
+            total += np.add.reduce(block, axis=0, dtype=_F32)
+        return out, self._rounded(total, g.dtype)
+
+    def _rounded(self, total: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        return total if dtype == total.dtype else self.convert(total, dtype)
