@@ -120,12 +120,20 @@ class Support:
 class KernelSet:
     """Kernels a plugin adds to (or overrides in) an existing backend, through the hook
     ``mpcore_kernels``. ``fast_dtypes`` names the 16-bit dtypes whose allow-list ops these
-    kernels run at hardware speed, so the backend's verdict can say "fast" and why."""
+    kernels run at hardware speed, so the backend's verdict can say "fast" and why.
+
+    ``wraps`` maps a kernel name to a factory that receives the kernel the table holds when
+    this set is installed (the backend's own, an earlier plugin's, or None) and returns one
+    that handles part of the work and hands the rest to it. Two providers can then each take
+    over a share of one kernel, in whichever order they load: the CPU backend's ``convert``
+    gets float16 from ONNX Runtime and bfloat16 from oneDNN."""
 
     provider: str
     kernels: Mapping[str, Callable[..., Any]]
     fast_dtypes: frozenset[str] = frozenset()
     reason: str = ""
+    wraps: Mapping[str, Callable[[Callable[..., Any] | None], Callable[..., Any]]] = field(
+        default_factory=dict)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -226,12 +234,9 @@ class Backend:
                                       + ", ".join(missing))
         table = {name: getattr(self, name) for name in (*REQUIRED_KERNELS, *OPTIONAL_KERNELS)
                  if callable(getattr(self, name, None))}
-        from mpcore.plugins import kernel_sets_for  # late: plugins import the registry
+        from mpcore.plugins import install_kernel_sets  # late: plugins import the registry
 
-        sets = tuple(kernel_sets_for(self))
-        for kernel_set in sets:
-            table.update(kernel_set.kernels)
-        self._kernel_sets = sets
+        self._kernel_sets = install_kernel_sets(self, table)
         self.categories()
         self._kernel_table = table
 

@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -155,6 +155,27 @@ def _initializing(module_name: str) -> bool:
 
 def kernel_sets_for(backend: Backend) -> list[KernelSet]:
     return get_plugins().kernel_sets_for(backend)
+
+
+def install_kernel_sets(backend: Backend, table: dict[str, Any]) -> tuple[KernelSet, ...]:
+    """Put the plugins' kernel sets for ``backend`` into its kernel ``table``, in load order:
+    a set's ``kernels`` replace entries, then its ``wraps`` build on the entry the table holds
+    (the backend's own kernel or an earlier set's, None where there is none). A set whose wrap
+    raises is reported like a plugin that fails to import and leaves the table as it was."""
+    plugins = get_plugins()
+    installed = []
+    for kernel_set in plugins.kernel_sets_for(backend):
+        staged = {**table, **kernel_set.kernels}
+        try:
+            for name, wrap in kernel_set.wraps.items():
+                staged[name] = wrap(staged.get(name))
+        except Exception as exc:
+            plugins._fail(kernel_set.provider, "mpcore_kernels (wraps)", exc)
+            continue
+        table.clear()
+        table.update(staged)
+        installed.append(kernel_set)
+    return tuple(installed)
 
 
 def plugin_errors() -> list[PluginError]:

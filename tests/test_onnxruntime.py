@@ -164,7 +164,10 @@ def test_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         mpcore_onnxruntime.mpcore_kernels(CpuBackend())
     monkeypatch.setenv("MPCORE_ONNXRUNTIME", "off")
     be = CpuBackend()
-    assert "convert" not in be.kernels()
+    chain = [be.kernels().get("convert")]   # oneDNN may still convert bfloat16
+    while hasattr(chain[-1], "fallback"):
+        chain.append(chain[-1].fallback)
+    assert not any(isinstance(k, mpcore_onnxruntime.FastCast) for k in chain)
     assert mpcore_onnxruntime.status().startswith("off")
 
 

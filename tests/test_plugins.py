@@ -10,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
 
@@ -261,6 +263,59 @@ def test_in_process_registration_and_hook_docs() -> None:
         plugins.backends.pop("cpu-in-process-test", None)
         plugins.backend_origin.pop("cpu-in-process-test", None)
     assert "cpu-in-process-test" not in [b.name for b in mp.backends()]
+
+
+def test_kernel_sets_wrap_the_kernel_already_installed_and_a_failing_wrap_is_reported(
+        ) -> None:
+    """Two providers each take a share of one kernel through ``wraps`` (each hands the rest
+    to the kernel it wrapped); a wrap that raises is reported and installs nothing."""
+
+    class Target(CpuBackend):
+        name = "cpu-wraps-test"
+
+    seen: list[str] = []
+
+    def wrapper(tag: str) -> Any:
+        def wrap(previous: Any) -> Any:
+            def tanh(x: Any) -> Any:
+                seen.append(tag)
+                return previous(x)
+            return tanh
+        return wrap
+
+    def broken(previous: Any) -> Any:
+        raise RuntimeError("no such library")
+
+    class Plugin:
+        def __init__(self, tag: str, wrap: Any) -> None:
+            self.tag, self.wrap = tag, wrap
+
+        @mp.hookimpl
+        def mpcore_kernels(self, backend: mp.Backend) -> mp.KernelSet | None:
+            if backend.name != Target.name:
+                return None
+            return mp.KernelSet(provider=f"wraps-{self.tag}", kernels={"exp": lambda x: x},
+                                wraps={"tanh": self.wrap})
+
+    plugins = get_plugins()
+    names = ["wraps-a", "wraps-b", "wraps-broken"]
+    for name, wrap in zip(names, (wrapper("a"), wrapper("b"), broken)):
+        plugins.register(Plugin(name.split("-")[1], wrap), name=name)
+    errors_before = len(plugins.errors)
+    try:
+        be = Target()
+        out = be.kernels()["tanh"](np.array([0.5], np.float32))
+        assert out == np.tanh(np.float32(0.5))
+        assert sorted(seen) == ["a", "b"]                       # each share ran once
+        assert sorted(ks.provider for ks in be.kernel_sets) == ["wraps-a", "wraps-b"]
+        new = plugins.errors[errors_before:]
+        assert [(e.plugin, e.target) for e in new] == [("wraps-broken",
+                                                        "mpcore_kernels (wraps)")]
+        assert "no such library" in new[0].error
+    finally:
+        for name in names:
+            plugins.manager.unregister(name=name)
+        del plugins.errors[errors_before:]
 
 
 def test_builtin_backends_come_from_entry_points() -> None:

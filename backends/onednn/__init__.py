@@ -41,6 +41,7 @@ from mpcore.settings import env_choice
 
 from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
 from .elementwise import BinaryCache
+from .reorder import ReorderCache, ReorderCast
 from .updates import MAKERS as UPDATE_MAKERS
 
 __all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "float32_wanted",
@@ -221,6 +222,12 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
             update = getattr(backend, name, None)
             if update is not None:
                 kernels[name] = make(update, passes, alloc)
+    from mpcore_cpu.backend import convert
+
+    # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the
+    # convert kernel already installed (ONNX Runtime's float16 one, if any)
+    reorders = ReorderCache(lib)
+    wraps = {"convert": lambda previous: ReorderCast(previous or convert, reorders, alloc)}
     if "bfloat16" in dtypes:
         where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
     else:
@@ -231,6 +238,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     return KernelSet(
         provider="mpcore_onednn",
         kernels=kernels,
+        wraps=wraps,
         fast_dtypes=fast,
         reason=(f"{lib.describe()}, bfloat16 matmul with float32 accumulation" if fast else
                 f"{lib.describe()}, float32 matmul and optimizer updates"),

@@ -147,6 +147,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dnnl_binary_primitive_desc_create": [ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp,
                                               _vp, _vp],
         "dnnl_primitive_attr_set_scratchpad_mode": [_vp, ctypes.c_int],
+        "dnnl_reorder_primitive_desc_create": [ctypes.POINTER(_vp), _vp, _vp, _vp, _vp, _vp],
     }
     for name, argtypes in sig.items():
         fn = getattr(lib, name)

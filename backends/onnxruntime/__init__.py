@@ -57,6 +57,8 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     _status = "used: float16 <-> float32 conversions through ONNX Runtime's Cast"
     return KernelSet(
         provider="mpcore_onnxruntime",
-        kernels={"convert": FastCast(convert, alloc)},
+        kernels={},
+        # built on the convert kernel already installed (oneDNN's bfloat16 one, if any)
+        wraps={"convert": lambda previous: FastCast(previous or convert, alloc)},
         reason="ONNX Runtime's vectorised float16 <-> float32 conversions",
     )
