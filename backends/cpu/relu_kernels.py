@@ -12,10 +12,10 @@ after a 1024^3 GEMM as in a step, medians of 25): three whole-array passes (comp
 and) 1.85 ms; blocks of 8K elements 1.82, 16K 1.60, 32K 1.51, 64K 1.47 ms. float16: 1.63 ms
 whole-array, 1.29 ms in 64K blocks.
 
-``relu_grad_bias`` adds each block's column sums (float32 accumulation, rounded once for a
-16-bit ``g``) to the bias gradient while the block is in cache: the separate pass it replaces
-(``ones @ dz``, a GEMV that reads the 4 MB gradient of a 1024-wide layer back from memory)
-cost ~0.4 ms per layer in a step here.
+``relu_grad_bias`` adds each block's float32 column sums to the bias gradient while the block
+is in cache: the separate pass it replaces (``ones @ dz``, a GEMV that reads the 4 MB gradient
+of a 1024-wide layer back from memory) cost ~0.4 ms per layer in a step here. 16-bit gradients
+keep that GEMV (see the kernel).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class ReluKernels:
 
     buffer: Any
     convert: Any
+    kernels: Any
 
     def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
         if not _blocked(g, y):
@@ -86,6 +87,17 @@ class ReluKernels:
     def relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``relu_grad(g, y)`` and its sum over every axis but the last: a dense layer's
         pre-activation gradient and its bias gradient, in one pass."""
+        if g.dtype != _F32 and _blocked(g, y):
+            # 16-bit: the GEMV ``ones @ dz`` through the backend's matmul kernel, as the
+            # composite op does. Its 16-bit operands are multiplied in float32 (or natively in
+            # bfloat16 on oneDNN), and the float32 copy of dz it needs is the one the layer's
+            # GEMMs make and keep anyway, where summing the 16-bit blocks here would convert
+            # them element by element in NumPy (9 ms per float16 step of the guide's MLP).
+            dz = self.relu_grad(g, y)
+            # dz itself where it is 2-D: the backend remembers float32 copies by identity
+            rows = dz if dz.ndim == 2 else dz.reshape(-1, dz.shape[-1])
+            ones = np.ones((1, len(rows)), dz.dtype)
+            return dz, self.kernels()["matmul"](ones, rows, False, False).reshape(-1)
         if not _blocked(g, y):
             dz = self.relu_grad(g, y)
             # float32 accumulation at least (float64 keeps its own)
