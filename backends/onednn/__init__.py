@@ -10,7 +10,9 @@ operands in place through strided memory descriptors. float32 operands go to one
 the train step's shapes here, and the fused bias + relu saves two passes per layer. With float32
 on, the fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights also run on oneDNN
 (binary primitives on its OpenMP team, both cores, bit for bit the CPU kernels' results; see
-``updates.py``). oneDNN 3.2
+``updates.py``). Whenever the plugin is in use, float32 <-> bfloat16 conversions of the CPU
+backend run as oneDNN reorders too (``reorder.py``: bit for bit ``astype``, about 2x faster
+than ml_dtypes after a GEMM), wrapped around whatever ``convert`` kernel is installed. oneDNN 3.2
 has no float16 matmul without avx512_fp16 (nor a fast float16 reorder), so float16 (and
 bfloat16 on a CPU without avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's
 float32 copies, rounded once, exactly as the CPU backend's own kernels do with NumPy.
