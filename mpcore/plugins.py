@@ -153,10 +153,6 @@ def _initializing(module_name: str) -> bool:
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
-def kernel_sets_for(backend: Backend) -> list[KernelSet]:
-    return get_plugins().kernel_sets_for(backend)
-
-
 def install_kernel_sets(backend: Backend, table: dict[str, Any]) -> tuple[KernelSet, ...]:
     """Put the plugins' kernel sets for ``backend`` into its kernel ``table``, in load order:
     a set's ``kernels`` replace entries, then its ``wraps`` build on the entry the table holds

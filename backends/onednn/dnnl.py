@@ -294,6 +294,22 @@ class PrimitiveCache:
                 self._destroy(self._entries.popitem(last=False)[1])
             return entry
 
+    def _desc(self, shape: tuple[int, ...], dtype: str, column_major: bool = False) -> Any:
+        """A dense memory descriptor (its entry destroys it)."""
+        md = _vp()
+        _check(self.library.lib.dnnl_memory_desc_create_with_strides(
+            ctypes.byref(md), len(shape), _Dims(*shape), DATA_TYPES[dtype],
+            _Dims(*_strides(shape, column_major))), "dnnl_memory_desc_create_with_strides")
+        return md
+
+    def _memory(self, md: Any) -> Any:
+        """A memory object for ``md`` without data (DNNL_MEMORY_NONE): its handle is set
+        before each execution."""
+        mem = _vp()
+        _check(self.library.lib.dnnl_memory_create(ctypes.byref(mem), md, self.library.engine,
+                                                   None), "dnnl_memory_create")
+        return mem
+
     def _execute(self, entry: Entry, arrays: tuple[np.ndarray, ...],
                  scratch_address: int | None = None) -> None:
         """Point the entry's memory objects at ``arrays`` (in argument order) and its
@@ -420,11 +436,7 @@ class MatmulCache(PrimitiveCache):
             layouts.append(((1,) * (len(out_shape) - 1) + out_shape[-1:], False, bias_dtype))
         try:
             for shape, cm, dtype in layouts:
-                md = _vp()
-                _check(lib.dnnl_memory_desc_create_with_strides(
-                    ctypes.byref(md), len(shape), _Dims(*shape), DATA_TYPES[dtype],
-                    _Dims(*_strides(shape, cm))), "dnnl_memory_desc_create_with_strides")
-                descs.append(md)
+                descs.append(self._desc(shape, dtype, cm))
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
                    "dnnl_primitive_attr_create")
             _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_MODE_USER),
@@ -442,17 +454,12 @@ class MatmulCache(PrimitiveCache):
             _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
                    "dnnl_primitive_create")
             for md in descs:
-                mem = _vp()
-                # DNNL_MEMORY_NONE: the handle is set before each execution
-                _check(lib.dnnl_memory_create(ctypes.byref(mem), md, self.library.engine, None),
-                       "dnnl_memory_create")
-                mems.append(mem)
+                mems.append(self._memory(md))
             # owned by the primitive descriptor: not destroyed here
             scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
             scratch_bytes = lib.dnnl_memory_desc_get_size(scratch_md) if scratch_md else 0
             if scratch_bytes:
-                _check(lib.dnnl_memory_create(ctypes.byref(scratch_mem), scratch_md,
-                                              self.library.engine, None), "dnnl_memory_create")
+                scratch_mem = self._memory(scratch_md)
         except DnnlError:
             self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock(),
                                  scratch_mem or None))

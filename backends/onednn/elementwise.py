@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .dnnl import DATA_TYPES, Entry, Library, PrimitiveCache, _check, _Dims, _ExecArg, _vp
+from .dnnl import Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
 # dnnl_alg_kind_t values of oneDNN v3 (dnnl_types.h)
 BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4, "sub": 0x1FFF5}
@@ -64,12 +64,8 @@ class BinaryCache(PrimitiveCache):
         pd, primitive, attr, ops = _vp(), _vp(), _vp(), _vp()
 
         def desc(length: int) -> Any:
-            md = _vp()
-            _check(lib.dnnl_memory_desc_create_with_strides(
-                ctypes.byref(md), 1, _Dims(length), DATA_TYPES["float32"], _Dims(1)),
-                "dnnl_memory_desc_create_with_strides")
-            descs.append(md)
-            return md
+            descs.append(self._desc((length,), "float32"))
+            return descs[-1]
 
         try:
             full = desc(n)
@@ -95,11 +91,7 @@ class BinaryCache(PrimitiveCache):
             _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
                    "dnnl_primitive_create")
             for _, md in slots:
-                mem = _vp()
-                # DNNL_MEMORY_NONE: the handle is set before each execution
-                _check(lib.dnnl_memory_create(ctypes.byref(mem), md, self.library.engine, None),
-                       "dnnl_memory_create")
-                mems.append(mem)
+                mems.append(self._memory(md))
         except Exception:
             self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
             raise

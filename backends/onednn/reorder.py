@@ -18,7 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .dnnl import DATA_TYPES, Entry, Library, PrimitiveCache, _check, _Dims, _ExecArg, _vp
+from .dnnl import Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
 _ARG_FROM, _ARG_TO = 1, 17
 
@@ -42,11 +42,7 @@ class ReorderCache(PrimitiveCache):
         pd, primitive = _vp(), _vp()
         try:
             for dtype in (src_type, dst_type):
-                md = _vp()
-                _check(lib.dnnl_memory_desc_create_with_strides(
-                    ctypes.byref(md), 1, _Dims(n), DATA_TYPES[dtype], _Dims(1)),
-                    "dnnl_memory_desc_create_with_strides")
-                descs.append(md)
+                descs.append(self._desc((n,), dtype))
             engine = self.library.engine
             _check(lib.dnnl_reorder_primitive_desc_create(
                 ctypes.byref(pd), descs[0], engine, descs[1], engine, None),
@@ -54,11 +50,7 @@ class ReorderCache(PrimitiveCache):
             _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
                    "dnnl_primitive_create")
             for md in descs:
-                mem = _vp()
-                # DNNL_MEMORY_NONE: the handle is set before each execution
-                _check(lib.dnnl_memory_create(ctypes.byref(mem), md, engine, None),
-                       "dnnl_memory_create")
-                mems.append(mem)
+                mems.append(self._memory(md))
         except Exception:
             self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock()))
             raise
