@@ -344,6 +344,113 @@ def test_float32_off_keeps_the_numpy_updates(monkeypatch: pytest.MonkeyPatch) ->
     assert kernel_set is not None and not set(UPDATES) & set(kernel_set.kernels)
 
 
+# --- a dense layer's relu backward on oneDNN's threads ---------------------------------------
+def _relu_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, Any]:
+    _library_or_skip()
+    monkeypatch.setenv("MPCORE_ONEDNN", "auto")
+    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
+    backend = CpuBackend()
+    kernel = backend.kernels()["relu_grad_bias"]
+    assert kernel.__module__ == "mpcore_onednn.relu", "not installed"
+    return backend, kernel
+
+
+def _relu_operands(rng: np.random.Generator, shape: tuple[int, ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Upstream gradients with signed zeros and subnormals; relu outputs (and arbitrary y)
+    with every special value, NaN of both signs included, sprinkled over the array."""
+    g = rng.standard_normal(shape, dtype=np.float32)
+    y = np.maximum(rng.standard_normal(shape, dtype=np.float32), 0)
+    flat_g, flat_y = g.reshape(-1), y.reshape(-1)
+    where = rng.choice(flat_y.size, 4000, replace=False)
+    flat_g[where[:1000]] = rng.choice(np.array([0.0, -0.0, 1e-45, -1e-45], np.float32), 1000)
+    flat_y[where[1000:]] = rng.choice(np.array([np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-45,
+                                                np.inf, -np.inf, -1.0, 3e38], np.float32), 3000)
+    return g, y
+
+
+@pytest.mark.parametrize("shape", [(512, 1024), (4, 128, 300)])
+def test_relu_grad_bias_gives_the_cpu_kernels_bits_on_two_threads(
+        monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]) -> None:
+    import mpcore_onednn.relu as relu
+
+    backend, kernel = _relu_or_skip(monkeypatch)
+    ran = []
+    select = relu._select
+    monkeypatch.setattr(relu, "_select", lambda *a: ran.append(1) or select(*a))
+    g, y = _relu_operands(np.random.default_rng(11), shape)
+    dz, db = kernel(g, y)
+    want_dz, _ = backend.relu_grad_bias(g, y)
+    assert ran, "it did not run on oneDNN"
+    assert dz.dtype == np.float32 and dz.shape == shape and db.shape == (shape[-1],)
+    assert np.array_equal(dz.view(np.uint32), want_dz.view(np.uint32))  # signed zeros too
+    rows = want_dz.reshape(-1, shape[-1]).astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * np.abs(rows).sum(axis=0) + 1e-30
+    assert (np.abs(db - rows.sum(axis=0)) <= bound).all()
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("alive", [False, True])
+def test_relu_grad_bias_redoes_a_non_finite_gradient_on_the_cpu_kernel(
+        monkeypatch: pytest.MonkeyPatch, bad: float, alive: bool) -> None:
+    """inf * 0 and inf - inf would put NaN where relu's gradient is +0 (a dead unit) or inf
+    (a live one): the non-finite bias gradient sends the call to the exact kernel."""
+    backend, kernel = _relu_or_skip(monkeypatch)
+    g, y = _relu_operands(np.random.default_rng(5), (256, 1024))
+    y[7, 9] = 2.0 if alive else 0.0
+    g[7, 9] = bad
+    with np.errstate(all="ignore"):
+        dz, db = kernel(g, y)
+        want_dz, want_db = backend.relu_grad_bias(g, y)
+    assert _same_bits(dz, want_dz) and _same_bits(db, want_db)
+    assert np.isfinite(db).all() != alive
+
+
+def test_relu_grad_bias_leaves_other_calls_to_the_cpu_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import mpcore_onednn.relu as relu
+
+    backend, kernel = _relu_or_skip(monkeypatch)
+    ran = []
+    monkeypatch.setattr(relu, "_select", lambda *a: ran.append(1))
+    rng = np.random.default_rng(2)
+    big = rng.standard_normal((512, 512), dtype=np.float32)
+    for g, y in [(big[:64, :64], big[:64, :64]),                     # small
+                 (big[:, ::2], np.ascontiguousarray(big[:, ::2])),     # strided
+                 (big, big[:, :1]),                                    # broadcast
+                 (big.astype(np.float16), big.astype(np.float16))]:    # another dtype
+        got = kernel(g, y)
+        want = backend.relu_grad_bias(g, y)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert not ran
+
+
+def test_relu_grad_bias_trusts_onednn_only_after_the_probe(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NaN rule rests on how oneDNN computes max: a library that disagreed would leave
+    the job to the CPU kernel for the whole process."""
+    import mpcore_onednn.relu as relu
+
+    backend, kernel = _relu_or_skip(monkeypatch)
+    assert relu._probe(kernel.cache, backend.relu_grad_bias)   # this library passes
+    monkeypatch.setattr(relu, "_probe", lambda cache, original: False)
+    backend, kernel = _relu_or_skip(monkeypatch)
+    ran = []
+    monkeypatch.setattr(relu, "_select", lambda *a: ran.append(1))
+    g, y = _relu_operands(np.random.default_rng(4), (512, 512))
+    dz, _ = kernel(g, y)
+    assert not ran and kernel.probe == {"ok": False}
+    assert np.array_equal(dz.view(np.uint32), backend.relu_grad(g, y).view(np.uint32))
+
+
+def test_float32_off_keeps_the_numpy_relu_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    _library_or_skip()
+    monkeypatch.setenv("MPCORE_ONEDNN", "force")
+    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")
+    kernel_set = mpcore_onednn.mpcore_kernels(CpuBackend())
+    assert kernel_set is not None and "relu_grad_bias" not in kernel_set.kernels
+
+
 # --- float32 <-> bfloat16 conversions as reorders -------------------------------------------
 def _reorder_cast(fallback: Any = None) -> Any:
     from mpcore_onednn.reorder import ReorderCache, ReorderCast

@@ -6,16 +6,17 @@ implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its 
 ``dense`` kernels for bfloat16 operands with oneDNN's matmul primitive (bfloat16 in, float32
 accumulation, bfloat16 out; ``dense`` fuses the bias and relu as post-ops), reading transposed
 operands in place through strided memory descriptors. float32 operands go to oneDNN as well
-(``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
-the train step's shapes here, and the fused bias + relu saves two passes per layer. With float32
-on, the fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights also run on oneDNN
-(binary primitives on its OpenMP team, both cores, bit for bit the CPU kernels' results; see
-``updates.py``). Whenever the plugin is in use, float32 <-> bfloat16 conversions of the CPU
-backend run as oneDNN reorders too (``reorder.py``: bit for bit ``astype``, about 2x faster
-than ml_dtypes after a GEMM), wrapped around whatever ``convert`` kernel is installed. oneDNN 3.2
-has no float16 matmul without avx512_fp16 (nor a fast float16 reorder), so float16 (and
-bfloat16 on a CPU without avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's
-float32 copies, rounded once, exactly as the CPU backend's own kernels do with NumPy.
+(``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on the
+train step's shapes here, and the fused bias + relu saves two passes per layer. With float32 on,
+the fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights and a dense layer's relu
+backward with its bias gradient also run on oneDNN (binary primitives on its OpenMP team, both
+cores, bit for bit the CPU kernels' results; see ``updates.py`` and ``relu.py``). Whenever the
+plugin is in use, float32 <-> bfloat16 conversions of the CPU backend run as oneDNN reorders too
+(``reorder.py``: bit for bit ``astype``, about 2x faster than ml_dtypes after a GEMM), wrapped
+around whatever ``convert`` kernel is installed. oneDNN 3.2 has no float16 matmul without
+avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU without avx512_bf16) is
+multiplied by the float32 GEMM on the CPU backend's float32 copies, rounded once, exactly as the
+CPU backend's own kernels do with NumPy.
 
 ``MPCORE_ONEDNN`` chooses when:
 
@@ -43,6 +44,7 @@ from mpcore.settings import env_choice
 
 from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
 from .elementwise import BinaryCache
+from .relu import make_relu_grad_bias
 from .reorder import ReorderCache, ReorderCast
 from .updates import MAKERS as UPDATE_MAKERS
 
@@ -224,6 +226,10 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
             update = getattr(backend, name, None)
             if update is not None:
                 kernels[name] = make(update, passes, alloc)
+        relu_grad_bias = getattr(backend, "relu_grad_bias", None)
+        if relu_grad_bias is not None:
+            kernels["relu_grad_bias"] = make_relu_grad_bias(relu_grad_bias, passes,
+                                                            kernels["matmul"], alloc)
     from mpcore_cpu.backend import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the
@@ -243,5 +249,5 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         wraps=wraps,
         fast_dtypes=fast,
         reason=(f"{lib.describe()}, bfloat16 matmul with float32 accumulation" if fast else
-                f"{lib.describe()}, float32 matmul and optimizer updates"),
+                f"{lib.describe()}, float32 matmul, optimizer updates and relu backward"),
     )

@@ -6,9 +6,10 @@ cannot use that core either (tried: no gain). A oneDNN primitive runs on that sa
 so an update pass through oneDNN gets both cores.
 
 Every operation offered here is one IEEE float32 instruction per element (add, sub, mul, div,
-sqrt), each rounded once, in the order given, so a chain reproduces NumPy's float32 ufuncs bit
-for bit. (oneDNN's ``linear`` eltwise is an FMA, which would not: it is deliberately absent;
-a product by a hyperparameter is a binary post-op with a one-element operand.)
+sqrt), each rounded once, in the order given, so a chain reproduces NumPy's float32 ufuncs bit for
+bit; ``max`` and ``gt`` (1.0 or 0.0) round nothing (see relu.py for their NaN rules). (oneDNN's
+``linear`` eltwise is an FMA, which would not: it is deliberately absent; a product by a
+hyperparameter is a binary post-op with a one-element operand.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 from .dnnl import Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
 # dnnl_alg_kind_t values of oneDNN v3 (dnnl_types.h)
-BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "div": 0x1FFF4, "sub": 0x1FFF5}
+BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "div": 0x1FFF4, "sub": 0x1FFF5,
+          "gt": 0x1FFF7}
 ELTWISE = {"sqrt": 0x25}
 _ARG_SRC_0, _ARG_SRC_1, _ARG_DST = 1, 2, 17
 _ARG_POST_OP_BASE = 32768  # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE in oneDNN v3

@@ -14,8 +14,7 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
     RMSprop   tmp = (g * g) * (1 - rho)
               ms  = ms * rho + tmp
               tmp = sqrt(ms + epsilon)
-              tmp = (g * -lr) / tmp
-              var = var + tmp
+              var = (g * -lr) / tmp + var
     SGD       var = var + g * -lr                             (no momentum)
               tmp = g * -lr;  vel = vel * m + tmp;  var = var + vel
               (Nesterov: var = (vel * m + tmp) + var)
@@ -85,8 +84,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
         cache.run("mul", g, g, tmp, [("mul", "scalar")], [_scalar(1.0 - rho)])
         cache.run("mul", s, _scalar(rho), s, [("add", "full")], [tmp])
         cache.run("add", s, _scalar(epsilon), tmp, [("sqrt",)])
-        cache.run("mul", g, -_scalar(lr), tmp, [("div", "full")], [tmp])
-        cache.run("add", v, tmp, v)
+        cache.run("mul", g, -_scalar(lr), v, [("div", "full"), ("add", "full")], [tmp, v])
         return None
 
     return _mark(rmsprop_update, original, cache)
