@@ -369,41 +369,49 @@ def _relu_operands(rng: np.random.Generator, shape: tuple[int, ...]
     return g, y
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", [(512, 1024), (4, 128, 300)])
 def test_relu_grad_bias_gives_the_cpu_kernels_bits_on_two_threads(
-        monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...]) -> None:
+        monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], dtype: np.dtype) -> None:
     import mpcore_onednn.relu as relu
 
     backend, kernel = _relu_or_skip(monkeypatch)
     ran = []
     select = relu._select
     monkeypatch.setattr(relu, "_select", lambda *a: ran.append(1) or select(*a))
-    g, y = _relu_operands(np.random.default_rng(11), shape)
+    g, y = (a.astype(dtype) for a in _relu_operands(np.random.default_rng(11), shape))
     dz, db = kernel(g, y)
-    want_dz, _ = backend.relu_grad_bias(g, y)
+    want_dz, want_db = backend.relu_grad_bias(g, y)
     assert ran, "it did not run on oneDNN"
-    assert dz.dtype == np.float32 and dz.shape == shape and db.shape == (shape[-1],)
-    assert np.array_equal(dz.view(np.uint32), want_dz.view(np.uint32))  # signed zeros too
+    assert dz.dtype == dtype and dz.shape == shape and db.shape == (shape[-1],)
+    bits = np.uint32 if dtype.itemsize == 4 else np.uint16
+    assert np.array_equal(dz.view(bits), want_dz.view(bits))  # signed zeros too
+    if dtype != np.float32:  # the same GEMV as the CPU kernel's 16-bit path
+        assert np.array_equal(db.view(bits), want_db.view(bits))
+        return
     rows = want_dz.reshape(-1, shape[-1]).astype(np.float64)
     bound = 4 * np.finfo(np.float32).eps * np.abs(rows).sum(axis=0) + 1e-30
     assert (np.abs(db - rows.sum(axis=0)) <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize("alive", [False, True])
 def test_relu_grad_bias_redoes_a_non_finite_gradient_on_the_cpu_kernel(
-        monkeypatch: pytest.MonkeyPatch, bad: float, alive: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, bad: float, alive: bool, dtype: np.dtype) -> None:
     """inf * 0 and inf - inf would put NaN where relu's gradient is +0 (a dead unit) or inf
     (a live one): the non-finite bias gradient sends the call to the exact kernel."""
     backend, kernel = _relu_or_skip(monkeypatch)
     g, y = _relu_operands(np.random.default_rng(5), (256, 1024))
     y[7, 9] = 2.0 if alive else 0.0
     g[7, 9] = bad
+    g, y = g.astype(dtype), y.astype(dtype)
     with np.errstate(all="ignore"):
         dz, db = kernel(g, y)
         want_dz, want_db = backend.relu_grad_bias(g, y)
-    assert _same_bits(dz, want_dz) and _same_bits(db, want_db)
-    assert np.isfinite(db).all() != alive
+    for got, want in ((dz, want_dz), (db, want_db)):
+        _same_bits_nan_aside(got, want)
+    assert np.isfinite(db.astype(np.float32)).all() != alive
 
 
 def test_relu_grad_bias_leaves_other_calls_to_the_cpu_kernel(
@@ -418,7 +426,8 @@ def test_relu_grad_bias_leaves_other_calls_to_the_cpu_kernel(
     for g, y in [(big[:64, :64], big[:64, :64]),                     # small
                  (big[:, ::2], np.ascontiguousarray(big[:, ::2])),     # strided
                  (big, big[:, :1]),                                    # broadcast
-                 (big.astype(np.float16), big.astype(np.float16))]:    # another dtype
+                 (big.astype(np.float16), big.astype(np.float16)),    # another dtype
+                 (big, big.astype(BF16))]:                             # two dtypes
         got = kernel(g, y)
         want = backend.relu_grad_bias(g, y)
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
@@ -432,15 +441,39 @@ def test_relu_grad_bias_trusts_onednn_only_after_the_probe(
     import mpcore_onednn.relu as relu
 
     backend, kernel = _relu_or_skip(monkeypatch)
-    assert relu._probe(kernel.cache, backend.relu_grad_bias)   # this library passes
-    monkeypatch.setattr(relu, "_probe", lambda cache, original: False)
+    for dtype in (np.dtype(np.float32), BF16):                   # this library passes
+        assert relu._probe(kernel.cache, backend.relu_grad_bias, dtype)
+    monkeypatch.setattr(relu, "_probe", lambda cache, original, dtype: False)
     backend, kernel = _relu_or_skip(monkeypatch)
     ran = []
     monkeypatch.setattr(relu, "_select", lambda *a: ran.append(1))
     g, y = _relu_operands(np.random.default_rng(4), (512, 512))
     dz, _ = kernel(g, y)
-    assert not ran and kernel.probe == {"ok": False}
+    assert not ran and kernel.trusted == {np.dtype(np.float32): False}
     assert np.array_equal(dz.view(np.uint32), backend.relu_grad(g, y).view(np.uint32))
+
+
+def test_relu_grad_bias_without_the_primitive_stays_on_the_cpu_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A oneDNN build or CPU without the bfloat16 binary primitive: reported as
+    dnnl_unimplemented, never raised to the training step."""
+    backend, kernel = _relu_or_skip(monkeypatch)
+
+    def unimplemented(*args: Any, **kwargs: Any) -> None:
+        raise dnnl.DnnlError("dnnl_binary_primitive_desc_create failed: dnnl_unimplemented")
+
+    monkeypatch.setattr(kernel.cache, "run", unimplemented)
+    g, y = _relu_operands(np.random.default_rng(6), (512, 512))
+    for dtype in (np.dtype(np.float32), BF16):
+        dz, db = kernel(g.astype(dtype), y.astype(dtype))
+        want_dz, want_db = backend.relu_grad_bias(g.astype(dtype), y.astype(dtype))
+        _same_bits_nan_aside(dz, want_dz)
+        _same_bits_nan_aside(db, want_db)
+    assert kernel.trusted == {np.dtype(np.float32): False, BF16: False}
+    kernel.trusted[BF16] = True      # past the probe, the call itself fails: the same answer
+    dz, _ = kernel(g.astype(BF16), y.astype(BF16))
+    _same_bits_nan_aside(dz, backend.relu_grad(g.astype(BF16), y.astype(BF16)))
+    assert kernel.trusted[BF16] is False
 
 
 def test_float32_off_keeps_the_numpy_relu_backward(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,35 +42,38 @@ PostOp = tuple[str, ...]
 
 
 class BinaryCache(PrimitiveCache):
-    """``dst = post_ops(src0 <op> src1)`` over flat float32 arrays, one primitive per problem
-    (LRU-cached by length, operation, whether ``src1`` is a one-element scalar, and post-ops).
-    A binary post-op takes its own operand, in order, in ``post_operands``."""
+    """``dst = post_ops(src0 <op> src1)`` over flat arrays, one primitive per problem
+    (LRU-cached by length, operation, whether ``src1`` is a one-element scalar, post-ops and
+    dtype). A binary post-op takes its own operand, in order, in ``post_operands``."""
 
     def __init__(self, library: Library, max_entries: int = 64) -> None:
         super().__init__(library, max_entries)
 
     def run(self, op: str, src0: np.ndarray, src1: np.ndarray, dst: np.ndarray,
-            post_ops: Sequence[PostOp] = (), post_operands: Sequence[np.ndarray] = ()) -> None:
-        """Execute on C-contiguous float32 arrays of one length (``src1`` and "scalar" post-op
-        operands have one element, broadcast). ``dst`` may be ``src0``, ``src1`` or a post-op
-        operand: each element is read before it is written."""
+            post_ops: Sequence[PostOp] = (), post_operands: Sequence[np.ndarray] = (),
+            dtype: str = "float32") -> None:
+        """Execute on C-contiguous arrays of one length and of ``dtype`` ("float32" or
+        "bfloat16"; oneDNN computes in float32 and rounds the result once), and one-element
+        float32 arrays for ``src1`` and "scalar" post-op operands, broadcast. ``dst`` may be
+        ``src0``, ``src1`` or a post-op operand: each element is read before it is written."""
         n = src0.size
-        key = (n, op, src1.size == 1 and n != 1, tuple(post_ops))
+        key = (n, op, src1.size == 1 and n != 1, tuple(post_ops), dtype)
         entry = self._get(key, lambda: self._create(*key))
         self._execute(entry, (src0, src1, dst, *post_operands))
 
-    def _create(self, n: int, op: str, scalar: bool, post_ops: tuple[PostOp, ...]) -> Entry:
+    def _create(self, n: int, op: str, scalar: bool, post_ops: tuple[PostOp, ...],
+                dtype: str) -> Entry:
         lib = self.library.lib
         descs: list[Any] = []
         mems: list[Any] = []
         pd, primitive, attr, ops = _vp(), _vp(), _vp(), _vp()
 
-        def desc(length: int) -> Any:
-            descs.append(self._desc((length,), "float32"))
+        def desc(length: int, kind: str = "float32") -> Any:
+            descs.append(self._desc((length,), kind))
             return descs[-1]
 
         try:
-            full = desc(n)
+            full = desc(n, dtype)
             second = desc(1) if scalar else full
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
                    "dnnl_primitive_attr_create")
