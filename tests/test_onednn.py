@@ -336,6 +336,44 @@ def test_updates_respect_the_flag_and_fall_back_where_they_must(
     assert kernel.cache.misses == misses
 
 
+@pytest.mark.parametrize("inv_scale", [2.0**-15, 0.75, 4.0])
+@pytest.mark.parametrize("bad", [None, np.inf, np.nan, 3e38])
+@pytest.mark.parametrize("where", [0, 3])
+def test_unscale_and_check_matches_the_cpu_kernel(
+        monkeypatch: pytest.MonkeyPatch, inv_scale: float, bad: float | None,
+        where: int) -> None:
+    """Large float32 gradients are scaled on oneDNN's threads: the same bits and the same
+    flag as the CPU kernel's, for a non-finite (or, scaled by 4, overflowing) value in the
+    first or a later gradient; small, strided and 16-bit gradients take the CPU kernel."""
+    backend, kernels = _updates_or_skip(monkeypatch)
+    kernel = kernels["unscale_and_check"]
+    rng = np.random.default_rng(9)
+    big = rng.standard_normal((512, 1024), dtype=np.float32)
+    grads = [(rng.standard_normal((784, 1024)) * 1e3).astype(np.float32),
+             rng.standard_normal(300_001).astype(np.float32),
+             rng.standard_normal(10).astype(np.float32),            # small
+             big[:, ::2],                                            # strided
+             rng.standard_normal((512, 512)).astype(np.float16)]     # 16-bit
+    grads[0].reshape(-1)[:4] = [0.0, -0.0, 1e-45, -3e37]
+    if bad is not None:
+        if where == 0:
+            grads[0].reshape(-1)[12346] = bad
+        else:
+            big[5, 346] = bad               # an even column: in the strided view
+    before = [g.copy() for g in grads]
+    calls = kernel.cache.hits + kernel.cache.misses
+    with np.errstate(all="ignore"):
+        outs, flag = kernel(grads, inv_scale)
+        want, want_flag = backend.unscale_and_check(grads, inv_scale)
+    assert kernel.cache.hits + kernel.cache.misses == calls + 2   # the two large ones
+    assert bool(flag) == bool(want_flag)
+    assert bool(flag) == (bad is None or (bad == 3e38 and inv_scale < 1.0))
+    for got, expected in zip(outs, want):
+        assert got.dtype == np.float32 and _same_bits(got, expected)
+    assert all(_same_bits(g, b) if g.dtype == np.float32 else np.array_equal(g, b)
+               for g, b in zip(grads, before))                   # inputs untouched
+
+
 def test_float32_off_keeps_the_numpy_updates(monkeypatch: pytest.MonkeyPatch) -> None:
     _library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")

@@ -152,7 +152,7 @@ def _binary(ufunc: Any) -> Any:
     return kernel
 
 
-def _finite(x: np.ndarray) -> bool:
+def is_all_finite(x: np.ndarray) -> bool:
     """Whether every value of ``x`` is finite, in one pass over it in the common case.
 
     Inf and NaN propagate through a sum of squares, so a finite ``x . x`` proves a finite
@@ -445,12 +445,12 @@ class CpuBackend(ImageKernels, TrainKernels, ReluKernels, Backend):
                     u *= scale
                 outs.append(u)
                 if finite:
-                    finite = _finite(u)
+                    finite = is_all_finite(u)
         return outs, np.asarray(finite)
 
     def all_finite(self, xs: list[np.ndarray]) -> np.ndarray:
         with _quiet():
-            return np.asarray(all(_finite(x) for x in xs))
+            return np.asarray(all(is_all_finite(x) for x in xs))
 
     # --- fused versions of composite ops ------------------------------------------------
     def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:

@@ -23,6 +23,10 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
               v   = ((g * g) - v) * (1 - beta2) + v
               tmp = sqrt(v * 1) + epsilon
               var = (m * -alpha) / tmp + var
+    Unscale   u   = g * inv_scale                             (then the CPU backend's finite
+                                                               check of u; mixed_float16's
+                                                               loss scaling, 2.36 -> 1.84 ms
+                                                               per 1.8M gradients after a GEMM)
 
 Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS` go to
 the CPU backend's own kernel (for small arrays the launches cost more than they save).
@@ -150,8 +154,41 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
     return _mark(adam_update, original, cache)
 
 
-def _mark(kernel: Callable[..., None], original: Callable[..., None],
-          cache: BinaryCache) -> Callable[..., None]:
+def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
+                           alloc: Alloc | None = None,
+                           finite: Callable[[np.ndarray], bool] | None = None
+                           ) -> Callable[..., Any]:
+    """``unscale_and_check`` (the CPU kernel's signature and results): large contiguous
+    float32 gradients are multiplied on oneDNN's threads, everything else by ``original``, one
+    gradient at a time; ``finite`` is the CPU backend's exact all-finite test of an array."""
+    from mpcore_cpu.backend import is_all_finite
+
+    finite = finite or is_all_finite
+
+    def unscale_and_check(grads: list[np.ndarray], inv_scale: float
+                          ) -> tuple[list[np.ndarray], np.ndarray]:
+        scale = _scalar(inv_scale)
+        outs = []
+        ok = True
+        for g in grads:
+            if not _eligible(g):
+                (u,), flag = original([g], inv_scale)
+                outs.append(u)
+                ok = ok and bool(flag)
+                continue
+            u = (alloc or np.empty)(g.shape, _F32)
+            cache.run("mul", g.reshape(-1), scale, u.reshape(-1))
+            outs.append(u)
+            if ok:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    ok = finite(u)
+        return outs, np.asarray(ok)
+
+    return _mark(unscale_and_check, original, cache)  # type: ignore[arg-type]
+
+
+def _mark(kernel: Callable[..., Any], original: Callable[..., Any],
+          cache: BinaryCache) -> Callable[..., Any]:
     kernel.cache = cache  # type: ignore[attr-defined]
     kernel.original = original  # type: ignore[attr-defined]
     return kernel
@@ -159,4 +196,4 @@ def _mark(kernel: Callable[..., None], original: Callable[..., None],
 
 #: kernel name -> maker, for the kernels the CPU backend has.
 MAKERS = {"sgd_update": make_sgd_update, "rmsprop_update": make_rmsprop_update,
-          "adam_update": make_adam_update}
+          "adam_update": make_adam_update, "unscale_and_check": make_unscale_and_check}
