@@ -384,11 +384,8 @@ def test_float32_off_keeps_the_numpy_updates(monkeypatch: pytest.MonkeyPatch) ->
 
 # --- a dense layer's relu backward on oneDNN's threads ---------------------------------------
 def _relu_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, Any]:
-    _library_or_skip()
-    monkeypatch.setenv("MPCORE_ONEDNN", "auto")
-    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
-    backend = CpuBackend()
-    kernel = backend.kernels()["relu_grad_bias"]
+    backend, kernels = _updates_or_skip(monkeypatch)
+    kernel = kernels["relu_grad_bias"]
     assert kernel.__module__ == "mpcore_onednn.relu", "not installed"
     return backend, kernel
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from .dnnl import DnnlError
 from .elementwise import BinaryCache
-from .updates import MIN_ELEMENTS
+from .updates import MIN_ELEMENTS, _mark
 
 _F32 = np.dtype(np.float32)
 #: the dtypes it takes, by name, with the unsigned view that compares their bits
@@ -112,7 +112,5 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
             return original(g, y)
         return dz, db
 
-    relu_grad_bias.cache = cache  # type: ignore[attr-defined]
-    relu_grad_bias.original = original  # type: ignore[attr-defined]
     relu_grad_bias.trusted = trusted  # type: ignore[attr-defined]
-    return relu_grad_bias
+    return _mark(relu_grad_bias, original, cache)

@@ -155,15 +155,11 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
 
 
 def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
-                           alloc: Alloc | None = None,
-                           finite: Callable[[np.ndarray], bool] | None = None
-                           ) -> Callable[..., Any]:
+                           alloc: Alloc | None = None) -> Callable[..., Any]:
     """``unscale_and_check`` (the CPU kernel's signature and results): large contiguous
-    float32 gradients are multiplied on oneDNN's threads, everything else by ``original``, one
-    gradient at a time; ``finite`` is the CPU backend's exact all-finite test of an array."""
+    float32 gradients are multiplied on oneDNN's threads and checked by the CPU backend's exact
+    all-finite test, everything else goes to ``original``, one gradient at a time."""
     from mpcore_cpu.backend import is_all_finite
-
-    finite = finite or is_all_finite
 
     def unscale_and_check(grads: list[np.ndarray], inv_scale: float
                           ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -181,7 +177,7 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
             outs.append(u)
             if ok:
                 with np.errstate(over="ignore", invalid="ignore"):
-                    ok = finite(u)
+                    ok = is_all_finite(u)
         return outs, np.asarray(ok)
 
     return _mark(unscale_and_check, original, cache)  # type: ignore[arg-type]
