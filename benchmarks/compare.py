@@ -15,7 +15,10 @@ samples/s per path and policy, and these ratios:
   minute to minute, the paired median is the steadier figure; the range shows the noise. Rounds
   alternate which side runs first, so a drift does not always favour the same side;
 - ``vs own f32``: mpcore's policy / mpcore float32 on the same path (when float32 is among the
-  policies).
+  policies), the ratio of the medians; ``own paired``: the median of the per-round ratios (each
+  run over the float32 run of its own round). float16 on a CPU is bound by conversions, that is
+  by memory bandwidth, which a busy neighbour on the host takes more of than it takes compute:
+  the paired figure keeps such a slow minute from counting against one policy only.
 
 ``--peer-steps`` gives the peer fewer steps for chosen policies (torch's CPU float16 autocast is
 ~100x slower), e.g. ``--peer-steps mixed_float16=2``.
@@ -72,7 +75,7 @@ def median(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def paired_ratios(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[float]:
-    """mpcore / peer samples/s for every round in which both ran."""
+    """``mine`` / ``theirs`` samples/s for every round in which both ran."""
     peer = {r["round"]: r["samples_per_s"] for r in theirs if r.get("samples_per_s")}
     return [round(r["samples_per_s"] / peer[r["round"]], 3) for r in mine
             if r.get("samples_per_s") and r["round"] in peer]
@@ -170,9 +173,13 @@ def main(argv: list[str] | None = None) -> int:
                                                          if paired else None)}
     for path in a.path:
         own_f32 = summary.get("float32", {}).get(path, {}).get("mpcore_samples_per_s")
+        f32_runs = runs["float32"][path] if "float32" in runs else []
         for policy in a.policy:
             entry = summary[policy][path]
             entry["vs_own_float32"] = ratio(entry["mpcore_samples_per_s"], own_f32)
+            own = paired_ratios(runs[policy][path], f32_runs)
+            entry["vs_own_float32_rounds"] = own
+            entry["vs_own_float32_paired"] = round(statistics.median(own), 3) if own else None
 
     providers = sorted({p for pol in runs.values() for path in a.path for r in pol[path]
                         for p in r.get("providers", [])})
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if peer_steps:
         print(f"peer steps: {peer_steps} (others: {a.steps})")
     header = (f"{'path':<6}{'policy':<16}{'mpcore':>12}{'torch':>12}{'vs torch':>10}"
-              f"{'paired':>8}{'range':>14}{'vs own f32':>12}")
+              f"{'paired':>8}{'range':>14}{'vs own f32':>12}{'own paired':>12}")
     print(header)
     print("-" * len(header))
 
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path:<6}{policy:<16}{fmt(e['mpcore_samples_per_s'], '12.1f')}"
                   f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
                   f"{fmt(e['vs_torch_paired'], '8.3f')}{spread:>14}"
-                  f"{fmt(e['vs_own_float32'], '12.3f')}")
+                  f"{fmt(e['vs_own_float32'], '12.3f')}{fmt(e['vs_own_float32_paired'], '12.3f')}")
     print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
                       "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,
                       "runs": runs}))

@@ -77,7 +77,16 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
     for path in ("loop", "fit"):
         assert len(result["runs"]["float32"][path]) == 2
         assert summary["float32"][path]["vs_own_float32"] == 1.0
-        assert summary["mixed_bfloat16"][path]["mpcore_samples_per_s"] > 0
+        assert summary["float32"][path]["vs_own_float32_rounds"] == [1.0, 1.0]
+        bf16 = summary["mixed_bfloat16"][path]
+        assert bf16["mpcore_samples_per_s"] > 0
+        # each round's run over the float32 run of the same round
+        f32 = {r["round"]: r["samples_per_s"] for r in result["runs"]["float32"][path]}
+        assert bf16["vs_own_float32_rounds"] == [
+            round(r["samples_per_s"] / f32[r["round"]], 3)
+            for r in result["runs"]["mixed_bfloat16"][path]]
+        assert min(bf16["vs_own_float32_rounds"]) <= bf16["vs_own_float32_paired"] \
+            <= max(bf16["vs_own_float32_rounds"])
         assert f"\n{path:<6}mixed_bfloat16" in proc.stdout
     if with_torch:
         assert result["peer_skipped"] is None
