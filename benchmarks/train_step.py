@@ -4,6 +4,13 @@ cross-entropy), per policy and backend. One JSON line per configuration.
     python benchmarks/train_step.py --policy float32 mixed_bfloat16 --units 1024 --batch 1024
     python benchmarks/train_step.py --path fit          # through mp.Model.fit
     python benchmarks/train_step.py --quick             # tiny sizes (a smoke run)
+    python benchmarks/train_step.py --interleave 8 --policy float32 mixed_float16
+
+``--interleave ROUNDS`` builds every policy's trainer in one process and times them in turn,
+round after round (the order reversed every other round), so each policy's speed against
+float32 is paired with a float32 run of the same minute: ``vs_float32_paired``, the median of
+the per-round ratios, is the steadier figure on a VM whose speed drifts (``compare.py``'s runs
+of one policy are separate processes, minutes apart).
 
 ``--path loop`` is the guide's custom training loop written with the core API: GradientTape,
 ``mp.ops.dense`` (the Dense layer's fused matmul + bias + relu),
@@ -27,6 +34,7 @@ import itertools
 import json
 import math
 import resource
+import statistics
 import sys
 import time
 import tracemalloc
@@ -169,8 +177,60 @@ def max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int, steps: int,
-            warmup: int) -> dict[str, Any]:
+class Runner:
+    """One configuration (path, policy) ready to time: ``timed(steps)`` runs that many steps in
+    one stretch and returns seconds per step."""
+
+    def __init__(self, backend: mp.Backend, path: str, policy: str, units: int, batch: int,
+                 steps: int) -> None:
+        self.backend = backend
+        self.path = path
+        self.policy = policy
+        self.loop = LoopTrainer(backend, policy, units, batch) if path == "loop" else None
+        self.fit = FitTrainer(backend, policy, units, batch, steps) if path == "fit" else None
+
+    def run(self, steps: int) -> None:
+        if self.loop is not None:
+            for _ in range(steps):
+                self.loop.step()
+        else:
+            assert self.fit is not None
+            # the global policy as FitTrainer set it when it built the model, even when
+            # another trainer was built since (interleaved runs)
+            with mp.policy_scope(self.policy):
+                self.fit.run(steps)
+
+    def timed(self, steps: int) -> float:
+        self.backend.synchronize()
+        t0 = time.perf_counter()
+        self.run(steps)
+        self.backend.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    def finish(self, record: dict[str, Any]) -> None:
+        """Peak memory, loss and the like into ``record``; releases the global policy."""
+        try:
+            record["peak_traced_mb"] = round(peak_memory(lambda: self.run(1)), 1)
+            if self.loop is not None:
+                record["update"] = "fused" if self.loop.fused is not None else "ops"
+                loss = self.loop.loss_value()
+                if self.loop.skipped_steps:
+                    record["skipped_steps"] = self.loop.skipped_steps
+            else:
+                assert self.fit is not None
+                loss = self.fit.last_loss
+            record["loss"] = round(loss, 5) if math.isfinite(loss) else None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fit is not None:
+            self.fit.close()
+
+
+def _header(backend: mp.Backend, path: str, policy: str, units: int,
+            batch: int) -> dict[str, Any]:
+    """The record's identity, with ``skipped`` (why) where the configuration cannot run."""
     record: dict[str, Any] = {"bench": "train_step", "path": path, "backend": backend.name,
                               "policy": policy, "units": units, "batch": batch}
     if path == "fit" and not hasattr(mp, "Model"):
@@ -183,43 +243,69 @@ def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int,
         return {**record, "skipped": f"{type(exc).__name__}: {exc}"}
     record["device"] = device
     record["providers"] = [s.provider for s in backend.kernel_sets]
-    if path == "loop":
-        trainer = LoopTrainer(backend, policy, units, batch)
-        for _ in range(warmup):
-            trainer.step()
-        backend.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            trainer.step()
-        backend.synchronize()
-        dt = (time.perf_counter() - t0) / steps
-        record["update"] = "fused" if trainer.fused is not None else "ops"
-        record["peak_traced_mb"] = round(peak_memory(trainer.step), 1)
-        loss = trainer.loss_value()
-        if trainer.skipped_steps:
-            record["skipped_steps"] = trainer.skipped_steps
-    else:
-        fit = FitTrainer(backend, policy, units, batch, steps)
-        try:
-            fit.run(max(warmup, 1))
-            backend.synchronize()
-            t0 = time.perf_counter()
-            fit.run(steps)
-            backend.synchronize()
-            dt = (time.perf_counter() - t0) / steps
-            record["peak_traced_mb"] = round(peak_memory(lambda: fit.run(1)), 1)
-            loss = fit.last_loss
-        finally:
-            fit.close()
+    return record
+
+
+def _speed(record: dict[str, Any], dt: float, batch: int, units: int, steps: int) -> None:
     record.update({
         "ms_per_step": round(dt * 1e3, 3),
         "samples_per_s": round(batch / dt, 1),
         "gflops": round(flops_per_step(batch, units) / dt / 1e9, 2),
         "max_rss_mb": round(max_rss_mb(), 1),
         "steps": steps,
-        "loss": round(loss, 5) if math.isfinite(loss) else None,
     })
+
+
+def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int, steps: int,
+            warmup: int) -> dict[str, Any]:
+    record = _header(backend, path, policy, units, batch)
+    if "skipped" in record:
+        return record
+    runner = Runner(backend, path, policy, units, batch, steps)
+    try:
+        runner.run(max(warmup, 1) if path == "fit" else warmup)
+        dt = runner.timed(steps)
+    except BaseException:
+        runner.close()
+        raise
+    runner.finish(record)
+    _speed(record, dt, batch, units, steps)
     return record
+
+
+def interleaved(backend: mp.Backend, path: str, policies: list[str], units: int, batch: int,
+                steps: int, warmup: int, rounds: int) -> list[dict[str, Any]]:
+    """Every policy in one process, alternating: each round times ``steps`` steps of each
+    (the order reversed every other round), so all policies see the machine of the same
+    minute. Records as :func:`measure`'s, ``ms_per_step`` the median over rounds, plus the
+    per-round times and, with float32 among the policies, the per-round speed ratios to it
+    (``vs_float32_rounds``) and their median (``vs_float32_paired``)."""
+    records = {p: _header(backend, path, p, units, batch) for p in policies}
+    live = [p for p in policies if "skipped" not in records[p]]
+    runners: dict[str, Runner] = {}
+    times: dict[str, list[float]] = {p: [] for p in live}
+    try:
+        for p in live:
+            runners[p] = Runner(backend, path, p, units, batch, steps)
+            runners[p].run(max(warmup, 1))
+        for r in range(rounds):
+            for p in live if r % 2 == 0 else live[::-1]:
+                times[p].append(runners[p].timed(steps))
+    except BaseException:
+        for runner in runners.values():
+            runner.close()
+        raise
+    for p in live:
+        record = records[p]
+        runners[p].finish(record)
+        _speed(record, statistics.median(times[p]), batch, units, steps)
+        record["rounds"] = rounds
+        record["ms_per_step_rounds"] = [round(t * 1e3, 3) for t in times[p]]
+        if "float32" in times:
+            ratios = [f / t for f, t in zip(times["float32"], times[p])]
+            record["vs_float32_rounds"] = [round(x, 3) for x in ratios]
+            record["vs_float32_paired"] = round(statistics.median(ratios), 3)
+    return [records[p] for p in policies]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="time the policies in one process, alternating for ROUNDS rounds, "
+                         "and report each one's speed against float32 round by round")
     a = ap.parse_args(argv)
     units = a.units or (32 if a.quick else 1024)
     batch = a.batch or (16 if a.quick else 1024)
@@ -247,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                               "skipped": f"{type(exc).__name__}: {exc}"}), flush=True)
             continue
         for path in a.path:
+            if a.interleave:
+                for record in interleaved(backend, path, a.policy, units, batch, steps, warmup,
+                                          a.interleave):
+                    print(json.dumps(record), flush=True)
+                continue
             for policy in a.policy:
                 print(json.dumps(measure(backend, path, policy, units, batch, steps, warmup)),
                       flush=True)

@@ -46,6 +46,24 @@ def test_train_step_loop_every_policy() -> None:
         assert r["loss"] is not None and 0 < r["loss"] < 10  # ~ln(10) for random labels
 
 
+@pytest.mark.parametrize("path", ["loop", "fit"])
+def test_train_step_interleaved_pairs_rounds_with_float32(path: str) -> None:
+    records = run("train_step.py", "--quick", "--path", path, "--interleave", "3",
+                  "--policy", "mixed_float16", "float32")
+    assert [r["policy"] for r in records] == ["mixed_float16", "float32"]
+    f16, f32 = records
+    for r in records:
+        assert r["rounds"] == 3 and len(r["ms_per_step_rounds"]) == 3
+        assert sorted(r["ms_per_step_rounds"])[1] == r["ms_per_step"]   # the median
+        assert r["loss"] is not None and 0 < r["loss"] < 10
+    assert f32["vs_float32_rounds"] == [1.0, 1.0, 1.0]
+    expected = [round(a / b, 3) for a, b in zip(f32["ms_per_step_rounds"],
+                                                f16["ms_per_step_rounds"])]
+    # ratios of unrounded times: within rounding of the ms figures
+    assert f16["vs_float32_rounds"] == pytest.approx(expected, abs=0.01)
+    assert sorted(f16["vs_float32_rounds"])[1] == f16["vs_float32_paired"]
+
+
 def test_train_step_fit_runs_or_says_why_not() -> None:
     records = run("train_step.py", "--quick", "--path", "fit", "--policy", "float32")
     (r,) = records
