@@ -184,7 +184,6 @@ class Runner:
     def __init__(self, backend: mp.Backend, path: str, policy: str, units: int, batch: int,
                  steps: int) -> None:
         self.backend = backend
-        self.path = path
         self.policy = policy
         self.loop = LoopTrainer(backend, policy, units, batch) if path == "loop" else None
         self.fit = FitTrainer(backend, policy, units, batch, steps) if path == "fit" else None
