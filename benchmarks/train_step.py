@@ -199,6 +199,10 @@ class Runner:
             with mp.policy_scope(self.policy):
                 self.fit.run(steps)
 
+    def warm_up(self, steps: int) -> None:
+        # fit's first call builds the optimizer's slots: never timed, whatever --warmup says
+        self.run(max(steps, 1) if self.fit is not None else steps)
+
     def timed(self, steps: int) -> float:
         self.backend.synchronize()
         t0 = time.perf_counter()
@@ -262,7 +266,7 @@ def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int,
         return record
     runner = Runner(backend, path, policy, units, batch, steps)
     try:
-        runner.run(max(warmup, 1) if path == "fit" else warmup)
+        runner.warm_up(warmup)
         dt = runner.timed(steps)
     except BaseException:
         runner.close()
@@ -286,7 +290,7 @@ def interleaved(backend: mp.Backend, path: str, policies: list[str], units: int,
     try:
         for p in live:
             runners[p] = Runner(backend, path, p, units, batch, steps)
-            runners[p].run(max(warmup, 1))
+            runners[p].warm_up(warmup)
         for r in range(rounds):
             for p in live if r % 2 == 0 else live[::-1]:
                 times[p].append(runners[p].timed(steps))
