@@ -20,6 +20,11 @@ samples/s per path and policy, and these ratios:
   by memory bandwidth, which a busy neighbour on the host takes more of than it takes compute:
   the paired figure keeps such a slow minute from counting against one policy only.
 
+After the table, the project's speed targets for the CPU (:data:`TARGETS`) are judged on the
+paired figures: met, missed, not measured (no peer, say), or not applicable where they are about
+16-bit hardware the machine lacks (each mpcore run records whether the backend expects its
+policy to be fast here, and why).
+
 ``--peer-steps`` gives the peer fewer steps for chosen policies (torch's CPU float16 autocast is
 ~100x slower), e.g. ``--peer-steps mixed_float16=2``.
 
@@ -83,6 +88,53 @@ def paired_ratios(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> l
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
+
+
+#: The speed targets on the CPU, set for the guide's MLP at :data:`TARGET_SIZE` (units, batch)
+#: on 2 cores: (policy, the summary's paired figure, its least value, whether it is about
+#: 16-bit hardware and so applies only where the backend says the policy runs fast, the target
+#: in words).
+TARGET_SIZE = (1024, 1024)
+TARGETS = (
+    ("float32", "vs_torch_paired", 1.0, False, "float32 >= 1.0x torch float32"),
+    ("mixed_bfloat16", "vs_torch_paired", 1.0, True,
+     "mixed_bfloat16 >= 1.0x torch autocast bfloat16"),
+    ("mixed_bfloat16", "vs_own_float32_paired", 1.5, True,
+     "mixed_bfloat16 >= 1.5x mpcore float32"),
+    ("mixed_float16", "vs_own_float32_paired", 0.8, False,
+     "mixed_float16 >= 0.8x mpcore float32"),
+)
+
+
+def judge_targets(summary: dict[str, dict[str, Any]],
+                  runs: dict[str, dict[str, list[dict[str, Any]]]],
+                  paths: list[str], size: tuple[int, int] = TARGET_SIZE
+                  ) -> list[dict[str, Any]]:
+    """Each of :data:`TARGETS` on each path: the figure, the least value and a status (met,
+    missed, not run, not measured, or "not applicable: why": another size than the targets',
+    or a hardware target on a machine whose backend does not call the policy fast)."""
+    judged = []
+    other_size = (None if size == TARGET_SIZE else
+                  f"not applicable: the targets are set for units, batch = {TARGET_SIZE}")
+    for policy, field, least, needs_fast, text in TARGETS:
+        for path in paths:
+            entry: dict[str, Any] = {"target": text, "path": path, "at_least": least,
+                                     "measured": None}
+            if policy not in summary:
+                entry["status"] = "not run"
+            else:
+                entry["measured"] = value = summary[policy][path].get(field)
+                slow = next((r for r in runs[policy][path] if r.get("fast") is False), None)
+                if other_size is not None:
+                    entry["status"] = other_size
+                elif needs_fast and slow is not None:
+                    entry["status"] = f"not applicable: {slow.get('why')}"
+                elif value is None:
+                    entry["status"] = "not measured"
+                else:
+                    entry["status"] = "met" if value >= least else "missed"
+            judged.append(entry)
+    return judged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,9 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
                   f"{fmt(e['vs_torch_paired'], '8.3f')}{spread:>14}"
                   f"{fmt(e['vs_own_float32'], '12.3f')}{fmt(e['vs_own_float32_paired'], '12.3f')}")
+    judged = judge_targets(summary, runs, a.path, (a.units, a.batch))
+    print("\ntargets (paired figures):")
+    for t in judged:
+        print(f"  {t['path']:<6}{t['target']:<50}{fmt(t['measured'], '7.3f')}  {t['status']}")
     print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
                       "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,
-                      "runs": runs}))
+                      "targets": judged, "runs": runs}))
     return 0
 
 

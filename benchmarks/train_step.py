@@ -242,10 +242,15 @@ def _header(backend: mp.Backend, path: str, policy: str, units: int,
     try:
         device = backend.device().name
         backend.kernels()
+        verdict = mp.check_policy(policy, backend)
     except Exception as exc:
         return {**record, "skipped": f"{type(exc).__name__}: {exc}"}
     record["device"] = device
     record["providers"] = [s.provider for s in backend.kernel_sets]
+    # whether the backend expects this policy to be fast here, and why (compare.py's targets
+    # for 16-bit speed apply only where it does)
+    record["fast"] = verdict.fast
+    record["why"] = verdict.reason
     return record
 
 

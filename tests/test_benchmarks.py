@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+import mpcore as mp
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 TORCH_PYTHON = Path("/work/torchvenv/bin/python")
@@ -44,6 +46,9 @@ def test_train_step_loop_every_policy() -> None:
         for key in ("ms_per_step", "samples_per_s", "gflops", "peak_traced_mb", "max_rss_mb"):
             assert r[key] > 0, key
         assert r["loss"] is not None and 0 < r["loss"] < 10  # ~ln(10) for random labels
+        # the backend's own verdict on the policy, as mp.check_policy gives it
+        verdict = mp.check_policy(r["policy"], "cpu")
+        assert (r["fast"], r["why"]) == (verdict.fast, verdict.reason)
 
 
 @pytest.mark.parametrize("path", ["loop", "fit"])
@@ -106,6 +111,12 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
         assert min(bf16["vs_own_float32_rounds"]) <= bf16["vs_own_float32_paired"] \
             <= max(bf16["vs_own_float32_rounds"])
         assert f"\n{path:<6}mixed_bfloat16" in proc.stdout
+    # tiny sizes: every target is named, none is judged
+    assert {(t["target"], t["path"]) for t in result["targets"]} >= {
+        ("float32 >= 1.0x torch float32", "loop"), ("mixed_bfloat16 >= 1.5x mpcore float32", "fit")}
+    assert all(t["status"].startswith("not applicable: the targets are set for")
+               or t["status"] == "not run" for t in result["targets"])
+    assert "\ntargets (paired figures):" in proc.stdout
     if with_torch:
         assert result["peer_skipped"] is None
         for path in ("loop", "fit"):
@@ -126,3 +137,43 @@ def test_step_gemms_quick() -> None:
     assert len(gemms) == 8 and all(r["mpcore_ms"] > 0 for r in gemms)
     (total,) = [r for r in records if r["bench"] == "step_gemms_total"]
     assert total["mpcore_ms"] > 0
+
+
+def _compare_module() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(BENCH))
+    return compare
+
+
+def _entry(vs_torch: float | None, vs_own: float | None) -> dict[str, Any]:
+    return {"vs_torch_paired": vs_torch, "vs_own_float32_paired": vs_own}
+
+
+@pytest.mark.parametrize("bf16_fast", [False, True])
+def test_compare_judges_the_targets(bf16_fast: bool) -> None:
+    compare = _compare_module()
+    summary = {"float32": {"loop": _entry(1.04, 1.0), "fit": _entry(0.97, 1.0)},
+               "mixed_bfloat16": {"loop": _entry(1.2, 1.6), "fit": _entry(None, 1.4)}}
+    runs = {"float32": {"loop": [{"fast": True}], "fit": [{"fast": True}]},
+            "mixed_bfloat16": {path: [{"fast": bf16_fast, "why": "no avx512_bf16"}]
+                               for path in ("loop", "fit")}}
+    judged = {(t["target"], t["path"]): t
+              for t in compare.judge_targets(summary, runs, ["loop", "fit"])}
+    assert len(judged) == 2 * len(compare.TARGETS)
+    f32 = "float32 >= 1.0x torch float32"
+    assert (judged[f32, "loop"]["status"], judged[f32, "fit"]["status"]) == ("met", "missed")
+    assert judged[f32, "fit"]["measured"] == 0.97 and judged[f32, "fit"]["at_least"] == 1.0
+    assert judged["mixed_float16 >= 0.8x mpcore float32", "loop"]["status"] == "not run"
+    vs_torch = judged["mixed_bfloat16 >= 1.0x torch autocast bfloat16", "fit"]
+    vs_own = judged["mixed_bfloat16 >= 1.5x mpcore float32", "loop"]
+    if bf16_fast:
+        assert (vs_torch["status"], vs_own["status"]) == ("not measured", "met")
+    else:  # a hardware target where the hardware is missing: not judged, and why
+        assert vs_torch["status"] == vs_own["status"] == "not applicable: no avx512_bf16"
+    # figures of another size are not judged against these targets
+    other = compare.judge_targets(summary, runs, ["loop"], (256, 128))
+    assert all(t["status"].startswith("not applicable: the targets are set for")
+               for t in other if t["status"] != "not run")
