@@ -106,16 +106,25 @@ TARGETS = (
 )
 
 
+def targets_apply(size: tuple[int, int], backends: set[str], peer_device: str) -> str | None:
+    """None where :data:`TARGETS` apply to a run of this size, these mpcore backends and this
+    peer device; else why not."""
+    if size != TARGET_SIZE:
+        return f"the targets are set for units, batch = {TARGET_SIZE}"
+    if backends != {"cpu"} or peer_device != "cpu":
+        return "the targets are set for the CPU (mpcore's cpu backend, torch on the CPU)"
+    return None
+
+
 def judge_targets(summary: dict[str, dict[str, Any]],
                   runs: dict[str, dict[str, list[dict[str, Any]]]],
-                  paths: list[str], size: tuple[int, int] = TARGET_SIZE
+                  paths: list[str], not_applicable: str | None = None
                   ) -> list[dict[str, Any]]:
     """Each of :data:`TARGETS` on each path: the figure, the least value and a status (met,
-    missed, not run, not measured, or "not applicable: why": another size than the targets',
-    or a hardware target on a machine whose backend does not call the policy fast)."""
+    missed, not run, not measured, or "not applicable: why": ``not_applicable`` for the whole
+    run, see :func:`targets_apply`, or a hardware target on a machine whose backend does not
+    call the policy fast)."""
     judged = []
-    other_size = (None if size == TARGET_SIZE else
-                  f"not applicable: the targets are set for units, batch = {TARGET_SIZE}")
     for policy, field, least, needs_fast, text in TARGETS:
         for path in paths:
             entry: dict[str, Any] = {"target": text, "path": path, "at_least": least,
@@ -125,8 +134,8 @@ def judge_targets(summary: dict[str, dict[str, Any]],
             else:
                 entry["measured"] = value = summary[policy][path].get(field)
                 slow = next((r for r in runs[policy][path] if r.get("fast") is False), None)
-                if other_size is not None:
-                    entry["status"] = other_size
+                if not_applicable is not None:
+                    entry["status"] = f"not applicable: {not_applicable}"
                 elif needs_fast and slow is not None:
                     entry["status"] = f"not applicable: {slow.get('why')}"
                 elif value is None:
@@ -259,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
                   f"{fmt(e['vs_torch_paired'], '8.3f')}{spread:>14}"
                   f"{fmt(e['vs_own_float32'], '12.3f')}{fmt(e['vs_own_float32_paired'], '12.3f')}")
-    judged = judge_targets(summary, runs, a.path, (a.units, a.batch))
+    backends = {r.get("backend") for pol in runs.values() for path in a.path for r in pol[path]}
+    judged = judge_targets(summary, runs, a.path,
+                           targets_apply((a.units, a.batch), backends, a.device))
     print("\ntargets (paired figures):")
     for t in judged:
         print(f"  {t['path']:<6}{t['target']:<50}{fmt(t['measured'], '7.3f')}  {t['status']}")

@@ -173,7 +173,11 @@ def test_compare_judges_the_targets(bf16_fast: bool) -> None:
         assert (vs_torch["status"], vs_own["status"]) == ("not measured", "met")
     else:  # a hardware target where the hardware is missing: not judged, and why
         assert vs_torch["status"] == vs_own["status"] == "not applicable: no avx512_bf16"
-    # figures of another size are not judged against these targets
-    other = compare.judge_targets(summary, runs, ["loop"], (256, 128))
-    assert all(t["status"].startswith("not applicable: the targets are set for")
-               for t in other if t["status"] != "not run")
+    # another size, another backend or torch on another device: not judged, and why
+    assert compare.targets_apply((1024, 1024), {"cpu"}, "cpu") is None
+    for why in (compare.targets_apply((256, 128), {"cpu"}, "cpu"),
+                compare.targets_apply((1024, 1024), {"cuda"}, "cuda"),
+                compare.targets_apply((1024, 1024), {"cpu"}, "cuda")):
+        assert why is not None
+        other = compare.judge_targets(summary, runs, ["loop"], why)
+        assert {t["status"] for t in other} == {f"not applicable: {why}", "not run"}
