@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["vs_own_float32_rounds"] = own
             entry["vs_own_float32_paired"] = round(statistics.median(own), 3) if own else None
 
-    providers = sorted({p for pol in runs.values() for path in a.path for r in pol[path]
-                        for p in r.get("providers", [])})
+    mpcore_runs = [r for pol in runs.values() for path in a.path for r in pol[path]]
+    providers = sorted({p for r in mpcore_runs for p in r.get("providers", [])})
     print(f"\nunits={a.units} batch={a.batch} rounds={a.rounds} (medians of samples/s; mpcore "
           f"kernel providers: {providers or 'none'})")
     if peer_problem:
@@ -268,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(s['torch_samples_per_s'], '12.1f')}{fmt(e['vs_torch'], '10.3f')}"
                   f"{fmt(e['vs_torch_paired'], '8.3f')}{spread:>14}"
                   f"{fmt(e['vs_own_float32'], '12.3f')}{fmt(e['vs_own_float32_paired'], '12.3f')}")
-    backends = {r.get("backend") for pol in runs.values() for path in a.path for r in pol[path]}
     judged = judge_targets(summary, runs, a.path,
-                           targets_apply((a.units, a.batch), backends, a.device))
+                           targets_apply((a.units, a.batch),
+                                         {r.get("backend") for r in mpcore_runs}, a.device))
     print("\ntargets (paired figures):")
     for t in judged:
         print(f"  {t['path']:<6}{t['target']:<50}{fmt(t['measured'], '7.3f')}  {t['status']}")

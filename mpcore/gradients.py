@@ -282,15 +282,17 @@ def _dense(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
         else:
             g = ops.relu_grad(g, node.output)
     gx = ops.matmul(g, w, False, True) if needs[0] else None
+    # one 2-D view of g for the weight and bias gradients: a backend that keeps the float32
+    # copy of a 16-bit GEMM operand (by identity) then converts it once, not once per view
+    g2 = ops.reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
     gw = None
     if needs[1]:
-        g2 = ops.reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
         x2 = ops.reshape(x, (-1, x.shape[-1])) if x.ndim > 2 else x
         gw = ops.matmul(x2, g2, True, False)
     if len(node.inputs) == 2:
         return gx, gw
     if with_bias and gb is None:
-        gb = ops.bias_grad(g)
+        gb = ops.bias_grad(g2)
     return gx, gw, gb
 
 

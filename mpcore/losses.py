@@ -5,7 +5,10 @@ Probabilities are clipped to ``[1e-7, 1 - 1e-7]`` before the log, as Keras does;
 ``from_logits=True`` the log-softmax / log-sigmoid is computed stably from the logits instead
 (``SparseCategoricalCrossentropy`` then uses the fused ``sparse_softmax_cross_entropy`` op).
 As Keras, predictions that come straight out of the float32 ``softmax`` activation are scored
-from its logits (see :func:`mpcore.layers.activations.softmax_logits`) by the cross-entropies.
+from its logits (see :func:`mpcore.layers.activations.softmax_logits`) by the cross-entropies:
+the same loss and gradient within float32 rounding, without the clip, the log and their
+backward passes, and exact where the clip would have capped a probability below 1e-7 (a loss
+of at most 16.1 becomes the true, larger one).
 
 Label ranges are not checked here per step (that would be a host read per step); ``Model.fit``
 checks them once per call on the host, and the fused ``sparse_softmax_cross_entropy`` kernel
@@ -80,16 +83,6 @@ def _check_classes(where: str, y_pred: Tensor) -> None:
         raise ValueError(f"{where}: predictions need a class axis, got shape {y_pred.shape}")
 
 
-def _softmax_logits(y_pred: Tensor) -> Tensor | None:
-    """The logits of predictions that come straight out of the float32 ``softmax`` activation,
-    or None. As Keras: the cross-entropy of such predictions is
-    computed from the logits, which is the same loss and gradient within float32 rounding, saves
-    the clip, the log and their backward passes, and is exact where the clip would have capped
-    a probability below 1e-7 (a loss of at most 16.1 becomes the true, larger one)."""
-    logits = _activations.softmax_logits(y_pred)
-    return logits if logits is not None and logits.shape == y_pred.shape else None
-
-
 class SparseCategoricalCrossentropy(Loss):
     """Cross-entropy between integer labels (N, ...) or (N, ..., 1) and class scores
     (N, ..., C); with ``reduction="none"`` one loss per label, in the labels' shape."""
@@ -107,7 +100,7 @@ class SparseCategoricalCrossentropy(Loss):
             raise ValueError(f"{self.name}: labels of shape {labels.shape} do not match "
                              f"predictions of shape {y_pred.shape} (expected labels "
                              f"{y_pred.shape[:-1]})")
-        logits = y_pred if self.from_logits else _softmax_logits(y_pred)
+        logits = y_pred if self.from_logits else _activations.softmax_logits(y_pred)
         if logits is None:
             # As Keras: the clipped log-probabilities as logits. The fused op checks the labels
             # on every backend; a one_hot product scored a label out of range as a silent zero.
@@ -137,7 +130,7 @@ class CategoricalCrossentropy(Loss):
         if target.shape != y_pred.shape:
             raise ValueError(f"{self.name}: labels of shape {target.shape} do not match "
                              f"predictions of shape {y_pred.shape}")
-        logits = y_pred if self.from_logits else _softmax_logits(y_pred)
+        logits = y_pred if self.from_logits else _activations.softmax_logits(y_pred)
         if logits is not None:
             logp = ops.log_softmax(logits, axis=-1)
         else:

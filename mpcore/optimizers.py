@@ -148,7 +148,6 @@ class Optimizer:
         self.build(variables)
         lr = self.learning_rate
         step = self.iterations + 1
-        tables: dict[int, dict[str, Any]] = {}  # kernel tables by backend, looked up once a step
         for grad, var in zip(grads, variables):
             if grad.shape != var.shape:
                 raise ValueError(f"gradient of shape {grad.shape} for variable {var.name!r} of "
@@ -156,13 +155,8 @@ class Optimizer:
             if grad.dtype != var.dtype:
                 grad = ops.cast(grad, var.dtype)
             slots = self._slots[id(var)]
-            kernel = None
-            if self.use_fused_kernels and var.dtype == "float32":
-                be = var.backend
-                table = tables.get(id(be))
-                if table is None:
-                    table = tables[id(be)] = be.kernels()
-                kernel = table.get(self.kernel)
+            kernel = (var.backend.kernels().get(self.kernel)
+                      if self.use_fused_kernels and var.dtype == "float32" else None)
             if kernel is not None:
                 self._fused(kernel, var, grad, slots, lr, step,
                             None if flag is None else flag.data)

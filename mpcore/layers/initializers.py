@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import ops
+from mpcore.naming import by_name
 from mpcore.tensor import Tensor
 
 Initializer = Callable[[tuple[int, ...], str], Tensor]
@@ -110,11 +111,7 @@ _BY_NAME: dict[str, Callable[[], Any]] = {
 def get(identifier: Any) -> Initializer:
     """An initializer from a name (``"glorot_uniform"``, ``"zeros"`` ...) or a callable."""
     if isinstance(identifier, str):
-        key = identifier.lower()
-        if key not in _BY_NAME:
-            raise ValueError(f"unknown initializer {identifier!r}; valid names: "
-                             f"{', '.join(sorted(_BY_NAME))}")
-        return _BY_NAME[key]()  # type: ignore[no-any-return]
+        return by_name("initializer", _BY_NAME, identifier)()  # type: ignore[no-any-return]
     if callable(identifier):
         return identifier  # type: ignore[no-any-return]
     raise TypeError(f"an initializer is a name or a callable(shape, dtype), got {identifier!r}")

@@ -169,7 +169,7 @@ class Model(Layer):
             # A fresh LossScale: the policy's instance may be shared by other models.
             opt = LossScaleOptimizer(opt, _ls.deserialize(_ls.serialize(policy.loss_scale)))
         loss_obj = None if loss is None else _losses.get(loss)
-        if isinstance(metrics, (str, _metrics.Metric)) or callable(metrics):
+        if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
             metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
         compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
         names = [m.name for m in compiled]
