@@ -100,9 +100,9 @@ class _Upcasts:
     the 16-bit arrays are immutable by the kernel contract, and a weak reference proves that an
     entry's array is still the one that was converted (ids are reused after collection)."""
 
-    def __init__(self, converter: Any = None, size: int = 16) -> None:
+    def __init__(self, converter: Any, size: int = 16) -> None:
         self.size = size
-        self.converter = converter or convert
+        self.converter = converter
         self._entries: OrderedDict[int, tuple[Any, np.ndarray]] = OrderedDict()
 
     def get(self, x: np.ndarray) -> np.ndarray:

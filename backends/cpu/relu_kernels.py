@@ -73,6 +73,15 @@ def _masked_blocks(g: np.ndarray, y: np.ndarray, out: np.ndarray) -> Iterator[np
         yield out2[lo:hi].view(g.dtype)
 
 
+def column_sums(matmul: Any, dz: np.ndarray) -> np.ndarray:
+    """``dz`` summed over every axis but the last, as the GEMV ``ones @ dz`` through ``matmul``
+    (a matmul kernel): 16-bit operands are multiplied in float32 (or natively in bfloat16 on
+    oneDNN), and a 2-D ``dz`` goes in as itself, whose float32 copy the layer's GEMMs make and
+    the backend remembers by identity."""
+    rows = dz if dz.ndim == 2 else dz.reshape(-1, dz.shape[-1])
+    return matmul(np.ones((1, len(rows)), dz.dtype), rows, False, False).reshape(-1)
+
+
 class ReluKernels:
     """Mixed into CpuBackend, whose ``buffer`` gives the outputs and ``convert`` rounds."""
 
@@ -91,23 +100,18 @@ class ReluKernels:
     def relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``relu_grad(g, y)`` and its sum over every axis but the last: a dense layer's
         pre-activation gradient and its bias gradient, in one pass."""
-        if g.dtype != _F32 and _blocked(g, y):
-            # 16-bit: the GEMV ``ones @ dz`` through the backend's matmul kernel, as the
-            # composite op does. Its 16-bit operands are multiplied in float32 (or natively in
-            # bfloat16 on oneDNN), and the float32 copy of dz it needs is the one the layer's
-            # GEMMs make and keep anyway, where summing the 16-bit blocks here would convert
-            # them element by element in NumPy (9 ms per float16 step of the guide's MLP).
-            dz = self.relu_grad(g, y)
-            # dz itself where it is 2-D: the backend remembers float32 copies by identity
-            rows = dz if dz.ndim == 2 else dz.reshape(-1, dz.shape[-1])
-            ones = np.ones((1, len(rows)), dz.dtype)
-            return dz, self.kernels()["matmul"](ones, rows, False, False).reshape(-1)
         if not _blocked(g, y):
             dz = self.relu_grad(g, y)
             # float32 accumulation at least (float64 keeps its own)
             acc = np.result_type(dz.dtype, _F32)
             total = np.add.reduce(dz.reshape(-1, dz.shape[-1]), axis=0, dtype=acc)
             return dz, self._rounded(total, dz.dtype)
+        if g.dtype != _F32:
+            # 16-bit: the GEMV, as the composite op does, on the float32 copy of dz the layer's
+            # GEMMs make anyway, where summing the 16-bit blocks here would convert them
+            # element by element in NumPy (9 ms per float16 step of the guide's MLP)
+            dz = self.relu_grad(g, y)
+            return dz, column_sums(self.kernels()["matmul"], dz)
         out = self.buffer(y.shape, g.dtype)
         total = np.zeros(y.shape[-1], _F32)
         for block in _masked_blocks(g, y, out):

@@ -122,8 +122,6 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
     NumPy's: one GEMM library and one thread pool for the whole step. ``alloc(shape, dtype)``
     gives the result arrays (the CPU backend's recycled buffers; default ``np.empty``)."""
     route = _router(dtypes, via_float32)
-    if "float32" not in dtypes:
-        via_float32 = None
 
     def matmul(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
         dtype, out_dtype = route(a.dtype)
@@ -154,8 +152,6 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
     ``via_float32``; everything else goes to ``original``. ``alloc`` as for
     :func:`make_matmul`."""
     route = _router(dtypes, via_float32)
-    if "float32" not in dtypes:
-        via_float32 = None
 
     def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
               activation: str | None) -> Any:

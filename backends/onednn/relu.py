@@ -90,6 +90,9 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
     sums ``db`` as the CPU kernel's 16-bit path does (a bfloat16 GEMV, or float32 on the copy
     of ``dz`` the layer's GEMMs keep); ``alloc`` gives ``dz`` (the CPU backend's recycled
     buffers)."""
+    from mpcore_cpu.relu_kernels import column_sums
+
+    alloc = alloc or np.empty
     trusted: dict[np.dtype, bool] = {}
 
     def relu_grad_bias(g: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
@@ -99,15 +102,13 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
             trusted[g.dtype] = _probe(cache, original, g.dtype)
         if not trusted[g.dtype]:
             return original(g, y)
-        dz = (alloc or np.empty)(y.shape, g.dtype)
+        dz = alloc(y.shape, g.dtype)
         try:
             _select(cache, g, y, dz)
         except DnnlError:
             trusted[g.dtype] = False
             return original(g, y)
-        # dz itself where it is 2-D: the CPU backend remembers float32 copies by identity
-        rows = dz if dz.ndim == 2 else dz.reshape(-1, y.shape[-1])
-        db = matmul(np.ones((1, len(rows)), g.dtype), rows, False, False).reshape(-1)
+        db = column_sums(matmul, dz)
         if not np.isfinite(db.astype(_F32, copy=False)).all():
             return original(g, y)
         return dz, db

@@ -75,6 +75,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
                         alloc: Alloc | None = None) -> Callable[..., None]:
     """``rmsprop_update`` (the CPU kernel's signature and results), plain RMSprop on oneDNN;
     ``alloc`` gives the scratch array (the CPU backend's recycled buffers)."""
+    alloc = alloc or np.empty
 
     def rmsprop_update(var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
@@ -84,7 +85,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
         if _skip(flag):
             return None
         v, g, s = _flat(var, grad, ms)
-        tmp = (alloc or np.empty)(v.shape, _F32)
+        tmp = alloc(v.shape, _F32)
         cache.run("mul", g, g, tmp, [("mul", "scalar")], [_scalar(1.0 - rho)])
         cache.run("mul", s, _scalar(rho), s, [("add", "full")], [tmp])
         cache.run("add", s, _scalar(epsilon), tmp, [("sqrt",)])
@@ -97,6 +98,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
                     alloc: Alloc | None = None) -> Callable[..., None]:
     """``sgd_update`` (the CPU kernel's signature and results) on oneDNN."""
+    alloc = alloc or np.empty
 
     def sgd_update(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                    momentum: float, nesterov: bool, flag: Any) -> None:
@@ -109,7 +111,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
         if vel is None:
             cache.run("mul", g, minus_lr, v, [("add", "full")], [v])
             return None
-        tmp = (alloc or np.empty)(v.shape, _F32)
+        tmp = alloc(v.shape, _F32)
         cache.run("mul", g, minus_lr, tmp)
         cache.run("mul", vel, _scalar(momentum), vel, [("add", "full")], [tmp])
         if nesterov:
@@ -126,6 +128,7 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
                      alloc: Alloc | None = None) -> Callable[..., None]:
     """``adam_update`` (the CPU kernel's signature and results, AdamW's decoupled decay
     included) on oneDNN."""
+    alloc = alloc or np.empty
 
     def adam_update(var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
                     lr: float, beta1: float, beta2: float, epsilon: float, step: int,
@@ -145,7 +148,7 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
                   [_scalar(1.0 - beta1), m1])
         cache.run("mul", g, g, m2, [("sub", "full"), ("mul", "scalar"), full],
                   [m2, _scalar(1.0 - beta2), m2])
-        tmp = (alloc or np.empty)(w.shape, _F32)
+        tmp = alloc(w.shape, _F32)
         cache.run("mul", m2, _scalar(1.0), tmp, [("sqrt",), ("add", "scalar")],
                   [_scalar(epsilon)])
         cache.run("mul", m1, -_scalar(alpha), w, [("div", "full"), full], [tmp, w])
@@ -159,6 +162,7 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     """``unscale_and_check`` (the CPU kernel's signature and results): large contiguous
     float32 gradients are multiplied on oneDNN's threads and checked by the CPU backend's exact
     all-finite test, everything else goes to ``original``, one gradient at a time."""
+    alloc = alloc or np.empty
     from mpcore_cpu.backend import is_all_finite
 
     def unscale_and_check(grads: list[np.ndarray], inv_scale: float
@@ -172,7 +176,7 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
                 outs.append(u)
                 ok = ok and bool(flag)
                 continue
-            u = (alloc or np.empty)(g.shape, _F32)
+            u = alloc(g.shape, _F32)
             cache.run("mul", g.reshape(-1), scale, u.reshape(-1))
             outs.append(u)
             if ok:
