@@ -66,11 +66,15 @@ class Icd:
         return any(s in lib for s in GPU_DRIVERS) and not any(s in lib for s in CPU_DRIVERS)
 
 
+#: Where the ICD loader looks for vendor files unless OCL_ICD_VENDORS names a folder.
+SYSTEM_VENDORS = "/etc/OpenCL/vendors"
+
+
 def icd_dirs() -> list[str]:
     env = os.environ.get("OCL_ICD_VENDORS", "").strip()
     if env:
         return [env] if os.path.isdir(env) else []
-    return ["/etc/OpenCL/vendors"]
+    return [SYSTEM_VENDORS]
 
 
 def read_icds(dirs: Sequence[str] | None = None) -> list[Icd]:
@@ -93,7 +97,6 @@ def has_gpu_node() -> bool:
 #: The PyPI distribution of Intel's CPU OpenCL runtime, and its driver library.
 INTEL_CPU_DIST = "intel-opencl-rt"
 INTEL_CPU_LIBRARY = "libintelocl.so"
-SYSTEM_VENDORS = "/etc/OpenCL/vendors"
 
 
 @lru_cache(maxsize=1)
