@@ -8,7 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
+from pathlib import Path
 from typing import Any
 
 import mpcore_cpu.backend as cpu_backend
@@ -136,7 +136,7 @@ def _train(steps: int) -> list[np.ndarray]:
         mp.set_global_policy("float32")
 
 
-def test_training_with_it_is_the_same_training() -> None:
+def test_training_with_it_is_the_same_training(tmp_path: Path) -> None:
     """Bit for bit the same weights after mixed_float16 steps with and without the provider
     (each in its own process: the kernel table is made once per backend)."""
     code = ("import sys, numpy as np; sys.path.insert(0, 'tests');"
@@ -144,15 +144,14 @@ def test_training_with_it_is_the_same_training() -> None:
             "w = _train(3); np.savez(sys.argv[1], *w);"
             "print([s.provider for s in mp.get_backend().kernel_sets])")
     runs = {}
-    folder = tempfile.mkdtemp()
     for setting in ("auto", "off"):
-        path = f"{setting}.npz"
+        path = tmp_path / f"{setting}.npz"
         env = {**os.environ, "MPCORE_ONNXRUNTIME": setting, "MPCORE_BACKEND": "cpu"}
-        proc = subprocess.run([sys.executable, "-c", code, os.path.join(folder, path)],
+        proc = subprocess.run([sys.executable, "-c", code, str(path)],
                               capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert ("mpcore_onnxruntime" in proc.stdout) == (setting == "auto")
-        with np.load(os.path.join(folder, path)) as data:
+        with np.load(path) as data:
             runs[setting] = [data[k] for k in data.files]
     for a, b in zip(runs["auto"], runs["off"], strict=True):
         assert np.array_equal(a, b)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore import demo
 
 
 def _classifier(inputs: int = 4, classes: int = 3) -> mp.Model:
@@ -114,22 +113,6 @@ def test_loading_a_file_that_is_not_a_checkpoint_says_so(tmp_path: Path) -> None
     other.write_bytes(pickle.dumps([1, 2, 3]))
     with pytest.raises(ValueError, match=r"is not an mpcore\.checkpoint file"):
         model.load_checkpoint(other)
-
-
-# --- the demo -------------------------------------------------------------------------------------
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")
-def test_demo_with_one_epoch_says_its_times_include_warm_up(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """With one epoch the time per sample includes warm-up (OpenCL compiles its kernels then),
-    so the speed ratio is not a steady-state figure: the demo must say so."""
-    monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED))
-    lines: list[str] = []
-    demo.run(units=8, epochs=1, batch_size=1024, verbose=0, out=lines.append)
-    text = "\n".join(lines)
-    assert "include warm-up" in text
 
 
 # --- losses ---------------------------------------------------------------------------------------
