@@ -113,3 +113,14 @@ def train_guide_on_mnist(policy: str, data: Any) -> tuple[Any, float]:
     xt = data.x_test.reshape(len(data.x_test), 784).astype("float32") / 255
     model.fit(x, data.y_train, batch_size=128, epochs=5, validation_split=0.2, verbose=0)
     return model, model.evaluate(xt, data.y_test, verbose=0)[1]
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Bit for bit, except that a NaN only needs to stay a NaN of the same sign."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = np.isnan(want)
+    bits = f"u{got.itemsize}"
+    assert np.array_equal(np.ascontiguousarray(got).view(bits)[~nan],
+                          np.ascontiguousarray(want).view(bits)[~nan])
+    assert np.isnan(got[nan]).all()
+    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))

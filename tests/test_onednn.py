@@ -13,6 +13,7 @@ import ml_dtypes
 import mpcore_onednn
 import numpy as np
 import pytest
+from conftest import assert_same_bits
 from mpcore_cpu import CpuBackend
 from mpcore_onednn import dnnl
 
@@ -445,7 +446,7 @@ def test_relu_grad_bias_redoes_a_non_finite_gradient_on_the_cpu_kernel(
         dz, db = kernel(g, y)
         want_dz, want_db = backend.relu_grad_bias(g, y)
     for got, want in ((dz, want_dz), (db, want_db)):
-        _same_bits_nan_aside(got, want)
+        assert_same_bits(got, want)
     assert np.isfinite(db.astype(np.float32)).all() != alive
 
 
@@ -502,12 +503,12 @@ def test_relu_grad_bias_without_the_primitive_stays_on_the_cpu_kernel(
     for dtype in (np.dtype(np.float32), BF16):
         dz, db = kernel(g.astype(dtype), y.astype(dtype))
         want_dz, want_db = backend.relu_grad_bias(g.astype(dtype), y.astype(dtype))
-        _same_bits_nan_aside(dz, want_dz)
-        _same_bits_nan_aside(db, want_db)
+        assert_same_bits(dz, want_dz)
+        assert_same_bits(db, want_db)
     assert kernel.trusted == {np.dtype(np.float32): False, BF16: False}
     kernel.trusted[BF16] = True      # past the probe, the call itself fails: the same answer
     dz, _ = kernel(g.astype(BF16), y.astype(BF16))
-    _same_bits_nan_aside(dz, backend.relu_grad(g.astype(BF16), y.astype(BF16)))
+    assert_same_bits(dz, backend.relu_grad(g.astype(BF16), y.astype(BF16)))
     assert kernel.trusted[BF16] is False
 
 
@@ -527,20 +528,10 @@ def _reorder_cast(fallback: Any = None) -> Any:
                        ReorderCache(_library_or_skip()))
 
 
-def _same_bits_nan_aside(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape
-    nan = np.isnan(want.astype(np.float32))
-    bits = np.uint16 if got.itemsize == 2 else np.uint32
-    assert np.array_equal(got[~nan].view(bits), want[~nan].view(bits))
-    g = got[nan].astype(np.float32)
-    assert np.isnan(g).all() and np.array_equal(np.signbit(g),
-                                                np.signbit(want[nan].astype(np.float32)))
-
-
 def test_reorders_convert_bfloat16_as_astype_bit_for_bit() -> None:
     cast = _reorder_cast()
     every = np.arange(1 << 16, dtype=np.uint16).view(BF16)
-    _same_bits_nan_aside(cast(every, np.float32), every.astype(np.float32))
+    assert_same_bits(cast(every, np.float32), every.astype(np.float32))
     # float32 -> bfloat16 over a sweep of bit patterns (every 4093rd of the 2^32, so every
     # exponent and sign), round-to-even ties and their neighbours, and the overflow edge;
     # all 2^32 patterns were checked once when this kernel was written (0 mismatches)
@@ -552,7 +543,7 @@ def test_reorders_convert_bfloat16_as_astype_bit_for_bit() -> None:
     patterns = np.concatenate([sweep, ties, edges]).view(np.float32)
     with np.errstate(invalid="ignore"):
         want = patterns.astype(BF16)
-    _same_bits_nan_aside(cast(patterns, BF16), want)
+    assert_same_bits(cast(patterns, BF16), want)
     assert cast.calls == 2
 
 

@@ -15,6 +15,7 @@ import mpcore_cpu.backend as cpu_backend
 import mpcore_onnxruntime
 import numpy as np
 import pytest
+from conftest import assert_same_bits
 from mpcore_cpu import CpuBackend
 from mpcore_onnxruntime import MIN_ELEMENTS, FastCast, cast_model
 
@@ -27,19 +28,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None,
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
-def _bits(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x).view(f"u{x.itemsize}")
-
-
-def _same(got: np.ndarray, want: np.ndarray) -> None:
-    """Bit for bit, except that a NaN only needs to stay a NaN of the same sign."""
-    assert got.dtype == want.dtype and got.shape == want.shape
-    nan = np.isnan(want)
-    assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan])
-    assert np.isnan(got[nan]).all()
-    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
-
-
 @pytest.fixture
 def fast() -> FastCast:
     return FastCast(cpu_backend.convert)
@@ -47,7 +35,7 @@ def fast() -> FastCast:
 
 def test_every_float16_to_float32(fast: FastCast) -> None:
     every = np.arange(2**16, dtype=np.uint16).view(F16)
-    _same(fast(every, F32), every.astype(F32))
+    assert_same_bits(fast(every, F32), every.astype(F32))
     assert fast.calls == 1
 
 
@@ -63,17 +51,17 @@ def test_float32_to_float16_rounding_overflow_subnormals_and_specials(fast: Fast
         mids = ((halves[:-1].astype(np.float64) + halves[1:]) / 2).astype(F32)
         x = np.concatenate([special, patterns, halves, mids])
         want = x.astype(F16)
-    _same(fast(x, F16), want)
+    assert_same_bits(fast(x, F16), want)
 
 
 def test_shapes_small_arrays_views_and_other_dtypes_fall_back(fast: FastCast) -> None:
     x = np.random.default_rng(1).standard_normal((3, 128, 64), dtype=F32)
     got = fast(x, F16)
     assert got.shape == x.shape and fast.calls == 1
-    _same(got, x.astype(F16))
+    assert_same_bits(got, x.astype(F16))
     for other in (x[:1, :2], x[:, ::2], x.astype(np.float64)):
-        _same(fast(other, F16), other.astype(F16))
-    _same(fast(x, "float64"), x.astype(np.float64))
+        assert_same_bits(fast(other, F16), other.astype(F16))
+    assert_same_bits(fast(x, "float64"), x.astype(np.float64))
     assert fast.calls == 1   # below MIN_ELEMENTS, strided, or not float16/float32: NumPy
     assert x[:1, :2].size < MIN_ELEMENTS
 
@@ -89,7 +77,7 @@ def test_results_land_in_the_allocated_arrays() -> None:
     x = np.linspace(-3, 3, MIN_ELEMENTS, dtype=F32)
     out = fast(x, F16)
     assert out is given[0]
-    _same(out, x.astype(F16))
+    assert_same_bits(out, x.astype(F16))
 
 
 def test_the_model_is_a_valid_onnx_cast() -> None:
@@ -107,9 +95,9 @@ def test_the_cpu_backend_converts_through_it() -> None:
     fast = be.kernels()["convert"]
     before = fast.calls
     x = np.random.default_rng(2).standard_normal((256, 256), dtype=F32)
-    _same(be.cast(x, "float16"), x.astype(F16))
+    assert_same_bits(be.cast(x, "float16"), x.astype(F16))
     h = x.astype(F16)
-    _same(be.matmul(h, h, False, True), (h.astype(F32) @ h.astype(F32).T).astype(F16))
+    assert_same_bits(be.matmul(h, h, False, True), (h.astype(F32) @ h.astype(F32).T).astype(F16))
     assert fast.calls >= before + 3   # the cast, the operand upcast and the rounding
     assert "used" in mpcore_onnxruntime.status()
 
