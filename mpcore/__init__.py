@@ -12,7 +12,14 @@ import importlib
 from typing import Any
 
 from mpcore import dtypes, ops, random
-from mpcore.backend import Backend, BackendUnavailableError, Device, KernelSet, Support
+from mpcore.backend import (
+    Backend,
+    BackendUnavailableError,
+    Device,
+    KernelBuildError,
+    KernelSet,
+    Support,
+)
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
 from mpcore.plugins import get_plugins, plugin_errors
@@ -60,7 +67,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Backend", "BackendUnavailableError", "Device", "DynamicLossScale", "FixedLossScale",
-    "GradientTape", "KernelSet", "LossScale", "Measurement", "Policy", "Support", "Tensor",
+    "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement", "Policy", "Support", "Tensor",
     "Variable", "Verdict", "backends", "check_policy", "constant", "convert_to_tensor", "dtypes",
     "get_backend", "global_policy", "hookimpl", "ops", "plugin_errors", "policy_scope", "random",
     "set_backend", "set_global_policy", "set_policy",

@@ -140,6 +140,13 @@ class BackendUnavailableError(RuntimeError):
     """Raised when a backend is asked to do work it cannot do here."""
 
 
+class KernelBuildError(BackendUnavailableError):
+    """Raised when a backend's kernels do not build on its device (a driver that compiles a
+    program without the kernels asked for, or rejects it): the message names the device, the
+    driver and what the build said. ``mpcore info`` shows such a backend as failing to build its
+    kernels, and auto-detection passes over it."""
+
+
 class Backend:
     """Base class of every backend (see the module docstring for the kernel contract)."""
 
