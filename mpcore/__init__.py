@@ -67,7 +67,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Backend", "BackendUnavailableError", "Device", "DynamicLossScale", "FixedLossScale",
-    "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement", "Policy", "Support", "Tensor",
+    "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement", "Policy",
+    "Support", "Tensor",
     "Variable", "Verdict", "backends", "check_policy", "constant", "convert_to_tensor", "dtypes",
     "get_backend", "global_policy", "hookimpl", "ops", "plugin_errors", "policy_scope", "random",
     "set_backend", "set_global_policy", "set_policy",
