@@ -2,37 +2,138 @@
 epoch, and ``mp.random``'s state, so a resumed run repeats an uninterrupted one exactly (dropout
 masks and shuffles included).
 
-The file is a pickle of plain Python values and the host arrays the backend hands out
-(``t.numpy()``), so the core needs no array library to write it. It is written atomically: to a
-temporary file in the same folder, flushed and fsynced, then ``os.replace``-d over the target,
-so a crash mid-write leaves the previous file (or none), never a broken one. Only load
-checkpoints you trust: unpickling runs code.
+The file is a 48-byte header (``MAGIC``, the length of the data, its SHA-256) followed by a
+pickle of plain Python values and the host arrays the backend hands out (``t.numpy()``), so the
+core needs no array library to write it. Everything restored lies under the checksum, which is
+checked before anything is unpickled: a flipped bit or a cut-short copy is an error naming the
+file, never a silently wrong weight. Files from before the checksum (a bare pickle) still load,
+with a warning. Saves are atomic: to a temporary file in the same folder (created with mode
+0666 less the umask, as ``np.save``), flushed and fsynced, then ``os.replace``-d over the
+target, so a crash mid-write leaves the previous file (or none), never a broken one. The
+temporary file's name holds this machine's name, PID namespace and the saving process's ID, so
+a later save in the folder removes those of saves that were killed. Only load checkpoints you trust:
+unpickling runs code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import os
 import pickle
-import tempfile
+import re
+import secrets
+import socket
+import struct
 from typing import Any
 
 from mpcore import random as _random
 
+logger = logging.getLogger("mpcore")
+
 FORMAT = "mpcore.checkpoint"
 WEIGHTS_FORMAT = "mpcore.weights"
 VERSION = 1
+# the container: magic (its first byte is far from 0x80, the first byte of an old bare pickle),
+# then the data's length and SHA-256
+MAGIC = b"mpcore\x00\x02"
+HEADER = struct.Struct(">8sQ32s")
+REQUIRED = {FORMAT: ("names", "values", "optimizer", "random", "train_step", "extra"),
+            WEIGHTS_FORMAT: ("names", "values")}
+_CHUNK = 1 << 20
+# ".<target>.mpcore.<owner>.<pid>.<8 hex>.tmp", as _create_temporary names them
+_TEMPORARY = re.compile(r"\..+\.mpcore\.(?P<owner>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)"
+                        r"\.[0-9a-f]{8}\.tmp")
+
+
+class _HashingWriter:
+    """A file's ``write`` that also feeds the SHA-256 and counts the bytes."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.size += view.nbytes
+        return self.f.write(view)
+
+
+def _owner() -> str:
+    """This machine and PID namespace: a PID in a temporary file's name means something only
+    to processes that share both (a folder may be shared over the network or with containers)."""
+    host = re.sub(r"[^A-Za-z0-9]", "-", socket.gethostname())[:32] or "host"
+    try:
+        return f"{host}-{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return host
+
+
+def _certainly_dead(pid: int) -> bool:
+    if os.name != "posix" or pid <= 0 or pid == os.getpid():
+        return False  # os.kill(pid, 0) terminates the process on Windows
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        return False  # EPERM: it runs under another user
+    return False
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporary files that saves killed mid-write (SIGKILL, power loss) left in
+    ``folder``: only those named by a save on this machine whose process no longer runs, so a
+    concurrent live save's file is never touched. Returns the paths removed."""
+    removed = []
+    owner = _owner()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if (match is None or match["owner"] != owner
+                    or not entry.is_file(follow_symlinks=False)
+                    or not _certainly_dead(int(match["pid"]))):
+                continue
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            except FileNotFoundError:  # another save removed it first
+                pass
+            except OSError as exc:  # e.g. another user's, in a sticky folder: not ours to fix
+                logger.warning("could not remove %s, a temporary file of a killed save: %s",
+                               entry.path, exc)
+    if removed:
+        logger.info("removed %d temporary file(s) of killed saves: %s", len(removed),
+                    ", ".join(removed))
+    return removed
+
+
+def _create_temporary(target: str) -> tuple[int, str]:
+    folder, base = os.path.split(target)
+    prefix = os.path.join(folder, f".{base}.mpcore.{_owner()}.{os.getpid()}.")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = prefix + secrets.token_hex(4) + ".tmp"
+        with contextlib.suppress(FileExistsError):
+            # mode 0666: the kernel applies the umask, as for np.save's files
+            return os.open(tmp, flags, 0o666), tmp
 
 
 def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
-    """Pickle ``payload`` to ``path`` atomically (temp file + fsync + os.replace)."""
-    target = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(target))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
+    """Pickle ``payload`` to ``path`` under the checksummed header, atomically (temp file +
+    fsync + os.replace); first removes temporary files that killed saves left in its folder."""
+    target = os.path.abspath(os.fspath(path))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    remove_stale_temporaries(os.path.dirname(target))
+    fd, tmp = _create_temporary(target)
     try:
         with os.fdopen(fd, "wb") as f:
-            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(bytes(HEADER.size))
+            body = _HashingWriter(f)
+            pickle.dump(payload, body, protocol=pickle.HIGHEST_PROTOCOL)
+            f.seek(0)
+            f.write(HEADER.pack(MAGIC, body.size, body.sha.digest()))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -42,19 +143,65 @@ def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
         raise
 
 
+def _verify(f: Any, path: str, expected: str) -> None:
+    """Check the header and the SHA-256 of what follows it; leaves ``f`` at the data."""
+    damaged = (f"{path!r} is damaged (changed or cut short after it was written: a disk, copy "
+               f"or transfer error); restore it from a copy or load an earlier checkpoint")
+    head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise ValueError(f"{damaged}: it holds {len(head)} bytes, less than the {HEADER.size}-"
+                         f"byte {expected} header")
+    _, size, digest = HEADER.unpack(head)
+    actual = os.fstat(f.fileno()).st_size - HEADER.size
+    if actual != size:
+        raise ValueError(f"{damaged}: its header says {size} bytes of data follow, the file "
+                         f"holds {actual}")
+    sha = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        sha.update(chunk)
+    if sha.digest() != digest:
+        raise ValueError(f"{damaged}: the SHA-256 checksum of its data (weights, optimizer "
+                         f"state, loss-scale state, metadata) is {sha.hexdigest()}, the header "
+                         f"says {digest.hex()}")
+    f.seek(HEADER.size)
+
+
 def read(path: str | os.PathLike[str], expected: str) -> dict[str, Any]:
-    with open(os.fspath(path), "rb") as f:
+    """The payload of an ``expected`` file (FORMAT or WEIGHTS_FORMAT), its checksum verified."""
+    where = os.fspath(path)
+    with open(where, "rb") as f:
+        start = f.read(len(MAGIC))
+        f.seek(0)
+        checked = start == MAGIC
+        if checked:
+            _verify(f, where, expected)
+        elif start[:1] != b"\x80":  # not a bare pickle (protocol 2+) of an old mpcore either
+            raise ValueError(f"{where!r} is not an {expected} file, or its header is damaged "
+                             f"(it starts with {start!r}, not {MAGIC!r})")
         try:
             data = pickle.load(f)
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-            raise ValueError(f"{os.fspath(path)!r} is not an {expected} file (it does not "
+            raise ValueError(f"{where!r} is not an {expected} file (it does not "
                              f"unpickle: {exc})") from exc
     if not isinstance(data, dict) or data.get("format") != expected:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{os.fspath(path)!r} is not an {expected} file (found {found!r})")
+        raise ValueError(f"{where!r} is not an {expected} file (found {found!r})")
     if data.get("version") != VERSION:
-        raise ValueError(f"{os.fspath(path)!r} has version {data.get('version')!r}; this "
+        raise ValueError(f"{where!r} has version {data.get('version')!r}; this "
                          f"mpcore reads version {VERSION}")
+    missing = [key for key in REQUIRED[expected] if key not in data]
+    if missing:
+        raise ValueError(f"{where!r} is missing {', '.join(map(repr, sorted(missing)))} of "
+                         f"the keys an {expected} file holds ({', '.join(REQUIRED[expected])}); "
+                         "it was not written by mpcore.checkpoint")
+    names, values = data["names"], data["values"]
+    if not isinstance(names, list) or not isinstance(values, list) or len(names) != len(values):
+        count = [len(v) if isinstance(v, list) else type(v).__name__ for v in (names, values)]
+        raise ValueError(f"{where!r} holds {count[0]} names and {count[1]} values; they must "
+                         "be lists that pair up")
+    if not checked:
+        logger.warning("%r has no checksum (an old %s file): loaded without an integrity "
+                       "check; save it again to add one", where, expected)
     return data
 
 
