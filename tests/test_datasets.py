@@ -134,12 +134,12 @@ def test_offline_split_from_data_dir(tmp_path: Path, clean_env: Path,
                                      monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "offline"
-    make_files(folder, n_test=10000)
+    md5s = make_files(folder, n_test=10000)
     for name in mnist.TRAIN:
         (folder / name).unlink()
     monkeypatch.setenv("MPCORE_DATA_DIR", str(folder))
     with caplog.at_level(logging.WARNING, logger="mpcore"):
-        data = mnist.load(mirrors=["http://127.0.0.1:9/"])
+        data = mnist.load(mirrors=["http://127.0.0.1:9/"], md5s=md5s)
     assert data.split == "offline"
     assert (len(data.x_train), len(data.x_test)) == (8000, 2000)
     assert "NOT the full MNIST set" in caplog.text
@@ -147,7 +147,7 @@ def test_offline_split_from_data_dir(tmp_path: Path, clean_env: Path,
     np.testing.assert_array_equal(data.x_train, full[:8000])
     np.testing.assert_array_equal(data.x_test, full[8000:])
     with pytest.raises(mnist.MnistUnavailableError):
-        mnist.load(split="full", mirrors=["http://127.0.0.1:9/"], timeout=2)
+        mnist.load(split="full", mirrors=["http://127.0.0.1:9/"], timeout=2, md5s=md5s)
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST test files are not here")

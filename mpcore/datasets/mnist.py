@@ -5,7 +5,10 @@ Where the files are looked for, in order: ``path`` (when given), else ``$MPCORE_
 ``~/.cache/mpcore/mnist``). Files that are missing are downloaded into the cache folder (or
 ``path``) from the standard mirrors (override with ``mirrors=`` or ``$MPCORE_MNIST_MIRRORS``,
 comma-separated base URLs), each checked against its published md5 and written atomically:
-a file that fails the check or a download cut short never lands in the cache.
+a file that fails the check or a download cut short never lands in the cache. Local files are
+md5-checked too (once per process for a given size and mtime), and their IDX headers must say
+what MNIST's do (uint8 images N x 28 x 28, N labels 0 to 9): a corrupt, truncated, swapped or
+foreign file raises :class:`MnistFileError` naming it and saying what to do.
 
 Offline split: where only the two test-set files are available (as in the project's shared
 data folder), ``split="offline"`` (or ``split="auto"`` when the files come from
@@ -27,6 +30,7 @@ import struct
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +52,25 @@ MIRRORS: tuple[str, ...] = (
 )
 OFFLINE_TRAIN = 8000
 SPLITS = ("auto", "full", "offline")
+IMAGE_SHAPE = (28, 28)
+CLASSES = 10
+# md5s of local files already checked, by (path, device, inode, size, mtime): a changed file
+# gets a new key, so it is checked again
+_checked_md5s: dict[tuple[str, int, int, int, int], str] = {}
 
 
 class MnistUnavailableError(FileNotFoundError):
     """The MNIST files are neither on disk nor downloadable; the message says what to do."""
+
+
+class MnistFileError(ValueError):
+    """An MNIST file is corrupt, truncated or not the file its name says; the message names it
+    and says what to do."""
+
+
+def _remedy(path: Path) -> str:
+    return (f"delete {path} so that mpcore downloads a fresh copy (or put the original file "
+            "there)")
 
 
 @dataclass(frozen=True)
@@ -111,7 +130,7 @@ def download(name: str, folder: Path, mirrors: Sequence[str] | None = None,
     """Fetch ``name`` into ``folder`` from the first mirror that serves it with the right md5.
     The bytes go to a temporary file in ``folder`` that is renamed into place only after the
     md5 matched, so nothing half-written or corrupt is ever left under ``name``."""
-    expected = (md5s or FILES)[name]
+    expected = {**FILES, **(md5s or {})}[name]
     folder.mkdir(parents=True, exist_ok=True)
     errors = []
     for base in _mirrors(mirrors):
@@ -127,6 +146,7 @@ def download(name: str, folder: Path, mirrors: Sequence[str] | None = None,
                 continue
             target = folder / name
             os.replace(tmp, target)
+            _checked_md5s[_md5_key(target)] = got
             logger.info("downloaded %s from %s", name, url)
             return target
         except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -137,23 +157,72 @@ def download(name: str, folder: Path, mirrors: Sequence[str] | None = None,
     raise MnistUnavailableError(f"could not download {name}: " + "; ".join(errors))
 
 
+def _md5_key(path: Path) -> tuple[str, int, int, int, int]:
+    st = path.stat()
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_md5(path: Path, expected: str) -> None:
+    """Raise :class:`MnistFileError` unless ``path`` has the md5 ``expected``."""
+    key = _md5_key(path)
+    got = _checked_md5s.get(key) or md5sum(path)
+    if got != expected:
+        raise MnistFileError(
+            f"{path} has md5 {got}, not the published md5 {expected} of {path.name}: it is "
+            f"corrupt, incomplete or another file; {_remedy(path)}. For another data set in "
+            "MNIST's format (e.g. Fashion-MNIST), pass md5s={file name: md5} with its md5s.")
+    _checked_md5s[key] = got
+
+
 def read_idx(path: Path) -> Any:
-    """An IDX gzip file as a NumPy array (uint8 images or labels)."""
+    """An IDX gzip file as a NumPy array (uint8 images or labels); a file that is not one
+    raises :class:`MnistFileError` naming it."""
     import numpy as np
 
-    with gzip.open(path, "rb") as f:
-        data = f.read()
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise MnistFileError(f"{path} is not a readable gzip file ({type(exc).__name__}: "
+                             f"{exc}): it is corrupt or cut short; {_remedy(path)}") from exc
     if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
-        raise ValueError(f"{path} is not an unsigned-byte IDX file")
+        raise MnistFileError(f"{path} is not an unsigned-byte IDX file (it starts with "
+                             f"{data[:4].hex() or 'nothing'}, MNIST's start with 00000803 or "
+                             f"00000801); {_remedy(path)}")
     ndim = data[3]
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    start = 4 + 4 * ndim
+    if len(data) < start:
+        raise MnistFileError(f"{path}: its IDX header of rank {ndim} needs {start} bytes, the "
+                             f"file holds {len(data)}; {_remedy(path)}")
+    dims = struct.unpack(f">{ndim}I", data[4:start])
+    body = np.frombuffer(data, dtype=np.uint8, offset=start)
     expected = 1
     for d in dims:
         expected *= d
     if body.size != expected:
-        raise ValueError(f"{path}: header says {dims} ({expected} values), found {body.size}")
+        raise MnistFileError(f"{path}: header says {dims} ({expected} values), found "
+                             f"{body.size}; {_remedy(path)}")
     return body.reshape(dims)
+
+
+def read_pair(images_path: Path, labels_path: Path) -> tuple[Any, Any]:
+    """MNIST images and their labels, each file checked for what MNIST's hold."""
+    x, y = read_idx(images_path), read_idx(labels_path)
+    swapped = x.ndim == 1 and y.ndim == 3
+    hint = " (the images and labels files look swapped)" if swapped else ""
+    if x.ndim != 3 or x.shape[1:] != IMAGE_SHAPE:
+        raise MnistFileError(f"{images_path} holds an array of shape {x.shape}; MNIST images "
+                             f"are N x 28 x 28{hint}; {_remedy(images_path)}")
+    if y.ndim != 1:
+        raise MnistFileError(f"{labels_path} holds an array of shape {y.shape}; MNIST labels "
+                             f"are rank 1{hint}; {_remedy(labels_path)}")
+    if len(y) != len(x):
+        raise MnistFileError(f"{labels_path} holds {len(y)} labels for the {len(x)} images in "
+                             f"{images_path}; {_remedy(labels_path)}")
+    if y.size and int(y.max()) >= CLASSES:
+        raise MnistFileError(f"{labels_path} holds label {int(y.max())}; MNIST labels are 0 "
+                             f"to {CLASSES - 1}; {_remedy(labels_path)}")
+    return x, y
 
 
 def _how_to(dirs: Sequence[Path]) -> str:
@@ -196,8 +265,10 @@ def load(path: str | os.PathLike[str] | None = None, split: str = "auto",
                 f"MNIST files missing: {', '.join(still)}. Looked in: "
                 f"{', '.join(str(d) for d in dirs)}. Download failed: {' | '.join(problems)}. "
                 + _how_to(dirs))
-    x_test = read_idx(found[TEST[0]])  # type: ignore[arg-type]
-    y_test = read_idx(found[TEST[1]])  # type: ignore[arg-type]
+    checksums = {**FILES, **(md5s or {})}
+    for name in wanted:
+        check_md5(found[name], checksums[name])  # type: ignore[arg-type]
+    x_test, y_test = read_pair(found[TEST[0]], found[TEST[1]])  # type: ignore[arg-type]
     source = str(found[TEST[0]].parent)  # type: ignore[union-attr]
     if offline:
         logger.warning("MNIST offline split: only the test-set files are used (from %s): "
@@ -206,8 +277,7 @@ def load(path: str | os.PathLike[str] | None = None, split: str = "auto",
                        OFFLINE_TRAIN, len(x_test) - OFFLINE_TRAIN)
         return MnistData(x_test[:OFFLINE_TRAIN], y_test[:OFFLINE_TRAIN],
                          x_test[OFFLINE_TRAIN:], y_test[OFFLINE_TRAIN:], "offline", source)
-    x_train = read_idx(found[TRAIN[0]])  # type: ignore[arg-type]
-    y_train = read_idx(found[TRAIN[1]])  # type: ignore[arg-type]
+    x_train, y_train = read_pair(found[TRAIN[0]], found[TRAIN[1]])  # type: ignore[arg-type]
     return MnistData(x_train, y_train, x_test, y_test, "full", source)
 
 
