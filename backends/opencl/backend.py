@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.backend import Backend, BackendUnavailableError, Device, Support
+from mpcore.backend import Backend, BackendUnavailableError, Device, KernelBuildError, Support
 from mpcore.settings import env_choice
 
 from . import devices as _devices
 from .arrays import MAX_DIMS, NAMES, NP_DTYPES, SCALAR, CLArray, coalesce, contiguous_strides, vec8
+from .linalg import LinalgKernels
+from .probe import WIDTH_ENV, ProbeResult, fixed_width, probe
 from .rules import FP16, opencl_policy_support
 
 # The runtime (pyopencl) is imported on activation only: `import mpcore` must not load it.
@@ -80,14 +82,6 @@ BINARY_BOOL: dict[str, str] = {
     "greater": "x > y", "greater_equal": "x >= y",
     "logical_and": "(x != 0) && (y != 0)", "logical_or": "(x != 0) || (y != 0)",
 }
-
-# GEMM tile macros. Packed (CPU devices): WPM x VW register blocks (16 x 16 float32: 16
-# AVX-512 or 32 AVX2 accumulators), KC-deep cache blocks, work-groups of up to PACKED_WG
-# (columns, rows) blocks; measured best on PoCL/Ice Lake among KC 64..256, WPM 8..16, groups
-# 4x4..16x16. Tiled (GPUs): local-memory tiles.
-GEMM_PACKED = {"WPM": 16, "VW": 16, "KC": 128}
-PACKED_WG = (8, 4)
-GEMM_TILED = {"TSM": 64, "TSN": 64, "TSK": 16, "WPM": 8, "VW": 4}
 
 HALF_MODES = ("auto", "native", "convert")
 #: ``auto`` runs a kernel family native when its measured speedup exceeds this (a gain within
@@ -288,15 +282,12 @@ def _unmeasured_half_choice(mode: str, device: Device) -> HalfChoice | None:
     return None
 
 
-class OpenCLBackend(Backend):
+class OpenCLBackend(LinalgKernels, Backend):
     """OpenCL C kernels on one OpenCL device (a GPU when there is one)."""
 
     name = "opencl"
     priority = 200
     install_hint = 'pip install "mpcore[opencl]" (a CPU device: pip install "mpcore[pocl]")'
-
-    #: "packed" (CPU devices), "tiled" (local memory; GPUs) or None: chosen by device kind.
-    gemm_variant: str | None = None
 
     def __init__(self) -> None:
         self._rt: Any = None
@@ -305,6 +296,7 @@ class OpenCLBackend(Backend):
         self._ew: dict[Key, Any] = {}
         self._flat: dict[Key, Any] = {}  # (op, dtype, out) -> same-shape binary kernel
         self._half: HalfChoice | None = None
+        self._probe: ProbeResult | None = None
 
     # --- availability, devices, verdicts ------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -406,12 +398,34 @@ class OpenCLBackend(Backend):
             if _unmeasured_half_choice(half_mode(), desc) is not None:
                 self.half_choice()  # decided without measuring (native: checks cl_khr_fp16)
             dev = next(d for x, d in self._found() if x.index == desc.index)
+            self.verified_vector_width()  # before this process builds anything on the device
             try:
                 self._rt = Runtime(dev)
             except Exception as exc:
                 raise BackendUnavailableError(
                     f"OpenCL device {desc.index} ({desc.name}) cannot be opened: {exc}") from exc
         super()._activate()
+
+    def verified_vector_width(self) -> int:
+        """The GEMM vector width on this backend's device: ``vector_width`` or
+        ``MPCORE_OPENCL_VECTOR_WIDTH`` when set, else the widest the kernel probe
+        (:mod:`mpcore_opencl.probe`, in a subprocess) found to build and compute correctly;
+        raises :class:`~mpcore.KernelBuildError` where none does."""
+        if self.vector_width is not None:
+            return self.vector_width
+        fixed = fixed_width()
+        if fixed is not None:
+            return fixed
+        if self._probe is None:
+            self._probe = probe(self.device())
+        if self._probe.vector_width is None:
+            desc = self.device()
+            raise KernelBuildError(
+                f"OpenCL device {desc.index} ({desc.name}, driver "
+                f"{desc.details.get('driver_version', '?')}) fails mpcore's kernel probe: "
+                f"{self._probe.summary()}. A failed probe is not cached: the next process tries "
+                f"again. {WIDTH_ENV} fixes the GEMM vector width and skips the probe")
+        return self._probe.vector_width
 
     @property
     def runtime(self) -> Any:
@@ -859,70 +873,6 @@ class OpenCLBackend(Backend):
         self.runtime.launch(prog["reduce_argmax"], outer * inner, np.int32(outer), np.int32(k),
                             np.int32(inner), x.data, out.data)
         return out
-
-    # --- matmul -------------------------------------------------------------------------
-    def _variant(self) -> str:
-        if self.gemm_variant:
-            return self.gemm_variant
-        return "packed" if self.device().kind == "cpu" else "tiled"
-
-    def matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool) -> CLArray:
-        return self._matmul(a, b, transpose_a, transpose_b)
-
-    def _matmul(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool,
-                native: bool | None = None) -> CLArray:
-        dt = self._dt(a)
-        sa, sb = tuple(a.shape), tuple(b.shape)
-        batch = sa[:-2]
-        m, k = (sa[-1], sa[-2]) if transpose_a else (sa[-2], sa[-1])
-        n = sb[-2] if transpose_b else sb[-1]
-        nb = math.prod(batch)
-        out = self._empty((*batch, m, n), dt)
-        if out.size == 0:
-            return out
-        if k == 0:
-            return self.full(out.shape, 0, dt)
-        if self._variant() == "packed":
-            self._gemm_packed(a, b, transpose_a, transpose_b, m, n, k, nb, out, native)
-            return out
-        opts = tuple(f"-D{key}={val}" for key, val in GEMM_TILED.items())
-        prog = self._prog("gemm.cl", ("A", dt), ("O", dt), options=opts, native=native)
-        name = "gemm_" + ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
-        vw, wpm, tsm, tsn = (GEMM_TILED[key] for key in ("VW", "WPM", "TSM", "TSN"))
-        wx, wy = tsn // vw, tsm // wpm
-        prog[name](self.runtime.queue, (-(-n // tsn) * wx, -(-m // tsm) * wy, nb), (wx, wy, 1),
-                   np.int32(m), np.int32(n), np.int32(k), np.int64(m * k), np.int64(k * n),
-                   np.int64(m * n), a.data, b.data, out.data)
-        return out
-
-    def _gemm_packed(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool, m: int,
-                     n: int, k: int, nb: int, out: CLArray, native: bool | None = None) -> None:
-        dt = self._dt(a)
-        # panels hold the compute type: float32 for 16-bit storage, half with native half
-        acc = dt if self._native((dt,), native) else ("float32" if dt in LOW else dt)
-        wpm, vw = GEMM_PACKED["WPM"], GEMM_PACKED["VW"]
-        # Small problems get smaller groups, so that padding to whole groups stays small.
-        pm_n, pn_n = -(-m // wpm), -(-n // vw)
-        wgx, wgy = min(PACKED_WG[0], pn_n), min(PACKED_WG[1], pm_n)
-        pm, pn = -(-pm_n // wgy) * wgy, -(-pn_n // wgx) * wgx
-        opts = tuple(f"-D{key}={val}" for key, val in GEMM_PACKED.items())
-        ap = self._empty((nb, pm, k, wpm), acc)
-        bp = self._empty((nb, pn, k, vw), acc)
-        # (row, k) of op(A) and (column, k) of op(B), as element strides
-        a_rs, a_ks = (1, m) if transpose_a else (k, 1)
-        b_rs, b_ks = (k, 1) if transpose_b else (1, n)
-        rt = self.runtime
-        for src, dst, rows, panels, width, rs, ks in ((a, ap, m, pm, wpm, a_rs, a_ks),
-                                                      (b, bp, n, pn, vw, b_rs, b_ks)):
-            prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"),
-                              native=native)
-            rt.launch(prog["pack"], dst.size, np.int32(rows), np.int32(k), np.int32(panels),
-                      np.int64(rs), np.int64(ks), np.int64(src.size // nb), np.int64(dst.size),
-                      src.data, dst.data)
-        prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"),
-                          native=native)
-        prog["gemm_packed"](rt.queue, (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
-                            np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)
 
     # --- shapes and indexing ------------------------------------------------------------
     def reshape(self, x: CLArray, shape: tuple[int, ...]) -> CLArray:

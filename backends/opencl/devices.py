@@ -209,6 +209,9 @@ def describe(platform: Any, device: Any, index: str) -> Device:
                  "global_memory_bytes": int(device.global_mem_size),
                  "local_memory_bytes": int(device.local_mem_size),
                  "max_work_group_size": int(device.max_work_group_size),
+                 "max_work_item_sizes": [int(x) for x in device.max_work_item_sizes],
+                 "native_vector_width_float": int(device.native_vector_width_float),
+                 "preferred_vector_width_float": int(device.preferred_vector_width_float),
                  "native_vector_width_half": int(device.native_vector_width_half),
                  "preferred_vector_width_half": int(device.preferred_vector_width_half),
                  "driver_version": device.driver_version.strip()})

@@ -14,7 +14,10 @@ kernels as float32 (``X_PT``), rounded to the dtype first by the host.
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import warnings
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -22,6 +25,8 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pyopencl.tools as cl_tools
+
+from mpcore.backend import KernelBuildError
 
 from .arrays import FLOATS, MAX_ITEMS, NP_DTYPES, CLArray
 
@@ -58,6 +63,8 @@ ERRORS: dict[int, tuple[type[Exception], str]] = {
     3: (ValueError, "label {value} is out of range: labels must be in [0, {size}) for logits "
                     "with {size} classes (its loss and gradients are NaN)"),
 }
+#: Lines of a build log quoted in a KernelBuildError.
+LOG_LINES = 12
 _DETECTED = ("; found on the OpenCL device and reported at the first host read after the kernel "
              "that met it")
 
@@ -97,24 +104,44 @@ class Program:
 
     Each kernel is told its by-value argument types, so pyopencl packs scalars with
     ``struct.pack`` instead of its generic per-argument path: that cuts a small launch's host
-    time about fourfold (about 20 us to 5 us with PoCL here), which is most of a small op's cost.
+    time about fourfold, which is most of a small op's cost.
     Intel's CPU runtime gives no argument info for a program that pyopencl loads from its binary
     cache (``arg_info`` False): those kernels stay on the generic path, which is slower per launch
     but correct, rather than paying an uncached rebuild (about a second per program) per process.
+
+    A kernel asked for that the program lacks is not a KeyError at the call: a driver can build a
+    program without some of its kernels (PoCL 3.0 does, for vector code its LLVM cannot lower,
+    and a stale cache entry can do the same), so the runtime rebuilds the program once with
+    every cache bypassed and raises :class:`~mpcore.KernelBuildError` if it is still missing.
     """
 
-    __slots__ = ("arg_info", "generic", "kernels")
+    __slots__ = ("_recover", "arg_info", "generic", "kernels", "log")
 
-    def __init__(self, program: cl.Program) -> None:
+    def __init__(self, program: cl.Program, log: str = "",
+                 recover: Callable[[Program, str], cl.Kernel] | None = None) -> None:
         self.kernels = {k.function_name: k for k in program.all_kernels()}
         declared = {name: _declare_scalar_args(k) for name, k in self.kernels.items()}
         #: kernels left on pyopencl's generic (slow) argument path
         self.generic = sorted(name for name, ok in declared.items() if not ok)
         #: whether the driver described the kernels' arguments
         self.arg_info = None not in declared.values()
+        #: the build log (compiler warnings), kept for error messages
+        self.log = log
+        self._recover = recover
 
     def __getitem__(self, name: str) -> cl.Kernel:
-        return self.kernels[name]
+        kernel = self.kernels.get(name)
+        if kernel is None:
+            if self._recover is None:
+                raise KeyError(f"the program has no kernel {name!r}; it has: "
+                               + (", ".join(sorted(self.kernels)) or "none"))
+            kernel = self._recover(self, name)
+        return kernel
+
+    def adopt(self, other: Program) -> None:
+        """Take ``other``'s kernels (a rebuild of the same source)."""
+        self.kernels, self.generic, self.arg_info = other.kernels, other.generic, other.arg_info
+        self.log = other.log
 
 
 def _declare_scalar_args(kernel: cl.Kernel) -> bool | None:
@@ -189,15 +216,71 @@ class Runtime:
             macros = "\n".join(slot_macros(slot, dtype, native_half) for slot, dtype in slots)
             head = FP16_PRAGMA if native_half else ""
             src = "\n".join((head + self.common, macros, self.template(template), extra))
-            # argument info lets Program declare scalar argument types (fast launches)
+            label = f"{template} ({', '.join(f'{s}={d}' for s, d in slots)})"
+            prog = self._programs[key] = self._checked_build(label, src, options)
+        return prog
+
+    # --- building -----------------------------------------------------------------------
+    def _build(self, label: str, src: str, options: Sequence[str],
+               uncached: bool = False) -> Program:
+        """Build ``src``; ``uncached`` adds a unique macro, which changes the cache key of
+        pyopencl's binary cache and of the driver's own (PoCL's), so both are bypassed."""
+        opts = ["-cl-kernel-arg-info", *options]  # argument info: fast launches (Program)
+        if uncached:
+            opts.append(f"-DMPCORE_UNCACHED_BUILD={secrets.token_hex(8)}")
+        try:
             with warnings.catch_warnings():
                 # a successful build's log (Intel's runtime always writes one) is noise here;
-                # a failed build still raises with its log
+                # it is kept for the error when a kernel turns out missing
                 warnings.simplefilter("ignore", cl.CompilerWarning)
-                built = cl.Program(self.context, src).build(
-                    options=["-cl-kernel-arg-info", *options])
-            prog = self._programs[key] = Program(built)
+                built = cl.Program(self.context, src).build(options=opts)
+        except cl.Error as exc:
+            raise KernelBuildError(self._failure(label, opts, f"did not build: {exc}", "")) \
+                from exc
+        log = ""
+        with contextlib.suppress(cl.Error):  # no log from this driver: the message says so
+            log = str(built.get_build_info(self.device, cl.program_build_info.LOG) or "")
+        return Program(built, log, lambda prog, name: self._recover(prog, name, label, src,
+                                                                     options))
+
+    def _checked_build(self, label: str, src: str, options: Sequence[str]) -> Program:
+        """Build, and rebuild once uncached if the driver gave a program with no kernels (a
+        failed build is retried uncached too: a corrupt cache entry fails the same way)."""
+        try:
+            prog = self._build(label, src, options)
+        except KernelBuildError:
+            prog = self._build(label, src, options, uncached=True)
+        if not prog.kernels:
+            prog = self._build(label, src, options, uncached=True)
+            if not prog.kernels:
+                raise KernelBuildError(self._failure(
+                    label, options, "built without any kernel, even with the caches bypassed",
+                    prog.log))
         return prog
+
+    def _recover(self, prog: Program, name: str, label: str, src: str,
+                 options: Sequence[str]) -> cl.Kernel:
+        """``prog`` lacks kernel ``name``: rebuild it uncached once; raise if still missing."""
+        rebuilt = self._build(label, src, options, uncached=True)
+        if name not in rebuilt.kernels:
+            built = ", ".join(sorted(rebuilt.kernels)) or "none"
+            raise KernelBuildError(self._failure(
+                label, options, f"built without kernel {name!r} (it has: {built}), even with "
+                "the caches bypassed", rebuilt.log))
+        prog.adopt(rebuilt)
+        return prog.kernels[name]
+
+    def _failure(self, label: str, options: Sequence[str], what: str, log: str) -> str:
+        """The KernelBuildError text: the program, the device and driver, options, log."""
+        dev = self.device
+        lines = [line for line in log.strip().splitlines() if line.strip()]
+        shown = "\n    ".join(lines[:LOG_LINES]) if lines else "(empty)"
+        if len(lines) > LOG_LINES:
+            shown += f"\n    ... ({len(lines) - LOG_LINES} more lines)"
+        return (f"OpenCL program {label} {what} on device {dev.name.strip()} "
+                f"({dev.platform.name.strip()}, {dev.version.strip()}, driver "
+                f"{dev.driver_version.strip()}); build options: {' '.join(options) or '-'}; "
+                f"build log:\n    {shown}")
 
     # --- launching ----------------------------------------------------------------------
     def launch(self, kernel: cl.Kernel, n: int, *args: Any) -> None:

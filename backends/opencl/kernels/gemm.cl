@@ -12,8 +12,16 @@
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+/* VW comes from the device (1, 2, 4, 8 or 16); OpenCL C has no 1-wide vector type or vload1 */
+#if VW == 1
+#define VT A_AT
+#define VLOAD(i, p) ((p)[i])
+#define VSTORE(v, i, p) ((p)[i] = (v))
+#else
 #define VT CAT(A_AT, VW)
 #define VLOAD CAT(vload, VW)
+#define VSTORE CAT(vstore, VW)
+#endif
 /* staged values widened to the accumulation type (a no-op unless native half) */
 #define WIDEN(v) CAT(convert_, VT)(v)
 #define WG_X (TSN / VW)
@@ -72,7 +80,7 @@ void NAME(const int M, const int N, const int K, const long stride_a, const long
         const int gm = m0 + ty * WPM + r;                                                   \
         if (gm >= M) break;                                                                 \
         A_AT out[VW];                                                                       \
-        CAT(vstore, VW)(acc[r], 0, out);                                                    \
+        VSTORE(acc[r], 0, out);                                                             \
         for (int c = 0; c < VW; ++c) {                                                      \
             const int gn = n0 + tx * VW + c;                                                \
             if (gn < N) STORE_O(C, co + (long)gm * N + gn, out[c]);                         \
@@ -140,7 +148,7 @@ __kernel void gemm_packed(const int M, const int N, const int K, const int PM, c
         const int gm = m0 + r;
         if (gm >= M) break;
         A_AT out[VW];
-        CAT(vstore, VW)(acc[r], 0, out);
+        VSTORE(acc[r], 0, out);
         for (int c = 0; c < VW && n0 + c < N; ++c) STORE_O(pc, (long)gm * N + n0 + c, out[c]);
     }
 }

@@ -1,0 +1,167 @@
+"""GEMM shapes (vector width, register block, cache block, work-group) as pure functions of an
+OpenCL device description, so that they can be tested for devices that are not here.
+
+The vector width is where devices differ most, and where a driver may report more than its
+compiler can build: PoCL 3.0 (LLVM 14) on an AMD Zen 4 reports 16-wide floats (the CPU has
+AVX-512) but compiles for LLVM's ``znver3``, which has no AVX-512, and a 16-wide multiply-add
+then aborts LLVM. So the width a device reports is only where the search starts:
+:mod:`mpcore_opencl.probe` builds and runs the GEMM in a subprocess at that width and, if it
+fails, at each narrower one (:func:`candidate_widths`), and the backend uses the widest that
+computed correctly.
+
+- Packed (CPU devices): each work-item computes a ``rows`` x ``vector_width`` block of C in
+  registers, the K loop cut into ``depth``-deep blocks so that a work-group's panels stay in
+  L1/L2. The vector width is the device's; 16 rows were fastest both at width 16 (PoCL on an
+  Ice Lake Xeon) and at width 8 (PoCL on Zen 4), among 4 to 32 (``benchmarks/gemm_opencl.py``).
+- Tiled (GPUs): a work-group stages ``tile_m`` x ``tile_k`` and ``tile_k`` x ``tile_n`` slices
+  in local memory; the vector width (4: 128-bit loads, which every GPU serves in one
+  transaction, even those that report scalar floats as native) is a register block, not SIMD.
+  Tiles shrink until the work-group and local memory fit what the device reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mpcore.backend import Device
+
+#: The vector widths the GEMM kernels are written for (OpenCL C has no 3-wide loads there).
+VECTOR_WIDTHS = (1, 2, 4, 8, 16)
+#: Work-group of the packed GEMM, in (columns, rows) of register blocks: the best of 4x4 to
+#: 16x16 on PoCL; clamped to the device's limits.
+PACKED_GROUP = (8, 4)
+PACKED_ROWS = 16
+PACKED_DEPTH = 128
+TILED_WIDTH = 4
+
+
+def _details(device: Device) -> Mapping[str, Any]:
+    return device.details or {}
+
+
+def gemm_variant(device: Device) -> str:
+    """"packed" on CPU devices (their caches do the staging), "tiled" (local memory) elsewhere."""
+    return "packed" if device.kind == "cpu" else "tiled"
+
+
+def widest_width(limit: int) -> int:
+    """The widest of :data:`VECTOR_WIDTHS` not above ``limit`` (1 for 0 or less)."""
+    return max((w for w in VECTOR_WIDTHS if w <= limit), default=1)
+
+
+def reported_width(device: Device) -> int:
+    """The float vector width the device reports as native (else preferred), as one of
+    :data:`VECTOR_WIDTHS`."""
+    details = _details(device)
+    width = int(details.get("native_vector_width_float", 0) or 0)
+    if width <= 0:
+        width = int(details.get("preferred_vector_width_float", 0) or 0)
+    return widest_width(width)
+
+
+def candidate_widths(device: Device) -> tuple[int, ...]:
+    """The GEMM vector widths to try on ``device``, widest first: from what it reports
+    (packed) or :data:`TILED_WIDTH` (tiled) down to 1."""
+    start = reported_width(device) if gemm_variant(device) == "packed" else TILED_WIDTH
+    return tuple(w for w in reversed(VECTOR_WIDTHS) if w <= start)
+
+
+def _group_limits(device: Device) -> tuple[int, int, int]:
+    """(max work-group size, max items along dimension 0, along dimension 1)."""
+    details = _details(device)
+    total = int(details.get("max_work_group_size", 0) or 0) or 256
+    sizes = [*(details.get("max_work_item_sizes") or ()), total, total]
+    return total, int(sizes[0]) or total, int(sizes[1]) or total
+
+
+@dataclass(frozen=True)
+class PackedShape:
+    """The packed GEMM's shape: a ``rows`` x ``vector_width`` register block per work-item,
+    ``depth``-deep cache blocks, work-groups of ``group`` (columns, rows) blocks at most."""
+
+    vector_width: int
+    rows: int = PACKED_ROWS
+    depth: int = PACKED_DEPTH
+    group: tuple[int, int] = PACKED_GROUP
+
+    def options(self) -> tuple[str, ...]:
+        return (f"-DWPM={self.rows}", f"-DVW={self.vector_width}", f"-DKC={self.depth}")
+
+
+@dataclass(frozen=True)
+class TiledShape:
+    """The tiled GEMM's shape: ``tile_m`` x ``tile_n`` of C per work-group, ``tile_k``-deep
+    local-memory slices, a ``rows`` x ``vector_width`` register block per work-item."""
+
+    tile_m: int = 64
+    tile_n: int = 64
+    tile_k: int = 16
+    rows: int = 8
+    vector_width: int = TILED_WIDTH
+
+    @property
+    def group(self) -> tuple[int, int]:
+        """Work-items per group along (columns, rows)."""
+        return self.tile_n // self.vector_width, self.tile_m // self.rows
+
+    def local_bytes(self, itemsize: int) -> int:
+        """Local memory of one work-group: the A slice and the padded B slice."""
+        return self.tile_k * (self.tile_m + self.tile_n + self.vector_width) * itemsize
+
+    def options(self) -> tuple[str, ...]:
+        return (f"-DTSM={self.tile_m}", f"-DTSN={self.tile_n}", f"-DTSK={self.tile_k}",
+                f"-DWPM={self.rows}", f"-DVW={self.vector_width}")
+
+
+def packed_shape(device: Device, vector_width: int, itemsize: int = 4) -> PackedShape:
+    """The packed shape for accumulators of ``itemsize`` bytes, given the 32-bit vector width
+    ``vector_width`` (one of :data:`VECTOR_WIDTHS`) that works on the device: the same vector
+    bytes, so float64 gets half the lanes (a 16-wide float vector and an 8-wide double vector
+    need the same registers, and fail to compile the same way); the work-group halved until
+    it fits the device's limits."""
+    if vector_width not in VECTOR_WIDTHS:
+        raise ValueError(f"vector width {vector_width} is not one of {VECTOR_WIDTHS}")
+    vector_width = widest_width(vector_width * 4 // itemsize)
+    total, max_x, max_y = _group_limits(device)
+    gx, gy = PACKED_GROUP
+    while gx * gy > total or gx > max_x or gy > max_y:
+        if gx >= gy and gx > 1:
+            gx //= 2
+        elif gy > 1:
+            gy //= 2
+        else:
+            break
+    return PackedShape(vector_width, group=(gx, gy))
+
+
+def tiled_shape(device: Device, vector_width: int = TILED_WIDTH, itemsize: int = 4,
+                acc_itemsize: int = 4) -> TiledShape:
+    """The tiled shape given the 32-bit vector width that works on the device (at most
+    :data:`TILED_WIDTH` columns per work-item, fewer lanes for 8-byte accumulators as in
+    :func:`packed_shape`), its tiles halved until the work-group and its local memory
+    (``itemsize`` bytes per staged value) fit what the device reports."""
+    if vector_width not in VECTOR_WIDTHS:
+        raise ValueError(f"vector width {vector_width} is not one of {VECTOR_WIDTHS}")
+    vector_width = widest_width(vector_width * 4 // acc_itemsize)
+    total, max_x, max_y = _group_limits(device)
+    local = int(_details(device).get("local_memory_bytes", 0) or 0) or 32 * 1024
+    shape = TiledShape(vector_width=min(vector_width, TILED_WIDTH))
+    while True:
+        gx, gy = shape.group
+        fits = gx * gy <= total and gx <= max_x and gy <= max_y
+        if fits and shape.local_bytes(itemsize) <= local:
+            return shape
+        if shape.tile_k > 4 and fits:  # only local memory is short: thinner slices first
+            shape = TiledShape(shape.tile_m, shape.tile_n, shape.tile_k // 2, shape.rows,
+                               shape.vector_width)
+        elif shape.tile_m > shape.rows:
+            shape = TiledShape(shape.tile_m // 2, shape.tile_n, shape.tile_k, shape.rows,
+                               shape.vector_width)
+        elif shape.tile_n > shape.vector_width:
+            shape = TiledShape(shape.tile_m, shape.tile_n // 2, shape.tile_k, shape.rows,
+                               shape.vector_width)
+        else:
+            raise ValueError(f"OpenCL device {device.name!r} is too small for the tiled GEMM: "
+                             f"work-groups of {total} items, {local} bytes of local memory")
