@@ -11,7 +11,9 @@ MPCORE_OPENCL_HALF says), and ``elementwise`` adds the GB/s of a float16 multipl
 elements in both variants (two reads and a write). ``--op-overhead`` adds the host time of one
 small op (``mp.ops.add`` on 8x8 float32 tensors, dispatch and launch, in microseconds) on the
 opencl and cpu backends.
-MPCORE_OPENCL_DEVICE=platform:device picks the device.
+MPCORE_OPENCL_DEVICE=platform:device picks the device; the report names the GEMM shape
+(its vector width as the kernel probe verified it) next to the width the device reports;
+MPCORE_OPENCL_VECTOR_WIDTH=w times another width.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from mpcore_opencl.backend import measure_half_variants
+from mpcore_opencl.tiling import reported_width
 
 import mpcore as mp
 
@@ -101,8 +104,13 @@ def main() -> None:
                                         / row["numpy_float32_gflops"], 3)
         rows.append(row)
     device = be.device()
+    shape = be.packed_shape() if be._variant() == "packed" else be.tiled_shape()
     report: dict[str, Any] = {"benchmark": "gemm_opencl", "device": device.name,
                               "device_kind": device.kind, "gemm_variant": be._variant(),
+                              "reported_vector_width": reported_width(device),
+                              "gemm_shape_float32": shape.options(),
+                              "probe": be._probe.summary() if be._probe else "skipped: "
+                              "vector width fixed",
                               "cl_khr_fp16": fp16,
                               "host": platform.processor() or platform.machine(),
                               "numpy": np.__version__, "results": rows}
