@@ -21,6 +21,7 @@ that is not cached, so a transient failure (a machine out of memory) is tried ag
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -217,11 +218,11 @@ def probe(device: Device, use_cache: bool = True,
     """The widest GEMM vector width that works on ``device`` (from cache when it is there),
     trying each candidate in a subprocess."""
     key = cache_key(device)
+    where = f"{device.name} ({device.index})"
     if use_cache:
         cached = load_cached(key)
-        if cached is not None:
-            return cached
-    where = f"{device.name} ({device.index})"
+        if cached is not None:  # the index may differ: another driver installed since
+            return dataclasses.replace(cached, device=where)
     attempts = []
     for width in candidate_widths(device):
         attempt = run_attempt(device.index, width, timeout)
