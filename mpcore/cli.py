@@ -1,9 +1,12 @@
 """The ``mpcore`` command: ``mpcore info`` (backends, devices, verdicts) and more.
 
-``mpcore info`` lists every registered backend, available or why not, its devices, and for each
-policy whether it is supported and fast and why; the backend auto-detection chose; and every
-plugin that failed to load. ``--json`` prints the same for machines; ``--measure`` adds the
-measured 16-bit vs float32 matmul speed of every available backend.
+``mpcore info`` lists every registered backend, available, not available (why) or failing (how
+it failed when first used), its devices, and for each policy whether it is supported and fast
+and why; the backend auto-detection chose; and every plugin that failed to load. ``--json``
+prints the same for machines; ``--measure`` adds the measured 16-bit vs float32 matmul speed of
+every available backend (or the error of a measurement that failed). It is the diagnosis
+command, so a wrong configuration (a bad ``MPCORE_BACKEND``) is shown, with every backend, and
+ends in exit code 1, not in a traceback.
 """
 
 from __future__ import annotations
@@ -32,61 +35,105 @@ def subcommand(name: str, help_text: str,
 
 
 def info_report(measure: bool = False) -> dict[str, Any]:
-    """Everything ``mpcore info`` shows, as a dict."""
+    """Everything ``mpcore info`` shows, as a dict. It never raises for a backend: a choice
+    that cannot be honoured is ``error``, a backend that fails is ``failing``, a measurement
+    that fails is that measurement's ``error``."""
     from mpcore import registry
     from mpcore.plugins import get_plugins, plugin_errors
-    from mpcore.verdict import measure_matmul_speed
 
-    report: dict[str, Any] = {"backends": [], "selected": None, "selection": "",
+    report: dict[str, Any] = {"backends": [], "selected": None, "selection": "", "error": None,
                               "plugin_errors": []}
-    try:
-        chosen = registry.get_backend()
-        report["selected"] = chosen.name
-        report["selection"] = registry.detection_note()
-    except Exception as exc:
-        report["selection"] = f"no backend: {exc}"
+    _select(report)
     origins = get_plugins().backend_origin
     for backend in registry.backends():
-        entry: dict[str, Any] = {"name": backend.name, "priority": backend.priority,
-                                 "plugin": origins.get(backend.name, "?"),
-                                 "available": False, "reason": None, "devices": [],
-                                 "policies": {}}
-        reason = backend.unavailable_reason()
-        if reason is not None:
-            entry["reason"] = reason
-            entry["install"] = backend.install_hint
-            report["backends"].append(entry)
-            continue
-        entry["available"] = True
-        try:
-            devices = backend.devices()
-            entry["devices"] = [d.describe() for d in devices]
-            device = backend.device()
-            for policy in POLICIES:
-                s = backend.policy_support(policy, device)
-                entry["policies"][policy] = {"supported": s.supported, "fast": s.fast,
-                                             "reason": s.reason}
-            if measure:
-                entry["measured"] = {}
-                for dtype in ("float16", "bfloat16"):
-                    m = measure_matmul_speed(backend, dtype)
-                    entry["measured"][dtype] = {"n": m.n, "gflops": round(m.gflops, 1),
-                                                "float32_gflops": round(m.float32_gflops, 1),
-                                                "speedup": round(m.speedup, 3)}
-        except Exception as exc:  # a backend that breaks while describing itself is reported
-            entry["available"] = False
-            entry["reason"] = f"failed while describing devices: {type(exc).__name__}: {exc}"
-        report["backends"].append(entry)
+        report["backends"].append(_describe(backend, origins.get(backend.name, "?"), measure))
+    if report["selected"] is not None and registry.failure(report["selected"]) is not None:
+        _select(report)  # describing it found the selected backend failing: choose again
     report["plugin_errors"] = [{"plugin": e.plugin, "target": e.target, "error": e.error}
                                for e in plugin_errors()]
     return report
 
 
+def _select(report: dict[str, Any]) -> None:
+    from mpcore import registry
+
+    try:
+        report["selected"] = registry.get_backend().name
+        report["selection"] = registry.detection_note()
+        report["error"] = None
+    except Exception as exc:  # a bad MPCORE_BACKEND, or nothing works: the rest still shows
+        report["selected"], report["selection"], report["error"] = None, "", str(exc)
+
+
+def _describe(backend: Any, plugin: str, measure: bool) -> dict[str, Any]:
+    from mpcore import registry
+
+    entry: dict[str, Any] = {"name": backend.name, "priority": backend.priority,
+                             "plugin": plugin, "status": "not available", "available": False,
+                             "reason": None, "devices": [], "policies": {}}
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        entry["reason"] = reason
+        entry["install"] = backend.install_hint
+        return entry
+    devices: list[dict[str, Any]] = []
+    policies: dict[str, Any] = {}
+    if registry.failure(backend) is None:
+        try:
+            devices = [d.describe() for d in backend.devices()]
+            device = backend.device()
+            policies = {p: backend.policy_support(p, device) for p in POLICIES}
+        except Exception as exc:  # a backend that breaks while describing itself is failing
+            registry.record_failure(backend, exc)
+    exc = registry.failure(backend)
+    if exc is not None:
+        entry.update(status="failing", failing=f"{type(exc).__name__}: {exc}",
+                     reason=registry.status(backend))
+        return entry
+    entry.update(status="available", available=True, devices=devices, policies={
+        p: {"supported": s.supported, "fast": s.fast, "reason": s.reason}
+        for p, s in policies.items()})
+    if measure:
+        entry["measured"] = _measure(backend)
+    return entry
+
+
+def _measure(backend: Any) -> dict[str, dict[str, Any]]:
+    """dtype -> the measured matmul speeds, or the error of a measurement that failed."""
+    from mpcore.verdict import measure_matmul_speed
+
+    measured: dict[str, dict[str, Any]] = {}
+    for dtype in ("float16", "bfloat16"):
+        try:
+            m = measure_matmul_speed(backend, dtype)
+        except Exception as exc:  # reported as a failed measurement, the rest stays
+            measured[dtype] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        measured[dtype] = {"n": m.n, "gflops": round(m.gflops, 1),
+                           "float32_gflops": round(m.float32_gflops, 1),
+                           "speedup": round(m.speedup, 3)}
+    return measured
+
+
+def _indented(text: str, indent: str) -> str:
+    """The first line of ``text``, then the others indented (a long error, a build log)."""
+    first, *rest = text.strip().splitlines() or [""]
+    return "\n".join([first, *(indent + line for line in rest)])
+
+
 def format_info(report: dict[str, Any]) -> str:
-    lines = [f"mpcore backends (selected: {report['selected'] or 'none'}; "
-             f"{report['selection']})", ""]
+    if report["selected"] is None:
+        lines = ["mpcore backends (selected: none)"]
+        if report.get("error"):  # its first line; the rest lists the backends, as below
+            lines.append("error: " + report["error"].strip().splitlines()[0])
+    else:
+        lines = [f"mpcore backends (selected: {report['selected']}; {report['selection']})"]
+    lines.append("")
     for b in report["backends"]:
-        mark = "*" if b["name"] == report["selected"] else " "
+        mark = "*" if b["name"] == report["selected"] and b["available"] else " "
+        if b.get("status") == "failing":
+            lines.append(f"{mark} {b['name']}: " + _indented(b["reason"], "    "))
+            continue
         if not b["available"]:
             hint = f" (install with {b['install']})" if b.get("install") else ""
             lines.append(f"{mark} {b['name']}: not available: {b['reason']}{hint}")
@@ -102,6 +149,10 @@ def format_info(report: dict[str, Any]) -> str:
             state = "fast" if s["fast"] else ("supported" if s["supported"] else "unsupported")
             lines.append(f"    {policy:<{width}}  {state:<11}  {s['reason']}")
         for dtype, m in b.get("measured", {}).items():
+            if "error" in m:
+                lines.append(f"    measured {dtype} matmul: failed: "
+                             + _indented(m["error"], "      "))
+                continue
             lines.append(f"    measured {dtype} matmul (n={m['n']}): {m['gflops']} GFLOP/s vs "
                          f"float32 {m['float32_gflops']} GFLOP/s = {m['speedup']}x")
     if report["plugin_errors"]:
@@ -121,7 +172,7 @@ def _configure_info(parser: argparse.ArgumentParser) -> None:
 def _info(args: argparse.Namespace) -> int:
     report = info_report(measure=args.measure)
     print(json.dumps(report, indent=2) if args.json else format_info(report))
-    return 0
+    return 0 if report["selected"] is not None else 1  # nothing can compute as configured
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,19 +1,31 @@
 """Which backends exist and which one computes: auto-detection, MPCORE_BACKEND, set_backend.
 
-Auto-detection must be cheap (it runs at ``import mpcore``): it asks each backend's
-``auto_select()``, which looks for drivers and packages without opening a device, and takes the
-highest ``priority`` that says yes (cuda 300, an OpenCL GPU 200, cpu 100).
+The choice has two steps. Choosing is cheap: each backend's ``auto_select()`` looks for drivers
+and packages without opening a device, and the highest ``priority`` that says yes wins (cuda
+300, an OpenCL GPU 200, cpu 100). The chosen backend is then proved on its first real use (the
+first ``get_backend()`` after ``import mpcore``): its devices are described and its kernels
+activated. An auto-detected backend that fails there is passed over for the next by priority;
+its failure is kept for the process and reported (the detection note, ``mpcore info``, one
+logged warning). A backend chosen by name (``MPCORE_BACKEND``, ``set_backend``; any case) that
+is unknown, unavailable or failing raises an error naming the backends here and how to install
+a missing one. Once a backend works, ``get_backend()`` returns it without asking it anything.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
-from mpcore.backend import Backend
-from mpcore.plugins import get_plugins
+from mpcore.backend import Backend, BackendUnavailableError, KernelBuildError
+from mpcore.plugins import _initializing, get_plugins
 
-_current: Backend | None = None
+logger = logging.getLogger("mpcore")
+
+_current: Backend | None = None    # the backend ops run on, once it has worked
 _detection_note: str = ""
+_failures: dict[str, Exception] = {}  # backend name -> how it failed on first use
+_lock = threading.RLock()
 
 
 def backends() -> list[Backend]:
@@ -21,71 +33,175 @@ def backends() -> list[Backend]:
     return sorted(get_plugins().backends.values(), key=lambda b: (-b.priority, b.name))
 
 
+def failure(backend: Backend | str) -> Exception | None:
+    """How ``backend`` failed when first really used in this process, or None."""
+    return _failures.get(backend if isinstance(backend, str) else backend.name)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A backend's failure in the words of ``mpcore info`` and of the errors: the exception,
+    and for a :class:`~mpcore.KernelBuildError` that the kernels failed to build."""
+    text = f"{type(exc).__name__}: {exc}".rstrip()
+    return f"its kernels failed to build: {text}" if isinstance(exc, KernelBuildError) else text
+
+
+def record_failure(backend: Backend, exc: Exception) -> None:
+    """Keep how ``backend`` failed in real use (``mpcore info`` describing its devices, say):
+    detection passes over it from now on, and if it was the current backend the next
+    ``get_backend()`` chooses again."""
+    global _current
+    with _lock:
+        _failures[backend.name] = exc
+        if _current is backend:
+            _current = None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def status(backend: Backend) -> str:
+    """"available", "not available: why (install with ...)" or "failing: how"."""
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        hint = f" (install with {backend.install_hint})" if backend.install_hint else ""
+        return f"not available: {reason}{hint}"
+    exc = _failures.get(backend.name)
+    return "available" if exc is None else f"failing: {describe_failure(exc)}"
+
+
 def _describe_choices() -> str:
-    lines = []
-    for b in backends():
-        reason = b.unavailable_reason()
-        if reason is None:
-            lines.append(f"  {b.name}: available")
-        else:
-            hint = f" (install with {b.install_hint})" if b.install_hint else ""
-            lines.append(f"  {b.name}: not available: {reason}{hint}")
+    lines = [f"  {b.name}: {_first_line(status(b))}" for b in backends()]
     return "\n".join(lines) if lines else "  (no backend is registered: is mpcore installed?)"
 
 
-def _lookup(name: str) -> Backend:
+def _lookup(name: str | Backend, source: str = "") -> Backend:
+    """The registered backend called ``name`` (any case, blanks ignored), if it is available;
+    ``source`` ("MPCORE_BACKEND=x: ") starts the error messages."""
     if isinstance(name, Backend):
         return name
     if not isinstance(name, str):
         raise TypeError(f"a backend is chosen by name, got {name!r}")
     registered = get_plugins().backends
-    if name not in registered:
-        raise ValueError(f"unknown backend {name!r}; registered backends:\n{_describe_choices()}")
-    backend = registered[name]
+    backend = registered.get(name)
+    if backend is None:
+        wanted = name.strip().casefold()
+        backend = next((b for n, b in registered.items() if n.casefold() == wanted), None)
+    if backend is None:
+        names = ", ".join(b.name for b in backends())
+        raise ValueError(f"{source}unknown backend {name!r}; registered backends: {names}.\n"
+                         f"Backends here:\n{_describe_choices()}")
     reason = backend.unavailable_reason()
     if reason is not None:
         hint = f"; install with {backend.install_hint}" if backend.install_hint else ""
-        raise RuntimeError(f"backend {name!r} is not available: {reason}{hint}.\n"
-                           f"Backends here:\n{_describe_choices()}")
+        raise BackendUnavailableError(
+            f"{source}backend {backend.name!r} is not available: {reason}{hint}.\n"
+            f"Backends here:\n{_describe_choices()}")
     return backend
 
 
-def detect() -> tuple[Backend, str]:
-    """The backend to use when nobody chose one, and a sentence saying why."""
-    env = os.environ.get("MPCORE_BACKEND", "").strip()
-    if env:
-        return _lookup(env), f"chosen by MPCORE_BACKEND={env}"
-    skipped = []
+def _prove(backend: Backend) -> Exception | None:
+    """Use ``backend`` for real once (devices, its device, its kernels); how it failed, or None.
+    A failure is kept: a backend is not tried twice."""
+    if backend.name not in _failures:
+        try:
+            backend.devices()
+            backend.device()
+            backend.kernels()
+        except Exception as exc:  # whatever breaks a backend must not break the choice
+            _failures[backend.name] = exc
+    return _failures.get(backend.name)
+
+
+def _chosen(backend: Backend, source: str, undo: str) -> Backend:
+    """``backend``, chosen by name, once it works; else an error naming the backends here."""
+    exc = _prove(backend)
+    if exc is None:
+        return backend
+    kind = KernelBuildError if isinstance(exc, KernelBuildError) else BackendUnavailableError
+    raise kind(f"{source}backend {backend.name!r} fails on first use: {describe_failure(exc)}\n"
+               f"Backends here:\n{_describe_choices()}\n{undo}") from exc
+
+
+def _auto_detect() -> tuple[Backend, str]:
+    skipped: list[str] = []
+    passed_over: list[str] = []
+    new_failures = [b.name for b in backends() if b.name not in _failures]
     for backend in backends():
-        if backend.auto_select():
-            why = f"auto-detected (highest priority available: {backend.priority})"
-            if skipped:
-                why += "; skipped " + ", ".join(skipped)
-            return backend, why
-        reason = backend.unavailable_reason() or "not auto-selected"
-        skipped.append(f"{backend.name} ({reason})")
-    raise RuntimeError("no mpcore backend is available here:\n" + _describe_choices())
+        if not backend.auto_select():
+            reason = backend.unavailable_reason() or "not auto-selected"
+            skipped.append(f"{backend.name} ({reason})")
+            continue
+        exc = _prove(backend)
+        if exc is not None:
+            passed_over.append(f"{backend.name} (failing: {_first_line(describe_failure(exc))})")
+            continue
+        why = f"auto-detected (highest priority available: {backend.priority})"
+        if passed_over:
+            why += "; passed over " + ", ".join(passed_over)
+        if skipped:
+            why += "; skipped " + ", ".join(skipped)
+        _warn_passed_over([n for n in new_failures if n in _failures], backend)
+        return backend, why
+    _warn_passed_over([n for n in new_failures if n in _failures], None)
+    raise BackendUnavailableError("no mpcore backend works here:\n" + _describe_choices())
 
 
-def get_backend(name: str | None = None) -> Backend:
-    """The backend named ``name``, or the current one (detected on first use)."""
+def _warn_passed_over(names: list[str], used: Backend | None) -> None:
+    """One warning for the backends that failed in this detection."""
+    if not names:
+        return
+    instead = (f"using {used.name!r}, the next by priority" if used is not None
+               else "no backend is left")
+    failed = "; ".join(f"{n!r} ({describe_failure(_failures[n])})" for n in names)
+    logger.warning("mpcore: %s: auto-detection passed over what failed on first use (`mpcore "
+                   "info` lists every backend): %s", instead, failed)
+
+
+def _settle() -> Backend:
     global _current, _detection_note
+    with _lock:
+        if _current is not None:
+            return _current
+        env = os.environ.get("MPCORE_BACKEND", "").strip()
+        if env:
+            source = f"MPCORE_BACKEND={env}: "
+            backend = _chosen(_lookup(env, source), source,
+                              "Choose one that works, or unset MPCORE_BACKEND to auto-detect.")
+            note = f"chosen by MPCORE_BACKEND={env}"
+        else:
+            backend, note = _auto_detect()
+        _current, _detection_note = backend, note
+        return backend
+
+
+def get_backend(name: str | Backend | None = None) -> Backend:
+    """The backend named ``name`` (any case), or the current one: chosen and proved on first
+    use, then returned as is (ops call this for every op)."""
     if name is not None:
         return _lookup(name)
-    if _current is None:
-        _current, _detection_note = detect()
-    return _current
+    if _current is not None:
+        return _current
+    if _initializing("mpcore"):
+        # `import mpcore` calls this. There detection stays cheap and cannot fail: no device is
+        # opened, and a bad MPCORE_BACKEND is an error at first use, so that `mpcore info` can
+        # still run to diagnose it.
+        return None  # type: ignore[return-value]
+    return _settle()
 
 
 def set_backend(name: str | Backend) -> Backend:
-    """Compute on ``name`` from now on; raises naming the available backends otherwise."""
+    """Compute on ``name`` (any case) from now on, once it works (its devices are described
+    and its kernels activated now, not at the first op); raises naming the backends here
+    otherwise, and then changes nothing."""
     global _current, _detection_note
-    backend = _lookup(name)  # type: ignore[arg-type]
-    backend.kernels()  # fail now, not at the first op, if its kernels cannot load
-    _current, _detection_note = backend, "chosen by set_backend"
+    with _lock:
+        backend = _chosen(_lookup(name), "", "Choose one that works.")
+        _current, _detection_note = backend, "chosen by set_backend"
     return backend
 
 
 def detection_note() -> str:
+    """Why the current backend was chosen, and what detection passed over or skipped."""
     get_backend()
     return _detection_note

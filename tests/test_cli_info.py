@@ -9,15 +9,18 @@ import subprocess
 import sys
 
 import pytest
+from mpcore_cpu import CpuBackend
 
 import mpcore as mp
 from mpcore.cli import format_info, info_report, main
+from mpcore.plugins import get_plugins
 from mpcore.policy import POLICIES
 
 
-def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MPCORE_BACKEND"}
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "MPCORE_BACKEND"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=120,
+                          env={**environ, **env})
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +103,76 @@ def test_in_process_main(capsys: pytest.CaptureFixture[str]) -> None:
         main(["no-such-command"])
 
 
-def test_measure_option(monkeypatch: pytest.MonkeyPatch) -> None:
+class _MeasureFails(CpuBackend):
+    """A backend whose float16 measurement fails (its timer, say) and the rest works."""
+
+    name = "cpu-measure-fails-test"
+    priority = 1  # never auto-detected
+
+    def measure_matmul(self, dtype: str, n: int = 1024, repeats: int = 5) -> float:
+        if dtype == "float16":
+            raise RuntimeError("the timer is gone")
+        return super().measure_matmul(dtype, n, repeats)
+
+
+class _Plugin:
+    @mp.hookimpl
+    def mpcore_backends(self) -> list[mp.Backend]:
+        return [_MeasureFails()]
+
+
+def test_measure_option(monkeypatch: pytest.MonkeyPatch,
+                        capsys: pytest.CaptureFixture[str]) -> None:
     from mpcore import verdict
 
     real = verdict.measure_matmul_speed
     monkeypatch.setattr(verdict, "measure_matmul_speed",
                         lambda be, dtype, n=1024: real(be, dtype, 128))
-    report = info_report(measure=True)
+    plugins = get_plugins()
+    plugins.register(_Plugin(), name="measure-fails-test")
+    try:
+        report = info_report(measure=True)
+        assert main(["info", "--measure"]) == 0
+        table = capsys.readouterr().out
+    finally:
+        plugins.manager.unregister(name="measure-fails-test")
+        plugins.backends.pop(_MeasureFails.name, None)
+        plugins.backend_origin.pop(_MeasureFails.name, None)
     cpu = next(b for b in report["backends"] if b["name"] == "cpu")
     assert set(cpu["measured"]) == {"float16", "bfloat16"}
     assert all(m["gflops"] > 0 and m["n"] == 128 for m in cpu["measured"].values())
     assert "measured bfloat16 matmul (n=128)" in format_info(report)
+    # a failed measurement is reported as one, next to the intact devices and verdicts
+    failing = next(b for b in report["backends"] if b["name"] == _MeasureFails.name)
+    assert failing["status"] == "available" and failing["available"]
+    assert failing["devices"] == cpu["devices"] and set(failing["policies"]) == set(POLICIES)
+    assert failing["measured"]["float16"] == {"error": "RuntimeError: the timer is gone"}
+    assert failing["measured"]["bfloat16"]["n"] == 128
+    block = table[table.index(f"  {_MeasureFails.name}: available"):].splitlines()
+    assert "    measured float16 matmul: failed: RuntimeError: the timer is gone" in block
+    assert any(line.startswith("    mixed_bfloat16 ") for line in block)
+    assert any(line.startswith("    device 0: ") for line in block)
+
+
+def test_a_bad_mpcore_backend_is_shown_with_every_backend() -> None:
+    proc = run([sys.executable, "-m", "mpcore", "info"], MPCORE_BACKEND="nonsense")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["mpcore backends (selected: none)",
+                         "error: MPCORE_BACKEND=nonsense: unknown backend 'nonsense'; "
+                         "registered backends: cuda, opencl, cpu."]
+    for b in mp.backends():
+        assert any(line[2:].startswith(f"{b.name}: ") for line in lines), b.name
+    assert not [line for line in lines if line.startswith("* ")]
+    as_json = run([sys.executable, "-m", "mpcore", "info", "--json"], MPCORE_BACKEND="nonsense")
+    assert as_json.returncode == 1
+    report = json.loads(as_json.stdout)
+    assert report["selected"] is None and "unknown backend 'nonsense'" in report["error"]
+    assert [b["name"] for b in report["backends"]] == [b.name for b in mp.backends()]
+    assert any(b["available"] and b["policies"] for b in report["backends"])
+
+
+def test_a_backend_name_in_any_case() -> None:
+    proc = run([sys.executable, "-m", "mpcore", "info", "--json"], MPCORE_BACKEND="CPU")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["selected"] == "cpu"

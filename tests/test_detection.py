@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_plugins import make_plugin, run
 
 import mpcore as mp
@@ -24,10 +26,15 @@ def test_env_cpu(tmp_path: Path) -> None:
     assert proc.stdout.strip() == "cpu | chosen by MPCORE_BACKEND=cpu"
 
 
-def test_env_unknown_backend_fails_at_import(tmp_path: Path) -> None:
-    proc = run(tmp_path, ["-c", "import mpcore"], MPCORE_BACKEND="nonexistent")
+def test_env_unknown_backend_fails_at_first_use(tmp_path: Path) -> None:
+    # the import itself stays cheap and cannot fail (so `mpcore info` can diagnose it); the
+    # first use raises, naming the variable, the valid names and the state of each backend
+    assert run(tmp_path, ["-c", "import mpcore"], MPCORE_BACKEND="nonexistent").returncode == 0
+    proc = run(tmp_path, ["-c", "import mpcore as mp; mp.constant([1.0])"],
+               MPCORE_BACKEND="nonexistent")
     assert proc.returncode != 0
-    assert "unknown backend 'nonexistent'" in proc.stderr
+    assert ("ValueError: MPCORE_BACKEND=nonexistent: unknown backend 'nonexistent'; registered "
+            "backends: cuda, opencl, cpu") in proc.stderr
     for name in ("cpu: available", "cuda", "opencl"):
         assert name in proc.stderr
 
@@ -36,9 +43,9 @@ def test_env_unavailable_cuda_fails_with_install_hint(tmp_path: Path) -> None:
     reason = cuda_unavailable()
     if reason is None:
         pytest.skip("CUDA is available here")
-    proc = run(tmp_path, ["-c", "import mpcore"], MPCORE_BACKEND="cuda")
+    proc = run(tmp_path, ["-c", "import mpcore as mp; mp.get_backend()"], MPCORE_BACKEND="cuda")
     assert proc.returncode != 0
-    assert f"backend 'cuda' is not available: {reason}" in proc.stderr
+    assert f"MPCORE_BACKEND=cuda: backend 'cuda' is not available: {reason}" in proc.stderr
     assert 'pip install "mpcore[cuda]"' in proc.stderr
     assert "cpu: available" in proc.stderr
 
@@ -57,6 +64,43 @@ def test_set_backend_errors() -> None:
     with pytest.raises(TypeError, match="by name"):
         mp.set_backend(3)  # type: ignore[arg-type]
     assert mp.get_backend() is before  # a failed choice changes nothing
+
+
+def test_env_and_set_backend_take_a_name_in_any_case(tmp_path: Path) -> None:
+    proc = run(tmp_path, ["-c", "import mpcore as mp; from mpcore import registry; "
+                          "print(mp.get_backend().name, '|', registry.detection_note())"],
+               MPCORE_BACKEND=" CPU ")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "cpu | chosen by MPCORE_BACKEND=CPU"
+    previous, note = registry._current, registry._detection_note
+    try:
+        assert mp.set_backend("Cpu") is mp.get_backend("cpu") is mp.get_backend()
+    finally:
+        registry._current, registry._detection_note = previous, note
+
+
+_CASES = st.sampled_from([str.lower, str.upper, str.title, str.swapcase])
+_BLANKS = st.text(" \t\n", max_size=2)
+
+
+@given(_CASES, _BLANKS, _BLANKS)
+def test_backend_names_match_in_any_case_and_padding(case: object, left: str,
+                                                     right: str) -> None:
+    for backend in mp.backends():
+        if backend.is_available():
+            name = left + case(backend.name) + right  # type: ignore[operator]
+            assert registry.get_backend(name) is backend
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",))))
+def test_any_other_name_is_an_error_naming_the_registered_backends(name: str) -> None:
+    names = [b.name for b in mp.backends()]
+    if name.strip().casefold() in {n.casefold() for n in names}:
+        return
+    with pytest.raises(ValueError) as info:
+        registry.get_backend(name)
+    first = str(info.value).splitlines()[0]
+    assert first == f"unknown backend {name!r}; registered backends: {', '.join(names)}."
 
 
 def test_set_backend_and_get_backend(backend: mp.Backend) -> None:
@@ -80,7 +124,7 @@ def test_import_opens_no_device(tmp_path: Path) -> None:
     proc = run(tmp_path, ["-c", """
 import sys
 import mpcore as mp
-mp.backends(); mp.get_backend()
+[b.auto_select() for b in mp.backends()]  # the choosing step of detection: drivers, no device
 heavy = sorted(m for m in ("cupy", "pyopencl", "cupy_backends") if m in sys.modules)
 print("loaded:", ",".join(heavy))
 """])
