@@ -14,14 +14,21 @@ speed ratio. Decisions, written out in the output too:
   8,000-image offline split leaves 6,400 training samples: 1 step), then 128; ``--batch-size``
   overrides.
 - Time per sample: the mean over epochs after the first (the first includes warm-up).
+
+Every argument is checked before any work (the backend, the data, training): a number out of
+range, or a plot file that cannot be written, is an error that names the argument and what is
+valid, not a traceback after two trainings.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mpcore.cli import subcommand
@@ -30,13 +37,15 @@ GUIDE_BATCH = 8192
 SMALL_BATCH = 128
 MIN_STEPS = 10
 VALIDATION_SPLIT = 0.2
+MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
 
 
-def choose_policy(backend: Any) -> tuple[str, str]:
-    """(policy, why) for the current backend's device."""
-    from mpcore.verdict import check_policy
-
-    verdicts = {p: check_policy(p, backend) for p in ("mixed_float16", "mixed_bfloat16")}
+def choose_policy(backend: Any, device: Any = None) -> tuple[str, str]:
+    """(policy, why) on ``device`` (by default the backend's own): a pure function of the
+    backend's verdicts on that device description, so it can be checked for any device."""
+    device = backend.device() if device is None else device
+    verdicts = {p: backend.policy_support(p, device) for p in MIXED_POLICIES}
     if verdicts["mixed_float16"].fast:
         return "mixed_float16", "mixed_float16 is fast on this device"
     if verdicts["mixed_bfloat16"].fast:
@@ -46,6 +55,75 @@ def choose_policy(backend: Any) -> tuple[str, str]:
             return p, (f"no mixed policy is fast on this device; {p} is supported (emulated), so "
                        "expect no speed-up")
     raise RuntimeError(f"backend {backend.name!r} supports no mixed policy")
+
+
+def _positive_problem(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"must be a whole number >= 1, got {value!r}"
+    return None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    problem = _positive_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def plot_problem(path: str) -> str | None:
+    """Why the demo could not write its plot to ``path``, or None: found before training,
+    not after it. matplotlib must be installed and know the format (from the extension), the
+    folder must exist and take a new file, and ``path`` must not be a folder."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "needs matplotlib: pip install 'mpcore[plot]'"
+    target = Path(path)
+    if target.is_dir():
+        return f"{path!r} is a folder; give a file name in it"
+    if target.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        return (f"{path!r} must end in one of {', '.join('.' + f for f in PLOT_FORMATS)} "
+                "(the format of the plot)")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        return f"the folder of {path!r} ({str(folder)!r}) {what}"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{path!r} exists and cannot be overwritten"
+    try:  # the only reliable test of a folder (permissions, read-only mounts, /proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"cannot write a file in the folder of {path!r}: {exc.strerror or exc}"
+    return None
+
+
+def plot_file(text: str) -> str:
+    """argparse type: a plot file the demo can write (see :func:`plot_problem`)."""
+    problem = plot_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _check_arguments(units: int | None, policy: str | None, epochs: int,
+                     batch_size: int | None, plot: str | None, verbose: int) -> None:
+    """Every bad argument of :func:`run` is an error before any work is done."""
+    for name, value in (("units", units), ("epochs", epochs), ("batch_size", batch_size)):
+        if value is not None and (problem := _positive_problem(value)) is not None:
+            raise ValueError(f"{name} {problem}")
+    if policy is not None and policy not in MIXED_POLICIES:
+        raise ValueError(f"policy must be a mixed policy, one of {', '.join(MIXED_POLICIES)}, "
+                         f"got {policy!r}")
+    if verbose not in (0, 1, 2):
+        raise ValueError(f"verbose must be 0, 1 or 2, got {verbose!r}")
+    if plot is not None and (problem := plot_problem(plot)) is not None:
+        raise ValueError(f"plot: {problem}")
 
 
 def build_model(units: int) -> Any:
@@ -75,15 +153,10 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     import mpcore as mp
     from mpcore.callbacks import LossScaleHistory
     from mpcore.datasets import mnist
-    from mpcore.policy import POLICIES
     from mpcore.registry import detection_note
     from mpcore.verdict import check_policy, compatibility_message
 
-    if plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise RuntimeError("--plot needs matplotlib: pip install 'mpcore[plot]'") from None
+    _check_arguments(units, policy, epochs, batch_size, plot, verbose)
     backend = mp.get_backend()
     device = backend.device()
     out("mpcore demo: the Keras mixed precision guide on MNIST")
@@ -91,11 +164,8 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     out(f"Device: {device.name} [{device.kind}, {device.vendor or '?'}, "
         f"{device.capability or '-'}]")
     if policy is None:
-        policy, why = choose_policy(backend)
+        policy, why = choose_policy(backend, device)
     else:
-        if policy not in POLICIES or policy == "float32":
-            raise ValueError(f"--policy must be a mixed policy, one of mixed_float16, "
-                             f"mixed_bfloat16, got {policy!r}")
         why = "chosen with --policy"
     out(compatibility_message(policy, backend))
     out(f"Mixed policy: {policy} ({why})")
@@ -229,20 +299,20 @@ def _plot(result: dict[str, Any], path: str) -> None:
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--units", type=int, default=None,
-                        help="units of the two hidden layers (default: 4096 on a fast "
+    parser.add_argument("--units", type=positive_int, default=None,
+                        help="units of the two hidden layers, >= 1 (default: 4096 on a fast "
                              "accelerator, 64 otherwise)")
-    parser.add_argument("--policy", choices=("mixed_float16", "mixed_bfloat16"), default=None,
+    parser.add_argument("--policy", choices=MIXED_POLICIES, default=None,
                         help="the mixed policy to compare with float32 (default: the best "
                              "for the device)")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="default: the guide's 8192, or 128 when that would give fewer "
-                             "than 10 steps per epoch")
-    parser.add_argument("--plot", metavar="FILE.png", default=None,
+    parser.add_argument("--epochs", type=positive_int, default=5, help=">= 1 (default: 5)")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help=">= 1 (default: the guide's 8192, or 128 when that would give "
+                             "fewer than 10 steps per epoch)")
+    parser.add_argument("--plot", metavar="FILE.png", type=plot_file, default=None,
                         help="draw loss/accuracy per epoch and the loss scale per step "
-                             "(needs matplotlib)")
-    parser.add_argument("--seed", type=int, default=0)
+                             f"(needs matplotlib; formats: {', '.join(PLOT_FORMATS)})")
+    parser.add_argument("--seed", type=int, default=0, help="any integer (default: 0)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
 
@@ -250,11 +320,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 @subcommand("demo", "the Keras mixed precision guide on MNIST: float32 vs the best mixed "
             "policy for this device", _configure)
 def _demo(args: argparse.Namespace) -> int:
+    import mpcore as mp
     from mpcore.datasets.mnist import MnistUnavailableError
 
-    if args.epochs < 1:
-        print("mpcore demo: --epochs must be >= 1", file=sys.stderr)
-        return 2
+    try:
+        mp.get_backend()  # a bad MPCORE_BACKEND, or no backend that works, ends the demo here
+    except (ValueError, RuntimeError) as exc:
+        print(f"mpcore demo: {exc}", file=sys.stderr)
+        return 1
     try:
         run(units=args.units, policy=args.policy, epochs=args.epochs,
             batch_size=args.batch_size, plot=args.plot, seed=args.seed, verbose=args.verbose)

@@ -18,9 +18,13 @@ def offline_data(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_demo_output(capsys: pytest.CaptureFixture[str]) -> None:
+    import mpcore as mp
+
     assert cli.main(["demo", "--epochs", "2", "--verbose", "0"]) == 0
     out = capsys.readouterr().out
-    assert "Mixed precision compatibility check (mixed_bfloat16)" in out
+    policy, why = demo.choose_policy(mp.get_backend())  # see tests/test_demo_setup.py
+    assert f"Mixed precision compatibility check ({policy})" in out
+    assert f"Mixed policy: {policy} ({why})" in out
     assert "Device: " in out and "Backend: cpu" in out
     assert "Units: 64" in out
     assert "OFFLINE SPLIT" in out and "8,000" in out
@@ -29,7 +33,7 @@ def test_demo_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert table[1].split() == ["policy", "test", "accuracy", "time/sample", "speed", "vs",
                                 "float32"]
     rows = {line.split()[0]: line.split() for line in table[2:4]}
-    assert set(rows) == {"float32", "mixed_bfloat16"}
+    assert set(rows) == {"float32", policy}
     assert rows["float32"][-1] == "1.00x"
     for row in rows.values():
         assert 0.8 < float(row[1]) <= 1.0
@@ -54,14 +58,9 @@ def test_demo_policy_units_and_plot(tmp_path: Path) -> None:
 
 
 def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["demo", "--policy", "float8"])
-    assert "invalid choice" in capsys.readouterr().err
-    assert cli.main(["demo", "--epochs", "0"]) == 2
-
-
-def test_choose_policy_on_the_cpu() -> None:
-    import mpcore as mp
-
-    policy, why = demo.choose_policy(mp.get_backend("cpu"))
-    assert policy == "mixed_bfloat16" and "no mixed policy is fast" in why
+    # every argument in detail: tests/test_demo_setup.py
+    for args, message in ((["--policy", "float8"], "invalid choice"),
+                          (["--epochs", "0"], "argument --epochs: must be a whole number >= 1")):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["demo", *args])
+        assert info.value.code == 2 and message in capsys.readouterr().err
