@@ -2,14 +2,21 @@
 LossScaleHistory.
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
-their own except where they say so.
+their own except where they say so. ``fit`` lists the keys its epoch logs will hold in
+``params["metrics"]`` (as Keras 2), so a callback checks the keys it needs at ``on_train_begin``,
+before any training.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import string
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from mpcore import arguments as _args
 
 
 class Callback:
@@ -128,6 +135,13 @@ def _improved(mode: str, current: float, best: float, min_delta: float) -> bool:
     return current > best + min_delta
 
 
+def _check_monitor(owner: str, monitor: str, params: dict[str, Any]) -> None:
+    available = params.get("metrics")
+    if available is not None and monitor not in available:
+        raise ValueError(f"{owner} monitors {monitor!r}, which fit's logs will not hold; "
+                         f"available: {', '.join(available)}")
+
+
 def _mode_for(monitor: str, mode: str) -> str:
     if mode not in ("auto", "min", "max"):
         raise ValueError(f"mode must be auto, min or max, got {mode!r}")
@@ -143,12 +157,15 @@ class EarlyStopping(Callback):
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
                  mode: str = "auto", restore_best_weights: bool = False) -> None:
         super().__init__()
-        self.monitor, self.min_delta, self.patience = monitor, abs(min_delta), int(patience)
+        self.monitor = monitor
+        self.min_delta = abs(_args.number("min_delta", min_delta))
+        self.patience = _args.integer("patience", patience, 0)
         self.mode = _mode_for(monitor, mode)
-        self.restore_best_weights = restore_best_weights
+        self.restore_best_weights = _args.flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: int | None = None
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        _check_monitor("EarlyStopping", self.monitor, self.params)
         self.wait = 0
         self.best = math.inf if self.mode == "min" else -math.inf
         self.best_weights: list[Any] | None = None
@@ -176,15 +193,38 @@ class EarlyStopping(Callback):
 class ModelCheckpoint(Callback):
     """Write a checkpoint (or only the weights) after every epoch, atomically. ``filepath`` may
     hold ``{epoch}`` and log keys (``"ckpt-{epoch:02d}-{val_loss:.3f}.mpck"``);
-    ``save_best_only`` writes only when ``monitor`` improved."""
+    ``save_best_only`` writes only when ``monitor`` improved. A template that is not a format
+    string fails here; one that names a key fit's logs will not hold fails at
+    ``on_train_begin``, before any training."""
 
-    def __init__(self, filepath: str, monitor: str = "val_loss", save_best_only: bool = False,
-                 save_weights_only: bool = False, mode: str = "auto") -> None:
+    def __init__(self, filepath: str | os.PathLike[str], monitor: str = "val_loss",
+                 save_best_only: bool = False, save_weights_only: bool = False,
+                 mode: str = "auto") -> None:
         super().__init__()
-        self.filepath, self.monitor = str(filepath), monitor
-        self.save_best_only, self.save_weights_only = save_best_only, save_weights_only
+        self.filepath, self.monitor = os.fspath(filepath), monitor
+        self._keys = _template_keys(self.filepath)
+        self.save_best_only = _args.flag("save_best_only", save_best_only)
+        self.save_weights_only = _args.flag("save_weights_only", save_weights_only)
         self.mode = _mode_for(monitor, mode)
         self.best = math.inf if self.mode == "min" else -math.inf
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        if self.save_best_only:
+            _check_monitor("ModelCheckpoint", self.monitor, self.params)
+        available = self.params.get("metrics")
+        if available is None:  # not run by fit: no keys to check against
+            return
+        valid = ["epoch", *available]
+        for key in self._keys:
+            if key not in valid:
+                raise ValueError(f"ModelCheckpoint filepath {self.filepath!r} uses {key!r}, "
+                                 f"which fit's logs will not hold; valid keys: "
+                                 f"{', '.join(valid)}")
+        try:
+            self.filepath.format(epoch=1, **dict.fromkeys(available, 0.0))
+        except (ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"ModelCheckpoint filepath {self.filepath!r} cannot be formatted: "
+                             f"{exc} (epoch is an integer, the logs' values are floats)") from None
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         logs = logs or {}
@@ -201,3 +241,22 @@ class ModelCheckpoint(Callback):
             self.model.save_weights(path)
         else:
             self.model.save_checkpoint(path, epoch=epoch + 1)
+
+
+def _template_keys(filepath: str) -> list[str]:
+    """The keys that the format string ``filepath`` names."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(filepath)
+                  if field is not None]
+    except ValueError as exc:
+        raise ValueError(f"ModelCheckpoint filepath {filepath!r} is not a valid format string: "
+                         f"{exc}") from None
+    keys = []
+    for field in fields:
+        key = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if not key or key.isdigit():
+            raise ValueError(f"ModelCheckpoint filepath {filepath!r} has a positional field "
+                             f"{{{field}}}; name a key instead, e.g. {{epoch:02d}} or "
+                             "{val_loss:.3f}")
+        keys.append(key)
+    return keys

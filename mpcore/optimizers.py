@@ -6,7 +6,9 @@ each variable is updated in place by one kernel call; otherwise the same float32
 as ops and the results are assigned. Both paths perform the same operations in the same order.
 
 ``learning_rate`` is a float or a callable ``schedule(step: int) -> float`` (called with
-``iterations`` before each update). ``_apply(grads, variables, flag)`` is what
+``iterations`` before each update). Every hyperparameter is checked when the optimizer is made
+(:mod:`mpcore.arguments`: a finite real number in its range, not a bool or a string), a
+schedule's rate at each step. ``_apply(grads, variables, flag)`` is what
 :class:`~mpcore.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
 ``unscale_and_check``: when the flag is false, variables and slots keep their values (the fused
 kernels skip the write; the composite path selects the old values on the device), so a skipped
@@ -19,11 +21,24 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
+from mpcore import arguments as _args
 from mpcore import ops
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
 
 LearningRate = float | Callable[[int], float]
+
+_RATE_RULE = "a finite number >= 0"
+
+
+def _check_learning_rate(value: Any) -> LearningRate:
+    if callable(value):
+        return value
+    try:
+        return _args.number("learning_rate", value, 0.0)
+    except ValueError:
+        raise ValueError(f"learning_rate must be {_RATE_RULE} or a callable schedule(step) -> "
+                         f"float, got {value!r}") from None
 
 
 class Optimizer:
@@ -33,12 +48,9 @@ class Optimizer:
     kernel: ClassVar[str] = ""
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None) -> None:
-        if not callable(learning_rate):
-            learning_rate = float(learning_rate)
-            if not (math.isfinite(learning_rate) and learning_rate >= 0):
-                raise ValueError(f"learning_rate must be a finite number >= 0 or a callable "
-                                 f"schedule, got {learning_rate!r}")
-        self._learning_rate: LearningRate = learning_rate
+        self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
         self.iterations = 0
         #: Use the backend's fused update kernel when it has one (False forces the op path).
@@ -51,11 +63,18 @@ class Optimizer:
     def learning_rate(self) -> float:
         """The learning rate of the next step (a schedule is evaluated at ``iterations``)."""
         lr = self._learning_rate
-        return float(lr(self.iterations)) if callable(lr) else lr
+        if not callable(lr):
+            return lr
+        rate = lr(self.iterations)
+        try:
+            return _args.number("learning_rate", rate, 0.0)
+        except ValueError:
+            raise ValueError(f"the learning_rate schedule {lr!r} returned {rate!r} at step "
+                             f"{self.iterations}; it must return {_RATE_RULE}") from None
 
     @learning_rate.setter
     def learning_rate(self, value: LearningRate) -> None:
-        self._learning_rate = value if callable(value) else float(value)
+        self._learning_rate = _check_learning_rate(value)
 
     lr = learning_rate
 
@@ -89,11 +108,7 @@ class Optimizer:
         self.build(var_list)
         slots = []
         for var in var_list:
-            entry = {}
-            for name, slot in self._slots[id(var)].items():
-                be = slot.backend
-                entry[name] = be.to_host(be.kernels()["copy"](slot.data))
-            slots.append(entry)
+            slots.append({name: slot.numpy() for name, slot in self._slots[id(var)].items()})
         return {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
 
     def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
@@ -164,12 +179,13 @@ class Optimizer:
                 for slot in slots.values():
                     slot.mark_updated()
                 continue
-            new_var, new_slots = self._update(var.value(), grad,
-                                              {k: s.value() for k, s in slots.items()}, lr, step)
+            # Uncopied reads: each is used before its variable is assigned below.
+            old_var = var._current_value()
+            old_slots = {k: s._current_value() for k, s in slots.items()}
+            new_var, new_slots = self._update(old_var, grad, old_slots, lr, step)
             if flag is not None:
-                new_var = ops.where(flag, new_var, var.value())
-                new_slots = {k: ops.where(flag, v, slots[k].value())
-                             for k, v in new_slots.items()}
+                new_var = ops.where(flag, new_var, old_var)
+                new_slots = {k: ops.where(flag, v, old_slots[k]) for k, v in new_slots.items()}
             var.assign(new_var)
             for name, value in new_slots.items():
                 slots[name].assign(value)
@@ -214,10 +230,8 @@ class SGD(Optimizer):
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None) -> None:
         super().__init__(learning_rate, name)
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
-        self.momentum = float(momentum)
-        self.nesterov = bool(nesterov)
+        self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
+        self.nesterov = _args.flag("nesterov", nesterov)
 
     def slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum > 0 else ()
@@ -251,11 +265,10 @@ class RMSprop(Optimizer):
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None) -> None:
         super().__init__(learning_rate, name)
-        if not 0.0 <= rho < 1.0:
-            raise ValueError(f"rho must be in [0, 1), got {rho!r}")
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
-        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.rho = _args.number("rho", rho, 0.0, 1.0, high_open=True)
+        self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
+        # 0 would divide 0 by 0 where a weight's gradients have all been 0
+        self.epsilon = _args.number("epsilon", epsilon, 0.0, low_open=True)
 
     def slot_names(self) -> tuple[str, ...]:
         return ("velocity", "momentum") if self.momentum > 0 else ("velocity",)
@@ -293,13 +306,12 @@ class Adam(Optimizer):
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
                  name: str | None = None) -> None:
         super().__init__(learning_rate, name)
-        for label, beta in (("beta_1", beta_1), ("beta_2", beta_2)):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"{label} must be in [0, 1), got {beta!r}")
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
-        self.weight_decay = float(weight_decay or 0.0)
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        self.beta_1 = _args.number("beta_1", beta_1, 0.0, 1.0, high_open=True)
+        self.beta_2 = _args.number("beta_2", beta_2, 0.0, 1.0, high_open=True)
+        # 0 would divide 0 by 0 where a weight's gradients have all been 0
+        self.epsilon = _args.number("epsilon", epsilon, 0.0, low_open=True)
+        self.weight_decay = (0.0 if weight_decay is None
+                             else _args.number("weight_decay", weight_decay, 0.0))
 
     def slot_names(self) -> tuple[str, ...]:
         return ("m", "v")
@@ -331,7 +343,12 @@ class AdamW(Adam):
     def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                  name: str | None = None) -> None:
+        # None (no decay) is Adam's, as in Keras
+        weight_decay = _args.number("weight_decay", weight_decay, 0.0)
         super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "weight_decay": self.weight_decay}
 
 
 _BY_NAME: dict[str, type[Optimizer]] = {"sgd": SGD, "rmsprop": RMSprop, "adam": Adam,

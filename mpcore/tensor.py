@@ -3,6 +3,8 @@
 A Tensor is immutable. A Variable is a Tensor whose value can be replaced (``assign``) or updated
 in place by a backend's optimizer kernel; it is float32 by default and keeps a per-step cache of
 its casts, so a float32 weight read in float16 is cast once per step however often it is read.
+What a Variable hands out (``numpy()``, ``value()``) is a copy, as Keras/TF's: a saved value
+never changes with training.
 """
 
 from __future__ import annotations
@@ -229,16 +231,34 @@ class Variable(Tensor):
         return self
 
     def assign_add(self, delta: Any) -> Variable:
-        return self.assign(_ops.add(self.value(), delta))
+        return self.assign(_ops.add(self._current_value(), delta))
 
     def assign_sub(self, delta: Any) -> Variable:
-        return self.assign(_ops.subtract(self.value(), delta))
+        return self.assign(_ops.subtract(self._current_value(), delta))
+
+    def numpy(self) -> Any:
+        """A writable host copy that the caller owns: later updates never show through."""
+        be = self._backend
+        # Of a device copy, which nothing else can reach: the backend's read-only host view of
+        # it (the CPU's) may be made writable, and it keeps the backend's copy alignment.
+        host = be.to_host(be.kernels()["copy"](self._data))
+        try:
+            host.flags.writeable = True
+        except ValueError:  # a backend's host array that cannot be made writable
+            host = host.copy()
+        return host
 
     def value(self) -> Tensor:
-        """A snapshot: later assignments do not change it."""
-        return Tensor(self._data, self._backend, self._dtype)
+        """A snapshot (a device copy): later assignments and in-place updates do not change
+        it."""
+        return Tensor(self._backend.kernels()["copy"](self._data), self._backend, self._dtype)
 
     read_value = value
+
+    def _current_value(self) -> Tensor:
+        """The value without a copy, for a read that is done before the next update (the
+        optimizers' composite path, ``assign_add``): an in-place update would change it."""
+        return Tensor(self._data, self._backend, self._dtype)
 
     def mark_updated(self) -> None:
         """Call after updating ``data`` in place (optimizer kernels do): drops cached casts."""

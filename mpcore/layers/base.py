@@ -229,9 +229,9 @@ class Layer:
         return sum(v.size for v in self.weights)
 
     def get_weights(self) -> list[Any]:
-        """Host copies of the weights (``t.numpy()`` of a device copy, so later updates of the
-        variables never show through)."""
-        return [_host_copy(v) for v in self.weights]
+        """Writable host copies of the weights (as Keras'): later updates never show
+        through."""
+        return [v.numpy() for v in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         own = self.weights
@@ -357,11 +357,6 @@ def _unique(variables: list[Variable]) -> list[Variable]:
             seen.add(id(v))
             out.append(v)
     return out
-
-
-def _host_copy(var: Variable) -> Any:
-    be = var.backend
-    return be.to_host(be.kernels()["copy"](var.data))
 
 
 # --- Input --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mpcore import arguments as _args
 from mpcore import callbacks as _callbacks
 from mpcore import checkpoint as _checkpoint
 from mpcore import loss_scale as _ls
@@ -36,6 +37,8 @@ from mpcore.layers.base import (
     unique_name,
 )
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.models import data as _data
+from mpcore.models import summary as _summary
 from mpcore.tape import GradientTape
 from mpcore.tensor import Tensor
 
@@ -134,7 +137,7 @@ class Model(Layer):
         if not self._is_graph:
             raise NotImplementedError(f"model {self.name!r} has no graph: create it with "
                                       "Model(inputs, outputs) or subclass Model and write call()")
-        flat = flatten(inputs)
+        flat = flatten(_data.match_inputs(inputs, self._graph_inputs, self.name))
         if len(flat) != len(self._flat_inputs):
             raise ValueError(f"model {self.name!r} takes {len(self._flat_inputs)} input(s) "
                              f"({', '.join(str(k.name) for k in self._flat_inputs)}), got "
@@ -162,6 +165,11 @@ class Model(Layer):
                 metrics: Sequence[Any] | None = None) -> None:
         """Set the optimizer (a name or an Optimizer), the loss (a name, a Loss or a
         function) and the metrics (names, Metrics or functions)."""
+        if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
+            metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
+        if metrics is not None and not isinstance(metrics, (list, tuple)):
+            raise ValueError("metrics must be a metric (a name, an mp.metrics.Metric or a "
+                             f"function) or a list of them, got {metrics!r}")
         opt = _optimizers.get(optimizer)
         policy = self.dtype_policy
         if (policy.compute_dtype == "float16" and policy.is_mixed
@@ -169,8 +177,6 @@ class Model(Layer):
             # A fresh LossScale: the policy's instance may be shared by other models.
             opt = LossScaleOptimizer(opt, _ls.deserialize(_ls.serialize(policy.loss_scale)))
         loss_obj = None if loss is None else _losses.get(loss)
-        if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
-            metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
         compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
         names = [m.name for m in compiled]
         if len(set(names)) != len(names) or "loss" in names:
@@ -213,9 +219,12 @@ class Model(Layer):
                        return_dict: bool = False) -> Any:
         """One training step on one batch; returns the loss (and metrics) as Python floats."""
         self._require_compiled()
+        reset_metrics = _args.flag("reset_metrics", reset_metrics)
+        return_dict = _args.flag("return_dict", return_dict)
+        xd, yd = self._batch(x, y, "train_on_batch")
         if reset_metrics:
             self.reset_metrics()
-        self.train_step(self._to_device(x), self._to_device(y))
+        self.train_step(xd, yd)
         return self._results(return_dict)
 
     def test_step(self, x: Any, y: Any) -> None:
@@ -225,6 +234,18 @@ class Model(Layer):
         self._loss_tracker.update_state(loss, sample_weight=float(n))
         for metric in self.compiled_metrics:
             metric.update_state(y, flatten(y_pred)[0])
+
+    def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
+                      return_dict: bool = False) -> Any:
+        """The loss (and metrics) of one batch, without training, as Python floats."""
+        self._require_compiled(need_optimizer=False)
+        reset_metrics = _args.flag("reset_metrics", reset_metrics)
+        return_dict = _args.flag("return_dict", return_dict)
+        xd, yd = self._batch(x, y, "test_on_batch")
+        if reset_metrics:
+            self.reset_metrics()
+        self.test_step(xd, yd)
+        return self._results(return_dict)
 
     def reset_metrics(self) -> None:
         self._loss_tracker.reset_state()
@@ -241,48 +262,29 @@ class Model(Layer):
         return values[0] if len(values) == 1 else values
 
     # --- data -----------------------------------------------------------------------------
-    def _to_device(self, data: Any) -> Any:
-        if _is_nested_numbers(data):
-            return ops.constant(data)  # rows as Python lists: one array, not one input per row
-        return map_structure(lambda a: a if isinstance(a, Tensor) else ops.constant(a), data)
-
-    @staticmethod
-    def _count(data: Any, what: str) -> int:
-        sizes = {t.shape[0] if t.ndim else 0 for t in flatten(data)}
-        if len(sizes) != 1:
-            raise ValueError(f"all arrays of {what} need the same number of samples, got sizes "
-                             f"{sorted(sizes)}")
-        return sizes.pop()
-
-    @staticmethod
-    def _rows(data: Any, start: int, stop: int, order: Tensor | None) -> Any:
-        if order is None:
-            return map_structure(lambda t: t[start:stop], data)
-        idx = order[start:stop]
-        return map_structure(lambda t: ops.take(t, idx, 0), data)
-
-    def _output_classes(self, x: Any) -> int | None:
+    def _x(self, x: Any, what: str) -> Any:
+        """``x`` on the device, a dict matched to the inputs by name first (on the host)."""
+        if x is None:
+            raise ValueError(f"{what} needs x")
         if self._is_graph:
-            shape = self._flat_outputs[0].shape
-        else:
-            shape = flatten(self(self._rows(x, 0, 1, None), training=False))[0].shape
-        return shape[-1] if shape else None
+            x = _data.match_inputs(x, self._graph_inputs, self.name)
+        return _data.to_device(x)
 
-    def _validate_labels(self, x: Any, y: Any, what: str) -> None:
-        """Once per fit/evaluate, on the host: sparse labels must index the output classes."""
-        if not isinstance(self.loss, _losses.SparseCategoricalCrossentropy):
-            return
-        labels = flatten(y)[0]
-        if labels.size == 0:
-            return
-        classes = self._output_classes(x)
-        if classes is None:
-            return
-        lo, hi = ops.min(labels).item(), ops.max(labels).item()
-        if lo < 0 or hi >= classes:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"{what} holds label {bad}, but labels must be in [0, {classes}) "
-                             f"for model {self.name!r}, whose output has {classes} classes")
+    def _xy(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
+        """``x`` and ``y`` on the device and their number of samples, which must agree."""
+        if x is None or y is None:
+            raise ValueError(f"{what} needs x and y")
+        xd, yd = self._x(x, what), _data.to_device(y)
+        n, n_y = _data.count(xd, "x"), _data.count(yd, "y")
+        if n_y != n:
+            raise ValueError(f"x has {n} samples but y has {n_y}")
+        return xd, yd, n
+
+    def _batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
+        xd, yd, n = self._xy(x, y, what)
+        if n == 0:
+            raise ValueError(f"{what} got no samples")  # as fit and evaluate: no made-up score
+        return xd, yd
 
     # --- fit / evaluate / predict ---------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
@@ -293,46 +295,45 @@ class Model(Layer):
         last fraction of the data before shuffling, as Keras; ``verbose``: 0 silent, 1 a
         progress bar per epoch (tqdm), 2 one line per epoch. Returns the History."""
         self._require_compiled()
-        if x is None or y is None:
-            raise ValueError("fit needs x and y")
-        if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
-                or not 0.0 <= validation_split < 1.0:
-            raise ValueError(f"validation_split must be a number in [0, 1), got "
-                             f"{validation_split!r}")
-        for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        verbose = 1 if verbose == "auto" else int(verbose)
-        batch_size = 32 if batch_size is None else int(batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        xd, yd = self._to_device(x), self._to_device(y)
-        n = self._count(xd, "x")
-        if self._count(yd, "y") != n:
-            raise ValueError(f"x has {n} samples but y has {self._count(yd, 'y')}")
+        batch_size = _args.batch_size(batch_size)
+        epochs = _args.integer("epochs", epochs, 0)
+        initial_epoch = _args.integer("initial_epoch", initial_epoch, 0)
+        verbose = _args.verbose(verbose)
+        validation_split = _args.number("validation_split", validation_split, 0.0, 1.0,
+                                        high_open=True)
+        shuffle = _args.flag("shuffle", shuffle)
+        callbacks = _args.instances("callbacks", callbacks, _callbacks.Callback,
+                                    "mp.callbacks.Callback")
+        if validation_data is not None and (not isinstance(validation_data, (tuple, list))
+                                            or len(validation_data) != 2):
+            raise ValueError("validation_data must be a pair (x_val, y_val)")
+        xd, yd, n = self._xy(x, y, "fit")
         val: tuple[Any, Any] | None = None
         if validation_data is not None:
-            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-                raise ValueError("validation_data must be a pair (x_val, y_val)")
-            val = (self._to_device(validation_data[0]), self._to_device(validation_data[1]))
+            val_x, val_y, n_val = self._xy(*validation_data, "validation_data")
+            if n_val == 0:
+                raise ValueError("fit got no validation samples in validation_data")
+            val = (val_x, val_y)
         elif validation_split:
             split = int(n * (1.0 - validation_split))
             if split < 1 or split >= n:
                 raise ValueError(f"validation_split={validation_split} leaves no training or "
                                  f"no validation samples out of {n}")
-            val = (self._rows(xd, split, n, None), self._rows(yd, split, n, None))
-            xd, yd, n = self._rows(xd, 0, split, None), self._rows(yd, 0, split, None), split
+            val = (_data.rows(xd, split, n, None), _data.rows(yd, split, n, None))
+            xd, yd, n = _data.rows(xd, 0, split, None), _data.rows(yd, 0, split, None), split
         if n == 0:
             raise ValueError("fit got no training samples")
-        self._validate_labels(xd, yd, "y")
+        _data.validate_labels(self, xd, yd, "y")
         if val is not None:
-            self._validate_labels(val[0], val[1], "the validation labels")
+            _data.validate_labels(self, val[0], val[1], "the validation labels")
         steps = math.ceil(n / batch_size)
         history = _callbacks.History()
-        cbs = _callbacks.CallbackList([history, *(callbacks or [])])
+        cbs = _callbacks.CallbackList([history, *callbacks])
         cbs.set_model(self)
+        val_names = [f"val_{k}" for k in self.metrics_names] if val is not None else []
         cbs.set_params({"epochs": epochs, "steps": steps, "batch_size": batch_size,
-                        "samples": n, "verbose": verbose})
+                        "samples": n, "verbose": verbose,
+                        "metrics": [*self.metrics_names, *val_names, "time_per_sample"]})
         self.stop_training = False
         self.history = history
         backend = flatten(xd)[0].backend
@@ -350,7 +351,7 @@ class Model(Layer):
             for step in range(steps):
                 cbs.on_train_batch_begin(step)
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
-                self.train_step(self._rows(xd, lo, hi, order), self._rows(yd, lo, hi, order))
+                self.train_step(_data.rows(xd, lo, hi, order), _data.rows(yd, lo, hi, order))
                 cbs.on_train_batch_end(step, {"batch": step, "size": hi - lo})
                 if bar is not None:
                     bar.update(1)
@@ -385,13 +386,12 @@ class Model(Layer):
                  _validate: bool = True) -> Any:
         """The loss (and metrics) over ``x``/``y``: a float, or [loss, *metrics], or a dict."""
         self._require_compiled(need_optimizer=False)
-        batch_size = 32 if batch_size is None else int(batch_size)
-        xd, yd = self._to_device(x), self._to_device(y)
-        n = self._count(xd, "x")
-        if self._count(yd, "y") != n:
-            raise ValueError(f"x has {n} samples but y has {self._count(yd, 'y')}")
+        batch_size = _args.batch_size(batch_size)
+        verbose = _args.verbose(verbose)
+        return_dict = _args.flag("return_dict", return_dict)
+        xd, yd, n = self._xy(x, y, "evaluate")
         if _validate:
-            self._validate_labels(xd, yd, "y")
+            _data.validate_labels(self, xd, yd, "y")
         if n == 0:
             raise ValueError("evaluate got no samples")
         self.reset_metrics()
@@ -399,7 +399,7 @@ class Model(Layer):
         start = time.perf_counter()
         for step in range(steps):
             lo, hi = step * batch_size, min((step + 1) * batch_size, n)
-            self.test_step(self._rows(xd, lo, hi, None), self._rows(yd, lo, hi, None))
+            self.test_step(_data.rows(xd, lo, hi, None), _data.rows(yd, lo, hi, None))
         logs = self._results(True)
         if verbose:
             elapsed = time.perf_counter() - start
@@ -410,21 +410,30 @@ class Model(Layer):
         return values[0] if len(values) == 1 else values
 
     def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = 0) -> Any:
-        """Outputs for ``x``, batch by batch, as host arrays (``t.numpy()``)."""
-        batch_size = 32 if batch_size is None else int(batch_size)
-        xd = self._to_device(x)
-        n = self._count(xd, "x")
-        outs: list[Any] = []
-        for lo in range(0, n, batch_size):
-            outs.append(self(self._rows(xd, lo, min(lo + batch_size, n), None), training=False))
-        if not outs:
-            raise ValueError("predict got no samples")
-        flat = [flatten(o) for o in outs]
-        joined = [ops.concat([f[i] for f in flat], axis=0).numpy() for i in range(len(flat[0]))]
-        return joined[0] if len(joined) == 1 else joined
+        """Outputs for ``x``, batch by batch, as writable host arrays (``verbose``: a line
+        with the time taken)."""
+        batch_size = _args.batch_size(batch_size)
+        verbose = _args.verbose(verbose)
+        return self._predict(self._x(x, "predict"), batch_size, verbose, "predict")
 
     def predict_on_batch(self, x: Any) -> Any:
-        return self.predict(x, batch_size=max(1, self._count(self._to_device(x), "x")))
+        xd = self._x(x, "predict_on_batch")
+        return self._predict(xd, max(1, _data.count(xd, "x")), 0, "predict_on_batch")
+
+    def _predict(self, xd: Any, batch_size: int, verbose: int, what: str) -> Any:
+        n = _data.count(xd, "x")
+        if n == 0:
+            raise ValueError(f"{what} got no samples")
+        start = time.perf_counter()
+        flat = [flatten(self(_data.rows(xd, lo, min(lo + batch_size, n), None),
+                             training=False)) for lo in range(0, n, batch_size)]
+        # A copy the caller owns, as Keras' (the backend's host view is read-only).
+        joined = [ops.concat([f[i] for f in flat], axis=0).numpy().copy()
+                  for i in range(len(flat[0]))]
+        if verbose:
+            steps = len(flat)
+            print(f"{steps}/{steps} - {time.perf_counter() - start:.2f}s", flush=True)
+        return joined[0] if len(joined) == 1 else joined
 
     # --- weights and checkpoints ------------------------------------------------------------
     def save_weights(self, filepath: str) -> None:
@@ -446,42 +455,9 @@ class Model(Layer):
 
     # --- summary ----------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], Any] | None = None, line_length: int = 88) -> None:
-        """Print the layers, their output shapes, dtype policies and parameter counts."""
-        out = print_fn or (lambda s: print(s, file=sys.stdout))
-        cols = (30, 22, 18, 12)
-        rule = "_" * sum(cols)
-        out(f'Model: "{self.name}"')
-        out(rule)
-        out(_row(("Layer (type)", "Output Shape", "Policy", "Param #"), cols))
-        out("=" * sum(cols))
-        for layer in self.layers:
-            try:
-                shape = str(layer.output_shape)
-            except AttributeError:
-                shape = "?"
-            if isinstance(layer, InputLayer):
-                shape = str(layer.batch_shape)
-            out(_row((f"{layer.name} ({type(layer).__name__})", shape,
-                      layer.dtype_policy.name, str(layer.count_params())), cols))
-        out("=" * sum(cols))
-        trainable = sum(v.size for v in self.trainable_weights)
-        total = self.count_params()
-        out(f"Total params: {total:,}")
-        out(f"Trainable params: {trainable:,}")
-        out(f"Non-trainable params: {total - trainable:,}")
-        out(rule)
-
-
-def _is_nested_numbers(data: Any) -> bool:
-    """True for a (nested) list or tuple of Python numbers, such as ``array.tolist()``."""
-    while isinstance(data, (list, tuple)) and data:
-        data = data[0]
-    return isinstance(data, (int, float))
-
-
-def _row(values: Sequence[str], widths: Sequence[int]) -> str:
-    return "".join(f" {v:<{w - 1}}" if len(v) < w - 1 else f" {v[:w - 2]}~"
-                   for v, w in zip(values, widths))
+        """Print the layers, their output shapes, dtype policies and parameter counts, in lines
+        of ``line_length`` characters."""
+        _summary.summary(self, print_fn, line_length)
 
 
 def _format(logs: dict[str, float]) -> str:

@@ -1,0 +1,124 @@
+"""Every optimizer hyperparameter follows the argument rule (issue 15, item 13): a finite real
+number (no bool, no string: ``SGD(learning_rate="x")`` used to fail inside float() without
+naming the argument) in its valid range, checked when the optimizer is made, with an error
+naming the argument and the range."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mpcore as mp
+from mpcore import optimizers
+from mpcore.loss_scale_optimizer import LossScaleOptimizer
+
+ANYTHING = st.one_of(
+    st.floats(allow_nan=True), st.integers(-3, 3), st.booleans(), st.none(),
+    st.floats(-2, 2, width=32).map(np.float32), st.integers(0, 2).map(np.int64),
+    st.text(max_size=3), st.sampled_from(["0.1", "1e-3"]), st.just(10**400))
+
+# (optimizer, argument, low, high, low_open, high_open): high None is no upper bound.
+RANGES = [
+    (optimizers.SGD, "learning_rate", 0, None, False, False),
+    (optimizers.SGD, "momentum", 0, 1, False, False),
+    (optimizers.RMSprop, "learning_rate", 0, None, False, False),
+    (optimizers.RMSprop, "rho", 0, 1, False, True),
+    (optimizers.RMSprop, "momentum", 0, 1, False, False),
+    (optimizers.RMSprop, "epsilon", 0, None, True, False),
+    (optimizers.Adam, "learning_rate", 0, None, False, False),
+    (optimizers.Adam, "beta_1", 0, 1, False, True),
+    (optimizers.Adam, "beta_2", 0, 1, False, True),
+    (optimizers.Adam, "epsilon", 0, None, True, False),
+    (optimizers.Adam, "weight_decay", 0, None, False, False),
+    (optimizers.AdamW, "learning_rate", 0, None, False, False),
+    (optimizers.AdamW, "weight_decay", 0, None, False, False),
+    (optimizers.AdamW, "beta_1", 0, 1, False, True),
+    (optimizers.AdamW, "beta_2", 0, 1, False, True),
+    (optimizers.AdamW, "epsilon", 0, None, True, False),
+]
+
+
+def _inside(value: Any, low: float, high: float | None, low_open: bool, high_open: bool) -> bool:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        v = float(value)
+    except OverflowError:
+        return False
+    return (math.isfinite(v) and (v > low if low_open else v >= low)
+            and (high is None or (v < high if high_open else v <= high)))
+
+
+@pytest.mark.parametrize("cls, name, low, high, low_open, high_open", RANGES,
+                         ids=[f"{c.__name__}-{n}" for c, n, *_ in RANGES])
+@given(value=ANYTHING)
+def test_each_hyperparameter_takes_exactly_the_numbers_in_its_range(
+        cls: type, name: str, low: float, high: float | None, low_open: bool, high_open: bool,
+        value: Any) -> None:
+    if value is None and (cls, name) == (optimizers.Adam, "weight_decay"):
+        assert cls(weight_decay=None).weight_decay == 0.0  # Keras' default: no decay
+    elif _inside(value, low, high, low_open, high_open):
+        opt = cls(**{name: value})
+        assert getattr(opt, name) == pytest.approx(float(value))
+        assert type(opt.get_config()[name]) is float or value == 0
+    else:
+        with pytest.raises(ValueError, match=rf"^{name} must be a finite number"):
+            cls(**{name: value})
+
+
+@pytest.mark.parametrize("value", ["x", "0.1", None, True, math.nan, math.inf, -1e-3, [0.1]])
+def test_learning_rate_errors_name_the_argument_and_the_choices(value: Any) -> None:
+    for cls in (optimizers.SGD, optimizers.RMSprop, optimizers.Adam, optimizers.AdamW):
+        with pytest.raises(ValueError, match=r"learning_rate must be a finite number >= 0 or a "
+                                             r"callable schedule\(step\) -> float, got "
+                                             + re.escape(repr(value))):
+            cls(learning_rate=value)
+    opt = optimizers.SGD(0.1)
+    wrapped = LossScaleOptimizer(optimizers.SGD(0.1))
+    for target in (opt, wrapped):
+        with pytest.raises(ValueError, match="learning_rate must be a finite number >= 0"):
+            target.learning_rate = value
+        assert target.learning_rate == 0.1  # unchanged by the refused value
+
+
+def test_a_schedule_that_returns_a_bad_rate_is_named_with_the_step() -> None:
+    opt = optimizers.SGD(lambda step: 0.1 if step == 0 else "fast")
+    var = mp.Variable([1.0])
+    opt.apply_gradients([(mp.constant([1.0]), var)])
+    with pytest.raises(ValueError, match=r"learning_rate schedule .* returned 'fast' at step 1;"
+                                         r" it must return a finite number >= 0"):
+        opt.apply_gradients([(mp.constant([1.0]), var)])
+    assert var.numpy().tolist() == pytest.approx([0.9])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: optimizers.SGD(nesterov="yes"), r"nesterov must be True or False, got 'yes'"),
+    (lambda: optimizers.SGD(name=3), r"name must be a string or None, got 3"),
+    (lambda: optimizers.Adam(weight_decay="0.1"), r"weight_decay must be a finite number >= 0"),
+])
+def test_the_other_hyperparameters(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_adam_weight_decay_none_is_no_decay() -> None:
+    assert optimizers.Adam(weight_decay=None).weight_decay == 0.0
+    assert optimizers.Adam().get_config()["weight_decay"] is None
+    assert optimizers.Adam.from_config(optimizers.Adam().get_config()).weight_decay == 0.0
+
+
+@pytest.mark.parametrize("opt", [optimizers.SGD(0.1, momentum=0.5, nesterov=True),
+                                 optimizers.RMSprop(rho=0.8, momentum=0.1, epsilon=1e-6),
+                                 optimizers.Adam(beta_1=0.8, weight_decay=0.01),
+                                 optimizers.AdamW(weight_decay=0.0)],
+                         ids=lambda o: type(o).__name__)
+def test_configs_round_trip_through_the_checks(opt: optimizers.Optimizer) -> None:
+    again = type(opt).from_config(opt.get_config())
+    assert again.get_config() == opt.get_config()
