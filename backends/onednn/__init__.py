@@ -4,26 +4,29 @@
 NumPy has no bfloat16 GEMM, so the CPU backend computes bfloat16 matmuls in float32. This plugin
 implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its ``matmul`` and
 ``dense`` kernels for bfloat16 operands with oneDNN's matmul primitive (bfloat16 in, float32
-accumulation, bfloat16 out; ``dense`` fuses the bias and relu as post-ops), reading transposed
-operands in place through strided memory descriptors. float32 operands go to oneDNN as well
-(``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on the
-train step's shapes here, and the fused bias + relu saves two passes per layer. With float32 on,
-the fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights and a dense layer's relu
+accumulation, bfloat16 out; ``dense`` fuses the bias, and applies relu after the primitive so
+that a NaN stays a NaN, as in the CPU kernel: see ``relu.py``), reading transposed operands in
+place through strided memory descriptors. float32 operands go to oneDNN as well
+(``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
+the train step's shapes here, and the fused bias saves a pass per layer. With float32 on, the
+fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights and a dense layer's relu
 backward with its bias gradient also run on oneDNN (binary primitives on its OpenMP team, both
-cores, bit for bit the CPU kernels' results; see ``updates.py`` and ``relu.py``). Whenever the
-plugin is in use, float32 <-> bfloat16 conversions of the CPU backend run as oneDNN reorders too
-(``reorder.py``: bit for bit ``astype``, about 2x faster than ml_dtypes after a GEMM), wrapped
+cores, the CPU kernels' results bit for bit; see ``updates.py`` and ``relu.py``). Whenever the
+plugin is in use, float32 <-> bfloat16 conversions of the CPU backend run as oneDNN reorders
+too, in each direction where a probe finds them bit for bit ``astype`` (``reorder.py``: not
+float32 -> bfloat16 on CPUs with avx512_bf16, whose conversion flushes subnormals), wrapped
 around whatever ``convert`` kernel is installed. oneDNN 3.2 has no float16 matmul without
-avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU without avx512_bf16) is
-multiplied by the float32 GEMM on the CPU backend's float32 copies, rounded once, exactly as the
-CPU backend's own kernels do with NumPy.
+avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU without
+avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's float32 copies, rounded
+once, exactly as the CPU backend's own kernels do with NumPy.
 
 ``MPCORE_ONEDNN`` chooses when:
 
 - ``auto`` (default): bfloat16 only when the CPU has ``avx512_bf16`` or ``amx_bf16`` and the
   library loads (elsewhere oneDNN would emulate bfloat16 and be slower than NumPy's float32
   GEMM); float32 whenever the library loads.
-- ``force``: whenever the library loads, whatever the CPU (to test correctness anywhere).
+- ``force``: whenever the library loads, whatever the CPU (to test correctness anywhere; where
+  this oneDNN has no bfloat16 matmul at all, below AVX-512, bfloat16 takes the float32 route).
 - ``off``: never.
 
 A library that cannot be found or loaded leaves the CPU backend exactly as it was; why is kept in
@@ -42,9 +45,9 @@ import mpcore
 from mpcore.backend import Backend, KernelSet
 from mpcore.settings import env_choice
 
-from .dnnl import ACTIVATIONS, DnnlError, Library, MatmulCache, find_library
+from .dnnl import DnnlError, Library, MatmulCache, find_library
 from .elementwise import BinaryCache
-from .relu import make_relu_grad_bias
+from .relu import make_relu_grad_bias, relu_in_place
 from .reorder import ReorderCache, ReorderCast
 from .updates import MAKERS as UPDATE_MAKERS
 
@@ -147,24 +150,26 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
                alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
                ) -> Callable[..., Any]:
     """The CPU ``dense`` kernel (``activation(x @ w + b)``) as one oneDNN primitive for
-    ``dtypes``, the bias and relu fused as post-ops on the float32 accumulator (a bfloat16
-    result is rounded once); other 16-bit dtypes as :func:`make_matmul` does with
-    ``via_float32``; everything else goes to ``original``. ``alloc`` as for
-    :func:`make_matmul`."""
+    ``dtypes``, the bias fused into it, added to the float32 accumulator (a bfloat16 result is
+    rounded once), then relu in place (:func:`~mpcore_onednn.relu.relu_in_place`: NaN stays
+    NaN); other 16-bit dtypes as :func:`make_matmul` does with ``via_float32``; everything
+    else goes to ``original``. ``alloc`` as for :func:`make_matmul`."""
     route = _router(dtypes, via_float32)
 
     def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
               activation: str | None) -> Any:
         dtype, out_dtype = route(x.dtype)
         if (dtype is None or w.dtype != x.dtype or x.ndim < 2 or x.size == 0 or w.size == 0
-                or activation not in (None, *ACTIVATIONS)):
+                or activation not in (None, "relu")):
             return original(x, w, b, activation)
         if out_dtype is not None:
             x, w = via_float32[0](x), via_float32[0](w)  # type: ignore[index]
         flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
         # oneDNN takes a float32 bias with 16-bit operands: the bias is added in float32
         bias = None if b is None else b.astype(np.float32, copy=False)
-        out = cache.matmul(flat, w, dtype, bias, activation, alloc)
+        out = cache.matmul(flat, w, dtype, bias, alloc)
+        if activation == "relu":
+            relu_in_place(out)
         if out_dtype is not None:
             out = via_float32[1](out, out_dtype)  # type: ignore[index]
         return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
@@ -172,6 +177,22 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
     dense.cache = cache  # type: ignore[attr-defined]
     dense.original = original  # type: ignore[attr-defined]
     return dense
+
+
+def _missing_gemm(lib: Library, dtype: str) -> str | None:
+    """None when this oneDNN has a matmul for ``dtype`` on this CPU, else why not (oneDNN
+    3.2 has no bfloat16 matmul below AVX-512, even emulated: forced there, bfloat16 takes the
+    float32 route)."""
+    one = np.ones((1, 1), np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
+    cache = MatmulCache(lib, max_entries=1)
+    try:
+        cache.matmul(one, one, dtype)
+    except DnnlError as exc:
+        reason = str(exc).rsplit(": ", 1)[-1]   # e.g. dnnl_unimplemented
+        return f"this oneDNN has no {dtype} matmul at ISA {lib.isa} ({reason})"
+    finally:
+        cache.clear()
+    return None
 
 
 def float32_wanted() -> bool:
@@ -207,6 +228,12 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     except DnnlError as exc:
         _status = f"not used: {exc}"
         return None
+    missing = _missing_gemm(lib, "bfloat16") if "bfloat16" in dtypes else None
+    if missing is not None:
+        dtypes.discard("bfloat16")
+        if not dtypes:
+            _status = f"not used: {missing}, and float32 is off"
+            return None
     cache = MatmulCache(lib)
     chosen_dtypes = frozenset(dtypes)
     via = _upcasting(backend)
@@ -235,8 +262,8 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     if "bfloat16" in dtypes:
         where = "/".join(have) if have else f"no {'/'.join(BF16_FLAGS)}: emulated, forced"
     else:
-        where = (f"float32 only: this CPU lacks {' and '.join(BF16_FLAGS)}, so bfloat16 stays "
-                 "on NumPy's float32 GEMM")
+        why = missing or f"this CPU lacks {' and '.join(BF16_FLAGS)}"
+        where = f"float32 only: {why}, so bfloat16 is multiplied by the float32 GEMM"
     _status = f"used: {lib.describe()} ({where})"
     fast = frozenset({"bfloat16"}) if "bfloat16" in dtypes else frozenset()
     return KernelSet(

@@ -59,9 +59,6 @@ _SCRATCHPAD_MODE_USER = 1    # dnnl_scratchpad_mode_user
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 #: Alignment of the scratchpad buffers (a page: oneDNN asks for no more than that).
 _SCRATCH_ALIGN = 4096
-_ELTWISE_RELU = 0x20   # dnnl_eltwise_relu (dnnl_alg_kind_t)
-#: Post-op activations a matmul primitive fuses.
-ACTIVATIONS = ("relu",)
 
 _Dims = ctypes.c_int64 * 12
 _vp = ctypes.c_void_p
@@ -348,9 +345,11 @@ class PrimitiveCache:
 
 
 class MatmulCache(PrimitiveCache):
-    """``activation(op(A) @ op(B) + bias)`` through oneDNN matmul primitives, cached (LRU) by
-    shapes, layouts, dtypes and fused post-ops. Memory objects are cached with their primitive
-    and pointed at each call's arrays, so a cached call is one ``dnnl_primitive_execute``.
+    """``op(A) @ op(B) + bias`` through oneDNN matmul primitives, cached (LRU) by shapes,
+    layouts and dtypes. Memory objects are cached with their primitive and pointed at each
+    call's arrays, so a cached call is one ``dnnl_primitive_execute``. No activation is fused:
+    oneDNN's relu post-op is x86's ``maxps(z, 0)``, which turns a NaN ``z`` into 0 (see
+    mpcore_onednn.relu.relu_in_place).
 
     Primitives use a scratchpad that this cache owns (oneDNN's user scratchpad mode): one
     buffer per thread, grown to the largest primitive's need (1.3 MB for the transposed
@@ -378,23 +377,20 @@ class MatmulCache(PrimitiveCache):
         return address + (-address) % _SCRATCH_ALIGN
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str,
-               bias: np.ndarray | None = None, activation: str | None = None,
+               bias: np.ndarray | None = None,
                alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None,
                ) -> np.ndarray:
-        """``activation(a @ b + bias)`` for arrays of equal rank >= 2 and equal batch shape, in
+        """``a @ b + bias`` for arrays of equal rank >= 2 and equal batch shape, in
         ``out_dtype``; ``a`` and ``b`` may be transposed views (column-major in their last two
-        axes). ``bias`` (1-D, float32 or the operands' dtype) and ``activation`` (None or
-        "relu") are fused into the primitive: applied to the float32 accumulator before the
-        result is written (and rounded, for a 16-bit ``out_dtype``). ``alloc(shape, dtype)``
+        axes). ``bias`` (1-D, float32 or the operands' dtype) is fused into the primitive: added to
+        the float32 accumulator before the result is written (and rounded, for a 16-bit
+        ``out_dtype``). ``alloc(shape, dtype)``
         returns the (uninitialised, C-contiguous) result array; default ``np.empty``."""
         a, a_cm = _layout(a)
         b, b_cm = _layout(b)
         in_dtype = _dtype_name(a.dtype)
         if _dtype_name(b.dtype) != in_dtype:
             raise ValueError(f"operands differ in dtype: {a.dtype} and {b.dtype}")
-        if activation is not None and activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got "
-                             f"{activation!r}")
         out_shape = (*a.shape[:-1], b.shape[-1])
         bias_dtype = None
         if bias is not None:
@@ -402,7 +398,7 @@ class MatmulCache(PrimitiveCache):
                 raise ValueError(f"bias of shape {bias.shape} does not match {out_shape}")
             bias = np.ascontiguousarray(bias)
             bias_dtype = _dtype_name(bias.dtype)
-        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype, activation)
+        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype)
         entry = self._get(key, lambda: self._create(key, out_shape))
         dtype = a.dtype if out_dtype == in_dtype else _NUMPY_DTYPES[out_dtype]
         out = (alloc or np.empty)(out_shape, dtype)
@@ -419,7 +415,7 @@ class MatmulCache(PrimitiveCache):
         return self._entries[key].impl
 
     def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> Entry:
-        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype, bias_dtype, activation = key
+        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype, bias_dtype = key
         lib = self.library.lib
         descs: list[Any] = []
         mems: list[Any] = []
@@ -428,7 +424,6 @@ class MatmulCache(PrimitiveCache):
         pd = _vp()
         primitive = _vp()
         attr = _vp()
-        post_ops = _vp()
         layouts = [(a_shape, a_cm, in_dtype), (b_shape, b_cm, in_dtype),
                    (out_shape, False, out_dtype)]
         if bias_dtype is not None:
@@ -441,12 +436,6 @@ class MatmulCache(PrimitiveCache):
                    "dnnl_primitive_attr_create")
             _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_MODE_USER),
                    "dnnl_primitive_attr_set_scratchpad_mode")
-            if activation is not None:
-                _check(lib.dnnl_post_ops_create(ctypes.byref(post_ops)), "dnnl_post_ops_create")
-                _check(lib.dnnl_post_ops_append_eltwise(post_ops, _ELTWISE_RELU, 0.0, 0.0),
-                       "dnnl_post_ops_append_eltwise")
-                _check(lib.dnnl_primitive_attr_set_post_ops(attr, post_ops),
-                       "dnnl_primitive_attr_set_post_ops")
             _check(lib.dnnl_matmul_primitive_desc_create(
                 ctypes.byref(pd), self.library.engine, descs[0], descs[1],
                 descs[3] if bias_dtype is not None else None, descs[2], attr),
@@ -466,8 +455,6 @@ class MatmulCache(PrimitiveCache):
             raise
         finally:
             # the primitive descriptor keeps its own copy of the attributes
-            if post_ops:
-                lib.dnnl_post_ops_destroy(post_ops)
             if attr:
                 lib.dnnl_primitive_attr_destroy(attr)
         info = ctypes.c_char_p()

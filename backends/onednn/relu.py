@@ -1,12 +1,20 @@
-"""A dense layer's backward pass through relu on oneDNN's OpenMP team: ``relu_grad_bias``.
+"""relu for the oneDNN dense kernel: the forward pass after the GEMM (:func:`relu_in_place`),
+the backward pass on oneDNN's OpenMP team (``relu_grad_bias``).
 
-The CPU backend's kernel (mpcore_cpu.relu_kernels) selects on the bits of ``g`` in NumPy, on one
-thread; right after the step's GEMM, oneDNN's OpenMP worker spins on the other core, so that
-thread cannot have it either. Here the selection is one oneDNN binary primitive (both cores) and
-the bias gradient a GEMV, ``ones @ dz``, through the oneDNN ``matmul`` kernel. Measured on this
-2-core Xeon, 1M float32 right after a 1024^3 GEMM (in-process A/B, medians of 25): 1.83 ms
-(NumPy, blocked, bias summed while hot) -> 1.13 ms; per training step of the guide's MLP
-(in-process A/B): float32 -2.0 ms (loop) and -1.6 ms (fit), mixed_bfloat16 -1.4 ms.
+The forward relu is not a post-op of the matmul primitive: oneDNN's relu (an eltwise post-op,
+or a binary ``max`` with 0) is x86's ``maxps(z, 0)``, which returns 0 for a NaN ``z``, so a NaN
+input would vanish (a finite loss, plausible predictions) where the CPU kernel's ``np.maximum``
+keeps it. No chain of oneDNN post-ops on the accumulator keeps NaN and sends -inf to 0, so the
+relu is a pass of its own over the result.
+
+For the backward pass, the CPU backend's kernel (mpcore_cpu.relu_kernels) selects on the bits of
+``g`` in NumPy, on one thread; right after the step's GEMM, oneDNN's OpenMP worker spins on the
+other core, so that thread cannot have it either. Here the selection is one oneDNN binary
+primitive (both cores) and the bias gradient a GEMV, ``ones @ dz``, through the oneDNN
+``matmul`` kernel. Measured on this 2-core Xeon, 1M float32 right after a 1024^3 GEMM
+(in-process A/B, medians of 25): 1.83 ms (NumPy, blocked, bias summed while hot) -> 1.13 ms; per
+training step of the guide's MLP (in-process A/B): float32 -2.0 ms (loop) and -1.6 ms (fit),
+mixed_bfloat16 -1.4 ms.
 
 ``relu_grad`` keeps ``g`` where ``y > 0`` and writes +0 elsewhere, even for an inf or NaN
 ``g`` (see relu_kernels). A product ``g * (y > 0)`` would give -0 and NaN instead; this chain
@@ -16,7 +24,9 @@ the bias gradient a GEMV, ``ones @ dz``, through the oneDNN ``matmul`` kernel. M
     dz = (m - 1) * g + g        live: +-0 * g + g = g, signed zeros kept; dead: -g + g = +0
 
 is ``where(y > 0, g, +0)`` bit for bit wherever ``g`` is finite (bfloat16 operands are widened
-inside the primitive, and ``g`` or +0 narrows back exactly). A non-finite ``g`` makes a
+inside the primitive, and ``g`` or +0 narrows back exactly, except where the CPU converts with
+avx512_bf16's ``vcvtneps2bf16``, which flushes subnormals to zero: there the probe below fails
+for bfloat16). A non-finite ``g`` makes a
 non-finite ``dz`` (inf - inf, 0 * inf), hence a non-finite bias gradient (a column sum holding
 inf or NaN is never finite): then the CPU kernel redoes the call exactly. That happens on
 overflowed loss-scaled steps only, which are skipped anyway.
@@ -41,13 +51,39 @@ from .elementwise import BinaryCache
 from .updates import MIN_ELEMENTS, _mark
 
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 #: the dtypes it takes, by name, with the unsigned view that compares their bits
-_DTYPES = {_F32: ("float32", np.uint32), np.dtype(ml_dtypes.bfloat16): ("bfloat16", np.uint16)}
+_DTYPES = {_F32: ("float32", np.uint32), _BF16: ("bfloat16", np.uint16)}
 _ZERO = np.zeros(1, _F32)
 _ONE = np.ones(1, _F32)
 _CHAIN = (("gt", "scalar"), ("sub", "scalar"), ("mul", "full"), ("add", "full"))
 
 Kernel = Callable[..., Any]
+
+
+#: Elements per block of the bfloat16 forward relu (its mask stays in L2).
+_BLOCK = 1 << 16
+#: bfloat16 bits as int16: below this, a negative number (or -0); NaNs of either sign are above
+_NEGATIVE_NUMBERS = -127
+
+
+def relu_in_place(z: np.ndarray) -> None:
+    """``z = max(z, 0)`` for a C-contiguous float32 or bfloat16 GEMM result, as the CPU
+    backend's dense kernel computes it: NaN stays NaN (its sign too), -0 and -inf give +0.
+    bfloat16 is rounded already; on the bits, that is ``round(max(z, 0))`` exactly (rounding
+    to nearest keeps the sign and the NaN), without NumPy's element-by-element bfloat16 loop."""
+    flat = z.reshape(-1)
+    if z.dtype == _F32:
+        np.maximum(flat, _ZERO[0], out=flat)
+        return
+    if z.dtype != _BF16:
+        raise TypeError(f"relu_in_place takes float32 or bfloat16, not {z.dtype}")
+    bits = flat.view(np.int16)
+    keep = np.empty(min(_BLOCK, bits.size), bool)
+    for lo in range(0, bits.size, _BLOCK):
+        block = bits[lo:lo + _BLOCK]
+        np.greater_equal(block, _NEGATIVE_NUMBERS, out=keep[:block.size])
+        np.multiply(block, keep[:block.size], out=block)
 
 
 def _eligible(g: np.ndarray, y: np.ndarray) -> bool:

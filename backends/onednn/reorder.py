@@ -2,10 +2,19 @@
 
 ml_dtypes converts bfloat16 one element at a time (per million elements here: float32 ->
 bfloat16 0.74 ms, the reverse 0.35 ms; ONNX Runtime's ``Cast`` is no faster for bfloat16).
-oneDNN's reorder is JIT-compiled, vectorised and runs on its OpenMP team. Both round float32 to
-the nearest bfloat16, ties to even, and widen bfloat16 exactly, so the results are ``astype``'s
-bit for bit, NaN payloads aside (checked over every bfloat16 and a sweep of float32 patterns,
-see tests/test_onednn.py).
+oneDNN's reorder is JIT-compiled, vectorised and runs on its OpenMP team. At ISA avx512_core
+(AVX-512 without avx512_bf16) it rounds float32 to the nearest bfloat16, ties to even, in
+software and widens bfloat16 exactly: ``astype``'s bits, NaN payloads aside.
+
+Elsewhere it does not. With avx512_bf16, oneDNN rounds with the ``vcvtneps2bf16`` instruction,
+which treats subnormal inputs as zero whatever MXCSR says: a float32 subnormal becomes a signed
+zero where ``astype`` gives a bfloat16 subnormal (or the smallest normal); its AVX2 code
+flushes them too, and widens bfloat16 -0 to +0. So before a direction is first used,
+:func:`probe` converts every value that rounding can get wrong (every bfloat16; float32
+subnormals, ties, the overflow edge, infinities and NaNs of both signs) and compares with
+``astype``; a direction that differs anywhere stays with the kernel this one wraps. With
+avx512_bf16, float32 -> bfloat16 is then ml_dtypes' (no extra pass could find the subnormals
+for less than the reorder saves) and bfloat16 -> float32 stays on oneDNN.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .dnnl import Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
+from .dnnl import DnnlError, Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
 _ARG_FROM, _ARG_TO = 1, 17
 
@@ -62,6 +71,40 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 #: (source, destination) NumPy dtypes -> oneDNN data type names, for the conversions made here.
 PAIRS = {(_F32, _BF16): ("float32", "bfloat16"), (_BF16, _F32): ("bfloat16", "float32")}
+
+
+def special_values(dtype: np.dtype) -> np.ndarray:
+    """The values whose conversion from ``dtype`` (float32 or bfloat16) rounding can get
+    wrong: every bfloat16; for float32, every sign and exponent (subnormals and inf/NaN
+    included) with the mantissas that round to even, just below and above a tie, to the
+    next binade or to infinity, and NaN payloads."""
+    if dtype == _BF16:
+        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(_BF16)
+    mantissas = np.array([0x000000, 0x000001, 0x007FFF, 0x008000, 0x008001, 0x018000,
+                          0x017FFF, 0x400000, 0x7F7FFF, 0x7F8000, 0x7FFFFF], np.uint32)
+    exponents = np.arange(512, dtype=np.uint32) << 23     # the sign bit is the 9th
+    return (exponents[:, None] | mantissas[None, :]).reshape(-1).view(_F32)
+
+
+def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> bool:
+    """Whether this library's reorder from ``src`` to ``dst`` gives ``astype``'s bits on
+    every one of :func:`special_values` (a NaN may lose its payload, not its sign)."""
+    x = special_values(src)
+    got = np.empty(x.shape, dst)
+    try:
+        cache.run(x, got, *PAIRS[(src, dst)])
+    except DnnlError:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):   # signalling NaNs, overflow
+        want = x.astype(dst)
+        wide_got, wide_want = got.astype(_F32), want.astype(_F32)
+    nan = np.isnan(wide_want)
+    bits = f"u{got.itemsize}"
+    return bool(np.array_equal(np.isnan(wide_got), nan)
+                and np.array_equal(np.signbit(wide_got), np.signbit(wide_want))
+                and np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan]))
+
+
 #: Smaller conversions stay with the fallback: a primitive call costs ~15 us from Python,
 #: which ml_dtypes' loop matches at a few ten thousand elements.
 MIN_ELEMENTS = 1 << 15
@@ -69,9 +112,9 @@ MIN_ELEMENTS = 1 << 15
 
 class ReorderCast:
     """A ``convert(x, dtype)`` kernel: contiguous float32 <-> bfloat16 arrays of at least
-    :data:`MIN_ELEMENTS` through oneDNN reorders, everything else through ``fallback`` (the
-    ``convert`` kernel it wraps). ``alloc(shape, dtype)`` gives the (C-contiguous,
-    uninitialised) result arrays."""
+    :data:`MIN_ELEMENTS` through oneDNN reorders in each direction that passes :func:`probe`
+    (at its first use), everything else through ``fallback`` (the ``convert`` kernel it
+    wraps). ``alloc(shape, dtype)`` gives the (C-contiguous, uninitialised) result arrays."""
 
     def __init__(self, fallback: Callable[[np.ndarray, Any], np.ndarray], cache: ReorderCache,
                  alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None) -> None:
@@ -79,13 +122,22 @@ class ReorderCast:
         self.cache = cache
         self.alloc = alloc or np.empty
         self.calls = 0  # conversions oneDNN made (for tests and diagnostics)
+        #: (source, destination) dtype -> whether the probe found oneDNN's reorder exact
+        self.trusted: dict[tuple[np.dtype, np.dtype], bool] = {}
 
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         types = PAIRS.get((x.dtype, dtype))
-        if types is None or x.size < MIN_ELEMENTS or not x.flags.c_contiguous:
+        if (types is None or x.size < MIN_ELEMENTS or not x.flags.c_contiguous
+                or not self._trusts(x.dtype, dtype)):
             return self.fallback(x, dtype)
         out = self.alloc(x.shape, dtype)
         self.cache.run(x.reshape(-1), out.reshape(-1), *types)
         self.calls += 1
         return out
+
+    def _trusts(self, src: np.dtype, dst: np.dtype) -> bool:
+        trusted = self.trusted.get((src, dst))
+        if trusted is None:
+            trusted = self.trusted[(src, dst)] = probe(self.cache, src, dst)
+        return trusted
