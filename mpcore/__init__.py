@@ -22,7 +22,7 @@ from mpcore.backend import (
 )
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
-from mpcore.plugins import get_plugins, plugin_errors
+from mpcore.plugins import plugin_errors
 from mpcore.policy import Policy, global_policy, policy_scope, set_global_policy, set_policy
 from mpcore.registry import backends, get_backend, set_backend
 from mpcore.tape import GradientTape
@@ -74,9 +74,5 @@ __all__ = [
     "set_backend", "set_global_policy", "set_policy",
 ]
 
-# Detection at import: cheap by contract (no device opened, nothing compiled). An explicit
-# MPCORE_BACKEND that cannot be honoured raises here, with the available choices. When this
-# import comes from a plugin module that is itself being imported (a plugin imported first),
-# detection waits for the first use, once that plugin can be loaded.
-if not get_plugins().pending:
-    get_backend()
+# Nothing is detected here: the backend is chosen and proved at first use (get_backend), so
+# `import mpcore` opens no device and a bad MPCORE_BACKEND cannot stop `mpcore info`.

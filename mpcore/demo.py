@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mpcore.cli import subcommand
+from mpcore.extras import install_command
 
 GUIDE_BATCH = 8192
 SMALL_BATCH = 128
@@ -82,7 +83,7 @@ def plot_problem(path: str) -> str | None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return "needs matplotlib: pip install 'mpcore[plot]'"
+        return "needs matplotlib: " + install_command("plot")
     target = Path(path)
     if target.is_dir():
         return f"{path!r} is a folder; give a file name in it"

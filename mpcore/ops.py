@@ -76,8 +76,11 @@ def constant(value: TensorLike, dtype: Any = None, backend: Any = None) -> Tenso
         dt = value._dtype if dtype is None else _dt.canonical(dtype)
         if be is value._backend:
             if dt == value._dtype:
-                # a plain, immutable Tensor, also from a Variable or a recorded read of one
-                return value if type(value) is Tensor else Tensor(value._data, be, dt)
+                if type(value) is Tensor:  # immutable: nothing to copy
+                    return value
+                # a Variable (or a recorded read of one) is updated in place: snapshot it, as
+                # tf.constant(variable) does, or the "constant" would change with training
+                return Tensor(be.kernels()["copy"](value._data), be, dt)
             return Tensor(be.kernels()["cast"](value._data, dt), be, dt)
         return Tensor(be.kernels()["asarray"](value.numpy(), dt), be, dt)
     be = _resolve_backend(backend)

@@ -18,7 +18,7 @@ import os
 import threading
 
 from mpcore.backend import Backend, BackendUnavailableError, KernelBuildError
-from mpcore.plugins import _initializing, get_plugins
+from mpcore.plugins import get_plugins
 
 logger = logging.getLogger("mpcore")
 
@@ -182,11 +182,6 @@ def get_backend(name: str | Backend | None = None) -> Backend:
         return _lookup(name)
     if _current is not None:
         return _current
-    if _initializing("mpcore"):
-        # `import mpcore` calls this. There detection stays cheap and cannot fail: no device is
-        # opened, and a bad MPCORE_BACKEND is an error at first use, so that `mpcore info` can
-        # still run to diagnose it.
-        return None  # type: ignore[return-value]
     return _settle()
 
 

@@ -13,6 +13,7 @@ from mpcore_cpu import CpuBackend
 
 import mpcore as mp
 from mpcore.cli import format_info, info_report, main
+from mpcore.extras import install_command
 from mpcore.plugins import get_plugins
 from mpcore.policy import POLICIES
 
@@ -71,7 +72,7 @@ def test_json_has_the_same_facts(report: dict, table: str) -> None:
     for entry in report["backends"]:
         be = mp.get_backend(entry["name"]) if entry["available"] else None
         if entry["name"] == "cuda" and not entry["available"]:
-            assert entry["install"] == 'pip install "mpcore[cuda]"'
+            assert entry["install"] == install_command("cuda")
         if be is None:
             assert entry["reason"]
             continue

@@ -96,6 +96,18 @@ def test_a_saved_variable_value_does_not_change_with_training(fused: bool) -> No
     assert var.numpy().tolist() == [0.5, 1.5]
 
 
+@pytest.mark.parametrize("convert", [mp.constant, mp.convert_to_tensor])
+def test_a_constant_made_from_a_variable_is_a_snapshot(convert) -> None:
+    """mp.constant(variable) used to share the variable's array: in-place updates showed
+    through the "constant" (tf.constant(variable) reads the value once)."""
+    var = mp.Variable([1.0, 2.0])
+    frozen = convert(var)
+    mp.optimizers.SGD(0.5).apply_gradients([(mp.constant([1.0, 1.0]), var)])
+    assert var.numpy().tolist() == [0.5, 1.5]
+    assert frozen.numpy().tolist() == [1.0, 2.0]
+    assert type(frozen) is mp.Tensor
+
+
 def test_get_weights_are_writable_copies() -> None:
     model = _classifier()
     weights = model.get_weights()

@@ -20,10 +20,11 @@ from mpcore_cpu import CpuBackend
 from mpcore_onnxruntime import MIN_ELEMENTS, FastCast, cast_model
 
 import mpcore as mp
+from mpcore.extras import install_command
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None,
-                                reason='onnxruntime is not installed: pip install '
-                                       '"mpcore[onnxruntime]"')
+                                reason="onnxruntime is not installed: "
+                                       + install_command("onnxruntime"))
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 

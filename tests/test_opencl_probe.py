@@ -28,6 +28,7 @@ from mpcore_opencl.tiling import (
 
 import mpcore as mp
 from mpcore.backend import Device
+from mpcore.extras import install_command
 
 
 def _devices() -> list[Device]:
@@ -42,7 +43,7 @@ def _devices() -> list[Device]:
 
 DEVICES = _devices()
 needs_device = pytest.mark.skipif(not DEVICES, reason="no OpenCL device here "
-                                  '(pip install "mpcore[pocl]" adds one)')
+                                  f"({install_command('pocl')} adds one)")
 
 
 @pytest.fixture

@@ -186,11 +186,14 @@ def test_failing_plugins_are_recorded_and_others_keep_working(plugin_dir: Path) 
 
 def test_strict_plugins_make_a_failure_raise(plugin_dir: Path) -> None:
     make_plugin(plugin_dir, "broken_plugin", "broken", "broken_plugin", BROKEN)
-    proc = run(plugin_dir, ["-c", "import mpcore"], MPCORE_STRICT_PLUGINS="1")
+    first_use = "import mpcore as mp; mp.backends()"
+    imported = run(plugin_dir, ["-c", "import mpcore"], MPCORE_STRICT_PLUGINS="1")
+    assert imported.returncode == 0, "import mpcore loads no plugin: " + imported.stderr
+    proc = run(plugin_dir, ["-c", first_use], MPCORE_STRICT_PLUGINS="1")
     assert proc.returncode != 0
     assert "PluginLoadError" in proc.stderr
     assert "broken" in proc.stderr and "the vendor driver is missing" in proc.stderr
-    relaxed = run(plugin_dir, ["-c", "import mpcore"], MPCORE_STRICT_PLUGINS="0")
+    relaxed = run(plugin_dir, ["-c", first_use], MPCORE_STRICT_PLUGINS="0")
     assert relaxed.returncode == 0, relaxed.stderr
 
 

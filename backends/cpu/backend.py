@@ -30,6 +30,7 @@ import numpy as np
 
 from mpcore.backend import Backend, Device, Support
 from mpcore.dtypes import ALL as ALL_DTYPES
+from mpcore.extras import install_command
 
 from .cpuinfo import cpu_device
 from .image_kernels import ImageKernels
@@ -209,7 +210,7 @@ class CpuBackend(ImageKernels, TrainKernels, ReluKernels, Backend):
 
     name = "cpu"
     priority = 100
-    install_hint = 'pip install mpcore'
+    install_hint = install_command()
 
     def devices(self) -> list[Device]:
         return [cpu_device()]

@@ -18,8 +18,9 @@ of a 1024-wide layer back from memory) cost ~0.4 ms per layer in a step here. 16
 keep that GEMV (see the kernel).
 
 With the oneDNN plugin, ``relu_grad_bias`` of large float32 and bfloat16 arrays runs on oneDNN's
-two threads instead (mpcore_onednn.relu: the same bits, this kernel redoing the rare calls whose
-``g`` is not finite).
+threads instead (mpcore_onednn.relu), for each dtype only after a probe at first use finds
+oneDNN's result bit for bit this kernel's; this kernel redoes the rare calls whose ``g`` or bias
+gradient is not finite.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mpcore.backend import Support
+from mpcore.extras import install_command
 from mpcore.policy import POLICIES
 
 # The instructions that make a 16-bit matmul faster than float32 on a CPU.
@@ -44,7 +45,7 @@ def cpu_policy_support(policy: str, features: frozenset[str],
                        f"this CPU has {'/'.join(have)} but NumPy has no {compute} GEMM: {compute} "
                        "is stored in 16 bits and matmuls are computed in float32 (expect float32 "
                        "speed at best)"
-                       + ("; install mpcore[onednn] for a kernel that uses them"
+                       + (f"; {install_command('onednn')} adds a kernel that uses them"
                           if compute == "bfloat16" else ""))
     return Support(True, False,
                    f"this CPU lacks {' and '.join(flags)}: {compute} is stored in 16 bits and "

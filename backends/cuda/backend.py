@@ -39,6 +39,7 @@ import numpy as np
 
 from mpcore.backend import Backend, Device, Support
 from mpcore.dtypes import ALL as ALL_DTYPES
+from mpcore.extras import install_command
 from mpcore.tensor import Tensor
 
 from . import kernels as _k
@@ -143,7 +144,7 @@ class CudaBackend(Backend):
 
     name = "cuda"
     priority = 300
-    install_hint = 'pip install "mpcore[cuda]"'
+    install_hint = install_command("cuda")
 
     _cupy: Any = None
     _true_flag: Any = None

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Sequence
 
 from mpcore.backend import Device, Support
+from mpcore.extras import install_command
 from mpcore.policy import POLICIES
 
 #: The compute capability whose tensor cores run each 16-bit dtype.
@@ -73,7 +74,7 @@ def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
         return Support(False, False,
                        f"CuPy {cupy_version[0]}.{cupy_version[1]} has no bfloat16 arrays; "
                        f"bfloat16 needs CuPy >= {CUPY_BFLOAT16_MAJOR} with ml_dtypes "
-                       '(pip install -U "mpcore[cuda]")')
+                       f"({install_command('cuda')})")
     need = TENSOR_CORE_CAPABILITY[compute]
     if cc >= need:
         return Support(True, True,

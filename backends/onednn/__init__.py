@@ -1,5 +1,5 @@
-"""oneDNN kernel provider for the CPU backend: a real bfloat16 GEMM (``pip install
-"mpcore[onednn]"``).
+"""oneDNN kernel provider for the CPU backend: a real bfloat16 GEMM (``pip install -e
+".[onednn]"`` in the checkout).
 
 NumPy has no bfloat16 GEMM, so the CPU backend computes bfloat16 matmuls in float32. This plugin
 implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its ``matmul`` and

@@ -22,6 +22,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from mpcore.extras import install_command
+
 # Distributions that ship libdnnl.so, in order of preference. The CPU-runtime builds come first:
 # the plain ``onednn`` wheel (2025+) is built with the SYCL CPU runtime, which finds no CPU device
 # unless an OpenCL adapter for SYCL is installed, and the pip wheels ship none.
@@ -217,7 +219,7 @@ def find_library() -> Library:
         except DnnlError as exc:
             errors.append(str(exc))
     if not errors:
-        raise DnnlError("no oneDNN library found: install it with pip install \"mpcore[onednn]\" "
+        raise DnnlError(f"no oneDNN library found: install it with {install_command('onednn')} "
                         f"(one of the distributions {', '.join(DISTRIBUTIONS)})")
     raise DnnlError("; ".join(errors))
 

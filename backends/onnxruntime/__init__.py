@@ -1,5 +1,5 @@
 """ONNX Runtime kernel provider for the CPU backend: fast float16 conversions
-(``pip install "mpcore[onnxruntime]"``).
+(``pip install -e ".[onnxruntime]"`` in the checkout).
 
 On a CPU, mixed_float16 multiplies 16-bit values with float32 GEMMs (no CPU here has a float16
 GEMM that beats that), so a training step is bound by float16 <-> float32 conversions, which
@@ -20,6 +20,7 @@ import importlib.util
 
 import mpcore
 from mpcore.backend import Backend, KernelSet
+from mpcore.extras import install_command
 from mpcore.settings import env_choice
 
 from .cast import MIN_ELEMENTS, FastCast, cast_model
@@ -49,7 +50,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         _status = "off (MPCORE_ONNXRUNTIME=off)"
         return None
     if importlib.util.find_spec("onnxruntime") is None:
-        _status = 'not used: onnxruntime is not installed (pip install "mpcore[onnxruntime]")'
+        _status = f"not used: onnxruntime is not installed ({install_command('onnxruntime')})"
         return None
     from mpcore_cpu.backend import convert
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from mpcore.backend import Backend, BackendUnavailableError, Device, KernelBuildError, Support
+from mpcore.extras import install_command
 from mpcore.settings import env_choice
 
 from . import devices as _devices
@@ -287,7 +288,7 @@ class OpenCLBackend(LinalgKernels, Backend):
 
     name = "opencl"
     priority = 200
-    install_hint = 'pip install "mpcore[opencl]" (a CPU device: pip install "mpcore[pocl]")'
+    install_hint = install_command("opencl", "pocl") + " (PoCL: an OpenCL CPU device)"
 
     def __init__(self) -> None:
         self._rt: Any = None

@@ -45,6 +45,7 @@ from functools import lru_cache
 from typing import Any
 
 from mpcore.backend import Device
+from mpcore.extras import install_command
 
 # Substrings of ICD library names (lower case) that belong to GPU drivers.
 GPU_DRIVERS = ("igdrcl", "intel-opencl", "amdocl", "rocm", "nvidia", "rusticl", "mesaopencl",
@@ -179,7 +180,7 @@ def driver_missing() -> str | None:
             or pip_cpu_runtime() is not None):
         return None
     return ("no OpenCL driver (ICD) found in " + ", ".join(icd_dirs())
-            + '; install one, or PoCL with pip install "mpcore[pocl]"')
+            + "; install one, or PoCL with " + install_command("pocl"))
 
 
 @lru_cache(maxsize=1)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpcore.backend import Device, Support
+from mpcore.extras import install_command
 from mpcore.policy import POLICIES
 
 FP16 = "cl_khr_fp16"
@@ -95,7 +96,7 @@ def opencl_policy_support(policy: str, device: Device, *,
                            f"{where} exposes {FP16}{why}, but NVIDIA's OpenCL has no tensor-core "
                            "path: "
                            "float16 matmuls run at float32 speed here; use the cuda backend "
-                           '(pip install "mpcore[cuda]") for fast float16 on NVIDIA GPUs')
+                           f"({install_command('cuda')}) for fast float16 on NVIDIA GPUs")
         if not _native_half(device.details, device.name, device.vendor):
             return Support(True, False,
                            f"{where} has {FP16} but reports no native half vector width: its "
