@@ -85,6 +85,7 @@ def _describe(backend: Any, plugin: str, measure: bool) -> dict[str, Any]:
             policies = {p: backend.policy_support(p, device) for p in POLICIES}
         except Exception as exc:  # a backend that breaks while describing itself is failing
             registry.record_failure(backend, exc)
+    measured = _measure(backend) if measure and registry.failure(backend) is None else None
     exc = registry.failure(backend)
     if exc is not None:
         entry.update(status="failing", failing=f"{type(exc).__name__}: {exc}",
@@ -93,19 +94,24 @@ def _describe(backend: Any, plugin: str, measure: bool) -> dict[str, Any]:
     entry.update(status="available", available=True, devices=devices, policies={
         p: {"supported": s.supported, "fast": s.fast, "reason": s.reason}
         for p, s in policies.items()})
-    if measure:
-        entry["measured"] = _measure(backend)
+    if measured is not None:
+        entry["measured"] = measured
     return entry
 
 
 def _measure(backend: Any) -> dict[str, dict[str, Any]]:
     """dtype -> the measured matmul speeds, or the error of a measurement that failed."""
+    from mpcore import registry
+    from mpcore.backend import KernelBuildError
     from mpcore.verdict import measure_matmul_speed
 
     measured: dict[str, dict[str, Any]] = {}
     for dtype in ("float16", "bfloat16"):
         try:
             m = measure_matmul_speed(backend, dtype)
+        except KernelBuildError as exc:  # not the measurement: the backend is failing
+            registry.record_failure(backend, exc)
+            return measured
         except Exception as exc:  # reported as a failed measurement, the rest stays
             measured[dtype] = {"error": f"{type(exc).__name__}: {exc}"}
             continue

@@ -45,9 +45,21 @@ FAILING = """
         name = "fallback"
         priority = 3000
 
+    class LateBuild(CpuBackend):
+        # below cpu: detection never builds its kernels; only `mpcore info --measure` does
+        name = "latebuild"
+        priority = 1
+
+        def policy_support(self, policy, device):  # from the description, as OpenCL's
+            return mpcore.Support(True, True, "judged from the device description")
+
+        def _activate(self):
+            calls.append("latebuild.kernels")
+            raise mpcore.KernelBuildError("program pack did not build on device Y")
+
     @mpcore.hookimpl
     def mpcore_backends():
-        return [BrokenDevices(), NoBuild(), Fallback()]
+        return [BrokenDevices(), NoBuild(), Fallback(), LateBuild()]
 """
 
 
@@ -117,6 +129,23 @@ def test_mpcore_info_shows_a_failing_backend_as_failing_never_as_selected(failin
         assert entry["status"] == "failing" and entry["available"] is False
         assert entry["failing"].startswith(error)
         assert entry["reason"].startswith("failing: ")
+
+
+def test_kernels_that_fail_to_build_under_measure_make_the_backend_failing(failing: Path
+                                                                          ) -> None:
+    """Before, `mpcore info --measure` showed such a backend as available with two failed
+    measurements; its kernels not building is the backend failing, as detection would find."""
+    plain = json.loads(run(failing, ["-m", "mpcore", "info", "--json"]).stdout)
+    assert {b["name"]: b["status"] for b in plain["backends"]}["latebuild"] == "available"
+    proc = run(failing, ["-m", "mpcore", "info", "--json", "--measure"])
+    assert proc.returncode == 0, proc.stderr
+    by_name = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    late = by_name["latebuild"]
+    assert late["status"] == "failing" and late["available"] is False
+    assert late["failing"] == "KernelBuildError: program pack did not build on device Y"
+    assert late["reason"].startswith("failing: its kernels failed to build")
+    assert "measured" not in late
+    assert set(by_name["fallback"]["measured"]) == {"float16", "bfloat16"}
 
 
 def test_an_explicit_choice_of_a_failing_backend_raises_naming_the_others(failing: Path
