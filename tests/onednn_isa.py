@@ -1,4 +1,5 @@
-"""oneDNN's probes under another instruction set, for the tests of the oneDNN provider.
+"""For the tests of the oneDNN provider: its library (or a skip), and its probes under another
+instruction set.
 
 oneDNN picks its kernels by the CPU's instruction set, capped by ``ONEDNN_MAX_CPU_ISA`` (read
 once per process). On a CPU with avx512_bf16, capping it at ``AVX512_CORE`` runs the code of a
@@ -35,14 +36,7 @@ binary, reorders = BinaryCache(lib), reorder.ReorderCache(lib)
 sweep = {bf16: np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(bf16),
          f32: np.arange(0, 1 << 32, 4093, dtype=np.uint64).astype(np.uint32).view(f32)}
 
-
-def same(got, want):
-    wide_got, wide_want = got.astype(f32), want.astype(f32)
-    nan = np.isnan(wide_want)
-    bits = f"u{got.itemsize}"
-    return bool(np.array_equal(np.isnan(wide_got), nan)
-                and np.array_equal(np.signbit(wide_got), np.signbit(wide_want))
-                and np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan]))
+same = reorder.same_as_astype
 
 
 found = {"isa": lib.isa, "reorder": {},
@@ -77,3 +71,15 @@ def probes_under(isa: str) -> dict[str, Any]:
     verdict, whether the raw reorder gives ``astype``'s bits on a sweep of patterns, and
     whether the conversion kernel (the reorder where trusted) does."""
     return run_under(isa, _PROBES)
+
+
+def library_or_skip() -> Any:
+    """The oneDNN library the provider loads, or a skip naming why it cannot be loaded."""
+    import mpcore_onednn
+    import pytest
+    from mpcore_onednn import dnnl
+
+    try:
+        return mpcore_onednn.library()
+    except dnnl.DnnlError as exc:
+        pytest.skip(f"oneDNN cannot be loaded here: {exc}")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
 from mpcore_onednn import dnnl
-from onednn_isa import run_under
+from onednn_isa import library_or_skip, run_under
 
 import mpcore as mp
 from mpcore.backend import Device
@@ -25,17 +25,10 @@ from mpcore.backend import Device
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _library_or_skip() -> dnnl.Library:
-    try:
-        return mpcore_onednn.library()
-    except dnnl.DnnlError as exc:
-        pytest.skip(f"oneDNN cannot be loaded here: {exc}")
-
-
 @pytest.fixture
 def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The CPU backend's kernel table with oneDNN forced on (a fresh backend instance)."""
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     backend = CpuBackend()
     kernels = backend.kernels()
@@ -139,7 +132,7 @@ def test_primitives_are_cached_by_shape_and_layout(forced: Any) -> None:
 
 
 def test_cache_evicts_least_recently_used() -> None:
-    lib = _library_or_skip()
+    lib = library_or_skip()
     cache = dnnl.MatmulCache(lib, max_entries=2)
     rng = np.random.default_rng(4)
     for n in (3, 4, 5, 3):
@@ -202,7 +195,7 @@ class _CpuWith(CpuBackend):
 @pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
 def test_auto_uses_it_on_a_bf16_cpu_and_the_verdict_turns_fast(
         monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
-    lib = _library_or_skip()
+    lib = library_or_skip()
     missing = mpcore_onednn._missing_gemm(lib, "bfloat16")
     if missing is not None:    # see the test below
         pytest.skip(f"described as {flag}, but {missing}")
@@ -241,7 +234,7 @@ def test_forced_where_onednn_has_no_bfloat16_matmul_bfloat16_takes_the_float32_g
     """oneDNN 3.2 has no bfloat16 matmul below AVX-512, not even emulated (an AVX2-only
     CPU: for real, in a process whose oneDNN is capped at avx2): forced, bfloat16 takes the
     float32 route (oneDNN's float32 GEMM, or NumPy's with float32 off) instead of failing."""
-    _library_or_skip()
+    library_or_skip()
     found = run_under("AVX2", _NO_BFLOAT16_GEMM, MPCORE_ONEDNN_FLOAT32=float32)
     if found["isa"] != "avx2":
         pytest.skip(f"this CPU runs oneDNN at {found['isa']}, not avx2")
@@ -276,7 +269,7 @@ def test_a_library_that_fails_to_load_never_breaks_the_cpu_backend(
 
 # --- the fused optimizer updates on oneDNN's threads ----------------------------------------
 def _updates_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, dict[str, Any]]:
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "auto")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
     backend = CpuBackend()
@@ -414,7 +407,7 @@ def test_unscale_and_check_matches_the_cpu_kernel(
 
 
 def test_float32_off_keeps_the_numpy_updates(monkeypatch: pytest.MonkeyPatch) -> None:
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")
     kernel_set = mpcore_onednn.mpcore_kernels(CpuBackend())

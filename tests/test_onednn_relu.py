@@ -18,17 +18,10 @@ import pytest
 from conftest import assert_same_bits
 from mpcore_cpu import CpuBackend
 from mpcore_onednn import dnnl
-from onednn_isa import NATIVE_BF16_ISAS
+from onednn_isa import NATIVE_BF16_ISAS, library_or_skip
 
 F32 = np.dtype(np.float32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def _library_or_skip() -> dnnl.Library:
-    try:
-        return mpcore_onednn.library()
-    except dnnl.DnnlError as exc:
-        pytest.skip(f"oneDNN cannot be loaded here: {exc}")
 
 
 # --- the forward relu, after the GEMM ---------------------------------------------------------
@@ -54,7 +47,7 @@ def test_relu_in_place_is_the_cpu_kernels_relu_nan_included() -> None:
 
 # --- the backward pass on oneDNN's threads ----------------------------------------------------
 def _relu_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, Any]:
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "auto")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
     backend = CpuBackend()
@@ -203,7 +196,7 @@ def test_relu_grad_bias_without_the_primitive_stays_on_the_cpu_kernel(
 
 
 def test_float32_off_keeps_the_numpy_relu_backward(monkeypatch: pytest.MonkeyPatch) -> None:
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")
     kernel_set = mpcore_onednn.mpcore_kernels(CpuBackend())

@@ -13,13 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import ml_dtypes
-import mpcore_onednn
 import numpy as np
 import pytest
 from conftest import assert_same_bits
 from mpcore_cpu import CpuBackend
-from mpcore_onednn import dnnl
-from onednn_isa import NATIVE_BF16_ISAS, probes_under
+from onednn_isa import NATIVE_BF16_ISAS, library_or_skip, probes_under
 
 import mpcore as mp
 
@@ -27,18 +25,11 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _library_or_skip() -> dnnl.Library:
-    try:
-        return mpcore_onednn.library()
-    except dnnl.DnnlError as exc:
-        pytest.skip(f"oneDNN cannot be loaded here: {exc}")
-
-
 def _reorder_cast(fallback: Any = None) -> Any:
     from mpcore_onednn.reorder import ReorderCache, ReorderCast
 
     return ReorderCast(fallback or (lambda x, dtype: x.astype(dtype)),
-                       ReorderCache(_library_or_skip()))
+                       ReorderCache(library_or_skip()))
 
 
 def test_reorders_convert_bfloat16_as_astype_bit_for_bit() -> None:
@@ -72,7 +63,7 @@ def test_reorders_convert_bfloat16_as_astype_bit_for_bit() -> None:
 def test_the_probes_are_right_under_every_isa_this_cpu_runs(isa: str) -> None:
     """Under oneDNN capped at ``isa`` (ALL: this CPU's own), each probe trusts oneDNN exactly
     where its results are right, and conversions give astype's bits whatever it decides."""
-    _library_or_skip()
+    library_or_skip()
     found = probes_under(isa)
     if isa != "ALL" and found["isa"] != isa.lower():
         pytest.skip(f"this CPU runs oneDNN at {found['isa']}, not {isa.lower()}")
@@ -112,7 +103,7 @@ def test_the_cpu_backend_converts_bfloat16_through_onednn_and_float16_through_th
         monkeypatch: pytest.MonkeyPatch) -> None:
     from mpcore_onednn.reorder import ReorderCast
 
-    _library_or_skip()
+    library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
     backend = CpuBackend()
     kernel = backend.kernels()["convert"]

@@ -150,14 +150,20 @@ def test_a_fixed_width_skips_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- build checks -----------------------------------------------------------------------
-@pytest.fixture
-def runtime() -> Any:
+def activated_opencl() -> Any:
+    """The opencl backend with its kernels built, or a skip (a device failing the probe is
+    test_every_opencl_device_passes_the_kernel_probe's failure, not every test's)."""
     be = mp.get_backend("opencl")
     try:
         be.kernels()
     except Exception as exc:
         pytest.skip(f"opencl: {type(exc).__name__}: {exc}")
-    return be.runtime
+    return be
+
+
+@pytest.fixture
+def runtime() -> Any:
+    return activated_opencl().runtime
 
 
 def test_a_missing_kernel_is_rebuilt_uncached_then_named(runtime: Any) -> None:
@@ -257,12 +263,7 @@ def test_every_program_builds_at_every_vector_width(width: int) -> None:
 
 @pytest.fixture(scope="module")
 def verified_width() -> int:
-    be = mp.get_backend("opencl")
-    try:
-        be.kernels()
-    except Exception as exc:
-        pytest.skip(f"opencl: {type(exc).__name__}: {exc}")
-    return int(be.verified_vector_width())
+    return int(activated_opencl().verified_vector_width())
 
 
 @needs_device

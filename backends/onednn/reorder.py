@@ -97,6 +97,12 @@ def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> bool:
         return False
     with np.errstate(invalid="ignore", over="ignore"):   # signalling NaNs, overflow
         want = x.astype(dst)
+    return same_as_astype(got, want)
+
+
+def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
+    """``got`` has ``want``'s bits, except that a NaN may lose its payload (not its sign)."""
+    with np.errstate(invalid="ignore", over="ignore"):
         wide_got, wide_want = got.astype(_F32), want.astype(_F32)
     nan = np.isnan(wide_want)
     bits = f"u{got.itemsize}"
