@@ -15,6 +15,7 @@ import mpcore as mp
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 TORCH_PYTHON = Path("/work/torchvenv/bin/python")
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "peers" / "torch_mlp.py"
 
 
 def run(script: str, *args: str) -> list[dict[str, Any]]:
@@ -88,6 +89,8 @@ def test_compare_prints_a_table_and_json(with_torch: bool) -> None:
     if with_torch:
         if not TORCH_PYTHON.exists():
             pytest.skip(f"no torch interpreter at {TORCH_PYTHON}")
+        if not PEER_SCRIPT.exists():  # a checkout without ../shared beside it
+            pytest.skip(f"no peer script at {PEER_SCRIPT}")
         args += ["--torch-python", str(TORCH_PYTHON)]
     proc = subprocess.run([sys.executable, str(BENCH / "compare.py"), *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
