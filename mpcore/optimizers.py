@@ -1,9 +1,9 @@
 """Optimizers: SGD (momentum, Nesterov), RMSprop, Adam and AdamW, with Keras' formulas.
 
-They update float32 master variables with float32 slots. On a backend with the fused kernel
-(``sgd_update``, ``rmsprop_update``, ``adam_update``: see ``mpcore.backend.OPTIONAL_KERNELS``)
-each variable is updated in place by one kernel call; otherwise the same float32 arithmetic runs
-as ops and the results are assigned. Both paths perform the same operations in the same order.
+An optimizer holds the hyperparameters, the float32 slots of each float32 master variable and
+the step count; the update itself is an op (:mod:`mpcore.ops.optim`: ``sgd_update``,
+``rmsprop_update``, ``adam_update``), one fused kernel per variable on a backend that has it,
+the same float32 arithmetic as ops otherwise.
 
 ``learning_rate`` is a float or a callable ``schedule(step: int) -> float`` (called with
 ``iterations`` before each update). Every hyperparameter is checked when the optimizer is made
@@ -17,9 +17,8 @@ step needs no host read of its own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from mpcore import arguments as _args
 from mpcore import ops
@@ -42,10 +41,8 @@ def _check_learning_rate(value: Any) -> LearningRate:
 
 
 class Optimizer:
-    """Base class. Subclasses name their ``slots`` and implement ``_update`` (the composite
-    path) and ``_fused`` (the kernel call)."""
-
-    kernel: ClassVar[str] = ""
+    """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
+    their update op (:mod:`mpcore.ops.optim`)."""
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None) -> None:
         self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
@@ -169,34 +166,12 @@ class Optimizer:
                                  f"shape {var.shape}")
             if grad.dtype != var.dtype:
                 grad = ops.cast(grad, var.dtype)
-            slots = self._slots[id(var)]
-            kernel = (var.backend.kernels().get(self.kernel)
-                      if self.use_fused_kernels and var.dtype == "float32" else None)
-            if kernel is not None:
-                self._fused(kernel, var, grad, slots, lr, step,
-                            None if flag is None else flag.data)
-                var.mark_updated()
-                for slot in slots.values():
-                    slot.mark_updated()
-                continue
-            # Uncopied reads: each is used before its variable is assigned below.
-            old_var = var._current_value()
-            old_slots = {k: s._current_value() for k, s in slots.items()}
-            new_var, new_slots = self._update(old_var, grad, old_slots, lr, step)
-            if flag is not None:
-                new_var = ops.where(flag, new_var, old_var)
-                new_slots = {k: ops.where(flag, v, old_slots[k]) for k, v in new_slots.items()}
-            var.assign(new_var)
-            for name, value in new_slots.items():
-                slots[name].assign(value)
+            self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
         self.iterations += 1
 
-    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
-                step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        raise NotImplementedError
-
-    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
-               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
+    def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
+                         lr: float, step: int, flag: Tensor | None) -> None:
+        """Update ``var`` and its ``slots`` in place with this optimizer's update op."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -217,15 +192,9 @@ def _split(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
     return grads, variables
 
 
-def _sub(a: Tensor, b: Tensor) -> Tensor:
-    return ops.subtract(a, b)
-
-
 class SGD(Optimizer):
     """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
     ``var -= lr*g`` without momentum."""
-
-    kernel = "sgd_update"
 
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None) -> None:
@@ -236,21 +205,10 @@ class SGD(Optimizer):
     def slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum > 0 else ()
 
-    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
-                step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        g_lr = ops.multiply(grad, lr)
-        if self.momentum == 0:
-            return _sub(var, g_lr), {}
-        v = _sub(ops.multiply(slots["momentum"], self.momentum), g_lr)
-        if self.nesterov:
-            return ops.add(var, _sub(ops.multiply(v, self.momentum), g_lr)), {"momentum": v}
-        return ops.add(var, v), {"momentum": v}
-
-    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
-               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
-        velocity = slots.get("momentum")
-        kernel(var.data, grad.data, None if velocity is None else velocity.data, lr,
-               self.momentum, self.nesterov, flag)
+    def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
+                         lr: float, step: int, flag: Tensor | None) -> None:
+        ops.sgd_update(var, grad, slots.get("momentum"), lr, self.momentum, self.nesterov, flag,
+                       self.use_fused_kernels)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
@@ -259,8 +217,6 @@ class SGD(Optimizer):
 class RMSprop(Optimizer):
     """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
     ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
-
-    kernel = "rmsprop_update"
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None) -> None:
@@ -273,21 +229,10 @@ class RMSprop(Optimizer):
     def slot_names(self) -> tuple[str, ...]:
         return ("velocity", "momentum") if self.momentum > 0 else ("velocity",)
 
-    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
-                step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        ms = ops.add(ops.multiply(slots["velocity"], self.rho),
-                     ops.multiply(ops.multiply(grad, grad), 1.0 - self.rho))
-        inc = ops.divide(ops.multiply(grad, lr), ops.sqrt(ops.add(ms, self.epsilon)))
-        if self.momentum == 0:
-            return _sub(var, inc), {"velocity": ms}
-        mom = ops.add(ops.multiply(slots["momentum"], self.momentum), inc)
-        return _sub(var, mom), {"velocity": ms, "momentum": mom}
-
-    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
-               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
-        mom = slots.get("momentum")
-        kernel(var.data, grad.data, slots["velocity"].data, None if mom is None else mom.data,
-               lr, self.rho, self.momentum, self.epsilon, flag)
+    def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
+                         lr: float, step: int, flag: Tensor | None) -> None:
+        ops.rmsprop_update(var, grad, slots["velocity"], slots.get("momentum"), lr, self.rho,
+                           self.momentum, self.epsilon, flag, self.use_fused_kernels)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
@@ -299,8 +244,6 @@ class Adam(Optimizer):
     ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)`` and
     ``t = iterations + 1`` (under a LossScaleOptimizer ``iterations`` counts skipped steps
     too). ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW)."""
-
-    kernel = "adam_update"
 
     def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
@@ -316,21 +259,10 @@ class Adam(Optimizer):
     def slot_names(self) -> tuple[str, ...]:
         return ("m", "v")
 
-    def _update(self, var: Tensor, grad: Tensor, slots: dict[str, Tensor], lr: float,
-                step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        if self.weight_decay:
-            var = _sub(var, ops.multiply(var, lr * self.weight_decay))
-        alpha = lr * math.sqrt(1.0 - self.beta_2**step) / (1.0 - self.beta_1**step)
-        m = ops.add(slots["m"], ops.multiply(_sub(grad, slots["m"]), 1.0 - self.beta_1))
-        v = ops.add(slots["v"], ops.multiply(_sub(ops.multiply(grad, grad), slots["v"]),
-                                             1.0 - self.beta_2))
-        update = ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), self.epsilon))
-        return _sub(var, update), {"m": m, "v": v}
-
-    def _fused(self, kernel: Callable[..., None], var: Variable, grad: Tensor,
-               slots: dict[str, Variable], lr: float, step: int, flag: Any) -> None:
-        kernel(var.data, grad.data, slots["m"].data, slots["v"].data, lr, self.beta_1,
-               self.beta_2, self.epsilon, step, self.weight_decay, flag)
+    def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
+                         lr: float, step: int, flag: Tensor | None) -> None:
+        ops.adam_update(var, grad, slots["m"], slots["v"], lr, self.beta_1, self.beta_2,
+                        self.epsilon, step, self.weight_decay, flag, self.use_fused_kernels)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,

@@ -3,7 +3,7 @@
 Ops report to every active tape of the current thread; a tape records an op only when one of
 its inputs is watched (a trainable Variable it saw, a tensor passed to ``watch``, or the output of
 an op it recorded), so work outside the model's graph costs nothing. Gradient formulas live in
-:mod:`mpcore.gradients`, written with ops, so they run on any backend.
+the family modules of :mod:`mpcore.ops`, next to their ops, so they run on any backend.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class GradientTape:
         a tuple or a dict). Unconnected sources get None, or zeros with
         ``unconnected_gradients="zero"``."""
         from mpcore import ops
-        from mpcore.gradients import backprop
+        from mpcore.ops.backprop import backprop
 
         if unconnected_gradients not in ("none", "zero"):
             raise ValueError("unconnected_gradients must be 'none' or 'zero', "

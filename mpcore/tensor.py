@@ -231,10 +231,10 @@ class Variable(Tensor):
         return self
 
     def assign_add(self, delta: Any) -> Variable:
-        return self.assign(_ops.add(self._current_value(), delta))
+        return self.assign(_ops.add(self.current_value(), delta))
 
     def assign_sub(self, delta: Any) -> Variable:
-        return self.assign(_ops.subtract(self._current_value(), delta))
+        return self.assign(_ops.subtract(self.current_value(), delta))
 
     def numpy(self) -> Any:
         """A writable host copy that the caller owns: later updates never show through."""
@@ -255,7 +255,7 @@ class Variable(Tensor):
 
     read_value = value
 
-    def _current_value(self) -> Tensor:
+    def current_value(self) -> Tensor:
         """The value without a copy, for a read that is done before the next update (the
         optimizers' composite path, ``assign_add``): an in-place update would change it."""
         return Tensor(self._data, self._backend, self._dtype)

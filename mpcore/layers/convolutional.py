@@ -1,4 +1,4 @@
-"""Conv2D and MaxPooling2D, channels last (NHWC), over :mod:`mpcore.ops_image`."""
+"""Conv2D and MaxPooling2D, channels last (NHWC), over :mod:`mpcore.ops.image`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from mpcore import ops
 from mpcore.layers import activations
 from mpcore.layers.base import Layer
-from mpcore.ops_image import _pair
+from mpcore.ops.image import pair
 from mpcore.tensor import Tensor
 
 
@@ -24,8 +24,8 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D {self.name!r}: filters must be a positive int, "
                              f"got {filters!r}")
         self.filters = filters
-        self.kernel_size = _pair(kernel_size, f"Conv2D {self.name!r}: kernel_size")
-        self.strides = _pair(strides, f"Conv2D {self.name!r}: strides")
+        self.kernel_size = pair(kernel_size, f"Conv2D {self.name!r}: kernel_size")
+        self.strides = pair(strides, f"Conv2D {self.name!r}: strides")
         self.padding = str(padding).lower()
         if self.padding not in ("valid", "same"):
             raise ValueError(f"Conv2D {self.name!r}: padding must be 'valid' or 'same', "
@@ -67,9 +67,9 @@ class MaxPooling2D(Layer):
     def __init__(self, pool_size: Any = 2, strides: Any = None, padding: str = "valid",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pool_size = _pair(pool_size, f"MaxPooling2D {self.name!r}: pool_size")
+        self.pool_size = pair(pool_size, f"MaxPooling2D {self.name!r}: pool_size")
         self.strides = (self.pool_size if strides is None
-                        else _pair(strides, f"MaxPooling2D {self.name!r}: strides"))
+                        else pair(strides, f"MaxPooling2D {self.name!r}: strides"))
         self.padding = str(padding).lower()
         if self.padding not in ("valid", "same"):
             raise ValueError(f"MaxPooling2D {self.name!r}: padding must be 'valid' or 'same', "

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import gradients as _grad
-from mpcore import ops
+from mpcore.ops.dispatch import Grads, as_tensor, cast_to, common, finish, gradient
+from mpcore.ops.linalg import matmul
+from mpcore.ops.shapes import reshape
 from mpcore.tape import Node
 from mpcore.tensor import Tensor
 
@@ -23,17 +24,18 @@ Pads = tuple[int, int, int, int]
 _PADDINGS = ("valid", "same")
 
 
-def _pair(value: Any, what: str) -> tuple[int, int]:
+def pair(value: Any, what: str) -> tuple[int, int]:
+    """``value`` (an int or two ints, each >= 1) as two ints; ``what`` names it in errors."""
     if isinstance(value, int) and not isinstance(value, bool):
-        pair = (value, value)
+        values = (value, value)
     else:
         try:
-            pair = tuple(int(v) for v in value)  # type: ignore[assignment]
+            values = tuple(int(v) for v in value)  # type: ignore[assignment]
         except TypeError:
             raise TypeError(f"{what} must be an int or a pair of ints, got {value!r}") from None
-    if len(pair) != 2 or min(pair) < 1:
+    if len(values) != 2 or min(values) < 1:
         raise ValueError(f"{what} must be an int or a pair of ints >= 1, got {value!r}")
-    return pair[0], pair[1]
+    return values[0], values[1]
 
 
 def _axis_pads(size: int, window: int, stride: int, padding: str) -> tuple[int, int, int]:
@@ -62,25 +64,25 @@ def output_geometry(shape: tuple[int, ...], window: tuple[int, int], strides: tu
 def extract_patches(x: Tensor, kh: int, kw: int, strides: tuple[int, int], pads: Pads) -> Tensor:
     """Every (kh, kw) window of the NHWC ``x`` as a row: shape (N, OH, OW, kh*kw*C)."""
     be = x._backend
-    data = be._kernel_table["extract_patches"](x._data, kh, kw, strides[0], strides[1], pads)
-    return ops._finish("extract_patches", (x,), data, be, x._dtype,
-                       {"kh": kh, "kw": kw, "strides": strides, "pads": pads,
+    data = be.kernels()["extract_patches"](x._data, kh, kw, strides[0], strides[1], pads)
+    return finish("extract_patches", (x,), data, be, x._dtype,
+                  {"kh": kh, "kw": kw, "strides": strides, "pads": pads,
                         "x_shape": x.shape})
 
 
 def _extract_patches_grad(g: Tensor, x_shape: tuple[int, ...], kh: int, kw: int,
                           strides: tuple[int, int], pads: Pads) -> Tensor:
     be = g._backend
-    data = be._kernel_table["extract_patches_grad"](g._data, x_shape, kh, kw, strides[0],
+    data = be.kernels()["extract_patches_grad"](g._data, x_shape, kh, kw, strides[0],
                                                     strides[1], pads)
-    return ops._finish("extract_patches_grad", (g,), data, be, g._dtype,
+    return finish("extract_patches_grad", (g,), data, be, g._dtype,
                        {"kh": kh, "kw": kw, "strides": strides, "pads": pads})
 
 
 def conv2d(x: Any, kernel: Any, strides: Any = 1, padding: str = "valid") -> Tensor:
     """2-D convolution (cross-correlation, as TF) of NHWC ``x`` with a ``(kh, kw, C, filters)``
     ``kernel``; returns (N, OH, OW, filters)."""
-    (x, kernel), _, _ = ops._common("conv2d", [x, kernel])
+    (x, kernel), _, _ = common("conv2d", [x, kernel])
     if x.ndim != 4 or kernel.ndim != 4:
         raise ValueError(f"conv2d expects an NHWC image and a (kh, kw, C, filters) kernel, got "
                          f"shapes {x.shape} and {kernel.shape}")
@@ -88,48 +90,48 @@ def conv2d(x: Any, kernel: Any, strides: Any = 1, padding: str = "valid") -> Ten
     if x.shape[3] != c:
         raise ValueError(f"conv2d: the image has {x.shape[3]} channels but the kernel expects "
                          f"{c} (image {x.shape}, kernel {kernel.shape})")
-    sh, sw = _pair(strides, "strides")
+    sh, sw = pair(strides, "strides")
     _, _, pads = output_geometry(x.shape, (kh, kw), (sh, sw), padding)
     patches = extract_patches(x, kh, kw, (sh, sw), pads)
-    return ops.matmul(patches, ops.reshape(kernel, (kh * kw * c, filters)))
+    return matmul(patches, reshape(kernel, (kh * kw * c, filters)))
 
 
 def max_pool2d(x: Any, pool_size: Any = 2, strides: Any = None, padding: str = "valid") -> Tensor:
     """Max over (ph, pw) windows of the NHWC ``x`` (``strides`` default to ``pool_size``);
     padding never wins the max. The gradient goes to the first maximum of each window."""
-    x = ops._as_tensor(x)
+    x = as_tensor(x)
     if x.ndim != 4:
         raise ValueError(f"max_pool2d expects an NHWC image of rank 4, got shape {x.shape}")
-    ph, pw = _pair(pool_size, "pool_size")
-    sh, sw = _pair(pool_size if strides is None else strides, "strides")
+    ph, pw = pair(pool_size, "pool_size")
+    sh, sw = pair(pool_size if strides is None else strides, "strides")
     _, _, pads = output_geometry(x.shape, (ph, pw), (sh, sw), padding)
     be = x._backend
-    data = be._kernel_table["max_pool2d"](x._data, ph, pw, sh, sw, pads)
-    return ops._finish("max_pool2d", (x,), data, be, x._dtype,
+    data = be.kernels()["max_pool2d"](x._data, ph, pw, sh, sw, pads)
+    return finish("max_pool2d", (x,), data, be, x._dtype,
                        {"window": (ph, pw), "strides": (sh, sw), "pads": pads})
 
 
 # --- gradients ---------------------------------------------------------------------------
-@_grad.register("extract_patches")
-def _extract_patches_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> _grad.Grads:
+@gradient("extract_patches")
+def _extract_patches_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     a = node.attrs
     return (_extract_patches_grad(g, a["x_shape"], a["kh"], a["kw"], a["strides"], a["pads"]),)
 
 
-@_grad.register("extract_patches_grad")
-def _col2im_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> _grad.Grads:
+@gradient("extract_patches_grad")
+def _col2im_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     # col2im is the adjoint of im2col, so its own gradient is im2col again.
     a = node.attrs
     return (extract_patches(g, a["kh"], a["kw"], a["strides"], a["pads"]),)
 
 
-@_grad.register("max_pool2d")
-def _max_pool2d_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> _grad.Grads:
+@gradient("max_pool2d")
+def _max_pool2d_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     (x,) = node.inputs
     y = node.output
     a = node.attrs
     be = g._backend
-    g = ops._cast_to(g, x._dtype)
-    data = be._kernel_table["max_pool2d_grad"](g._data, x._data, y._data, *a["window"],
+    g = cast_to(g, x._dtype)
+    data = be.kernels()["max_pool2d_grad"](g._data, x._data, y._data, *a["window"],
                                                *a["strides"], a["pads"])
     return (Tensor(data, be, x._dtype),)

@@ -1,0 +1,126 @@
+"""Dispatch: what every op does around its kernel, written once.
+
+An op (1) finds the backend of its tensor inputs (:func:`common`), (2) picks the compute dtype:
+the inputs' promoted dtype (:func:`mpcore.dtypes.promote_all`), moved to float32 where the op
+needs a floating result or where the op's mixed precision category (:mod:`mpcore.categories`,
+with the backend's overrides) denies 16 bits (:func:`compute_dtype`, the only place this rule
+is written), (3) casts its inputs to it with the recorded, differentiable :func:`cast`, (4) calls
+the backend's kernel, reached through the public ``Backend.kernels()`` table, and (5) records
+itself on the active GradientTapes (:func:`finish`). Gradients are registered with
+:func:`gradient` next to the op they belong to, in each family module, and walked by
+:mod:`mpcore.ops.backprop`.
+
+This is the hot path of every training step: keep it free of allocations that are not needed,
+and of host reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpcore import dtypes as _dt
+from mpcore import tape as _tape
+from mpcore.categories import Category
+from mpcore.ops.creation import constant
+from mpcore.tape import Node
+from mpcore.tensor import Tensor
+
+TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
+Grads = Sequence[Tensor | None]
+GradFn = Callable[[Node, Tensor, tuple[bool, ...]], Grads]
+
+#: op name -> its gradient function (see :func:`gradient`).
+GRADIENTS: dict[str, GradFn] = {}
+
+_state = _tape._state
+_record = _tape.record
+_LOW = _dt.LOW_PRECISION
+_FLOATS = _dt.FLOATING_SET
+_DENY = Category.DENY
+
+
+def gradient(*ops: str) -> Callable[[GradFn], GradFn]:
+    """Register the gradient of ``ops``: a function of the recorded node, the gradient of its
+    output and, per input, whether that input needs a gradient (so, say, the first layer's
+    input gradient is never computed); it returns one gradient (or None) per input."""
+    def register(fn: GradFn) -> GradFn:
+        for op in ops:
+            GRADIENTS[op] = fn
+        return fn
+    return register
+
+
+def compute_dtype(op: str, backend: Any, dtype: str, float_only: bool = False) -> str:
+    """The dtype ``op`` computes in for inputs promoted to ``dtype``: float32 for an op that
+    needs a floating result of non-floating inputs, and float32 for 16-bit inputs of an op its
+    category denies 16 bits (softmax, exp, sums ...); otherwise ``dtype`` itself."""
+    if float_only and dtype not in _FLOATS:
+        return "float32"
+    if dtype in _LOW and backend.categories()[op] is _DENY:
+        return "float32"
+    return dtype
+
+
+def as_tensor(x: Any, backend: Any = None) -> Tensor:
+    return x if isinstance(x, Tensor) else constant(x, backend=backend)
+
+
+def mismatch(op: str, a: Tensor, b: Tensor) -> None:
+    raise ValueError(f"{op}: operands live on different backends ({a.backend.name!r} and "
+                     f"{b.backend.name!r}); move one with mp.constant(x, backend=...)")
+
+
+def common(op: str, xs: Sequence[Any], float_only: bool = False) -> tuple[list[Tensor], Any, str]:
+    """Tensors of ``xs`` on one backend, cast to ``op``'s compute dtype, with that backend and
+    dtype. Non-tensor values become tensors on the first tensor's backend."""
+    be = None
+    for x in xs:
+        if isinstance(x, Tensor):
+            be = x._backend
+            break
+    tensors = [x if isinstance(x, Tensor) else constant(x, backend=be) for x in xs]
+    be = tensors[0]._backend
+    for t in tensors[1:]:
+        if t._backend is not be:
+            mismatch(op, tensors[0], t)
+    dt = compute_dtype(op, be, _dt.promote_all([t._dtype for t in tensors]), float_only)
+    return [cast_to(t, dt) for t in tensors], be, dt
+
+
+def finish(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str,
+           attrs: dict[str, Any] | None = None, saved: Any = None) -> Tensor:
+    """The op's output tensor, recorded on every active tape (``attrs`` and ``saved`` are what
+    its gradient needs besides inputs and output)."""
+    out = Tensor(data, be, dtype)
+    if _state.tapes:
+        _record(op, inputs, out, attrs, saved)
+    return out
+
+
+def recording() -> bool:
+    """Whether a tape records ops now (fused backward kernels are not differentiable, so
+    second-order gradients take the composite ops instead)."""
+    return bool(_state.tapes)
+
+
+def cast(x: TensorLike, dtype: Any) -> Tensor:
+    """``x`` in ``dtype``; differentiable between floating dtypes."""
+    x = as_tensor(x)
+    dt = _dt.canonical(dtype) if type(dtype) is not str or dtype not in _dt.ALL else dtype
+    if dt == x._dtype:
+        return x
+    be = x._backend
+    return finish("cast", (x,), be.kernels()["cast"](x._data, dt), be, dt)
+
+
+def cast_to(x: Tensor, dtype: str) -> Tensor:
+    return x if x._dtype == dtype else cast(x, dtype)
+
+
+@gradient("cast")
+def _cast_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
+    x = node.inputs[0]
+    if not (_dt.is_floating(x.dtype) and _dt.is_floating(node.output.dtype)):
+        return (None,)
+    return (cast(g, x.dtype),)

@@ -1,0 +1,116 @@
+"""Optimizer updates as ops: SGD (momentum, Nesterov), RMSprop and Adam/AdamW, with Keras'
+formulas, updating float32 variables and slots in place.
+
+Each uses the backend's fused kernel (``sgd_update`` ... in ``OPTIONAL_KERNELS``) when the
+backend has one, the variable is float32 and ``fused`` is true: one kernel call per variable.
+Otherwise the same float32 arithmetic runs as ops, in the same order, and the results are
+assigned. ``flag`` is None or the device flag of ``unscale_and_check``/``all_finite``: when it
+is false every variable and slot keeps its value (the fused kernels skip the write; the
+composite path selects the old values on the device), so a skipped step needs no host read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from mpcore.ops.elementwise import add, divide, multiply, sqrt, subtract, where
+from mpcore.tensor import Tensor, Variable
+
+
+def _fused_kernel(name: str, variable: Variable, fused: bool) -> Callable[..., None] | None:
+    if not fused or variable._dtype != "float32":
+        return None
+    return variable._backend.kernels().get(name)
+
+
+def _data(x: Tensor | None) -> Any:
+    return None if x is None else x.data
+
+
+def _mark_updated(*variables: Variable | None) -> None:
+    for v in variables:
+        if v is not None:
+            v.mark_updated()
+
+
+def _assign(flag: Tensor | None, updates: list[tuple[Variable, Tensor, Tensor]]) -> None:
+    """Assign each (variable, new value, old value), or keep the old values where ``flag`` is
+    false; every value is computed before the first assignment."""
+    if flag is not None:
+        updates = [(v, where(flag, new, old), old) for v, new, old in updates]
+    for variable, value, _ in updates:
+        variable.assign(value)
+
+
+def sgd_update(variable: Variable, gradient: Tensor, velocity: Variable | None,
+               learning_rate: float, momentum: float, nesterov: bool,
+               flag: Tensor | None = None, fused: bool = True) -> None:
+    """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
+    ``var -= lr*g`` without a velocity."""
+    kernel = _fused_kernel("sgd_update", variable, fused)
+    if kernel is not None:
+        kernel(variable.data, gradient.data, _data(velocity), learning_rate, momentum, nesterov,
+               _data(flag))
+        _mark_updated(variable, velocity)
+        return
+    # uncopied reads: each is used before its variable is assigned
+    var = variable.current_value()
+    g_lr = multiply(gradient, learning_rate)
+    if velocity is None:
+        _assign(flag, [(variable, subtract(var, g_lr), var)])
+        return
+    old_v = velocity.current_value()
+    v = subtract(multiply(old_v, momentum), g_lr)
+    new_var = add(var, subtract(multiply(v, momentum), g_lr)) if nesterov else add(var, v)
+    _assign(flag, [(variable, new_var, var), (velocity, v, old_v)])
+
+
+def rmsprop_update(variable: Variable, gradient: Tensor, velocity: Variable,
+                   momentum_slot: Variable | None, learning_rate: float, rho: float,
+                   momentum: float, epsilon: float, flag: Tensor | None = None,
+                   fused: bool = True) -> None:
+    """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
+    ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
+    kernel = _fused_kernel("rmsprop_update", variable, fused)
+    if kernel is not None:
+        kernel(variable.data, gradient.data, velocity.data, _data(momentum_slot), learning_rate,
+               rho, momentum, epsilon, _data(flag))
+        _mark_updated(variable, velocity, momentum_slot)
+        return
+    var, old_ms = variable.current_value(), velocity.current_value()
+    ms = add(multiply(old_ms, rho), multiply(multiply(gradient, gradient), 1.0 - rho))
+    inc = divide(multiply(gradient, learning_rate), sqrt(add(ms, epsilon)))
+    if momentum_slot is None:
+        _assign(flag, [(variable, subtract(var, inc), var), (velocity, ms, old_ms)])
+        return
+    old_mom = momentum_slot.current_value()
+    mom = add(multiply(old_mom, momentum), inc)
+    _assign(flag, [(variable, subtract(var, mom), var), (velocity, ms, old_ms),
+                   (momentum_slot, mom, old_mom)])
+
+
+def adam_update(variable: Variable, gradient: Tensor, m_slot: Variable, v_slot: Variable,
+                learning_rate: float, beta_1: float, beta_2: float, epsilon: float, step: int,
+                weight_decay: float = 0.0, flag: Tensor | None = None,
+                fused: bool = True) -> None:
+    """Keras' Adam: ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``;
+    ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)``, ``t``
+    = ``step``. ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW)."""
+    kernel = _fused_kernel("adam_update", variable, fused)
+    if kernel is not None:
+        kernel(variable.data, gradient.data, m_slot.data, v_slot.data, learning_rate, beta_1,
+               beta_2, epsilon, step, weight_decay, _data(flag))
+        _mark_updated(variable, m_slot, v_slot)
+        return
+    old_var = var = variable.current_value()
+    old_m, old_v = m_slot.current_value(), v_slot.current_value()
+    if weight_decay:
+        var = subtract(var, multiply(var, learning_rate * weight_decay))
+    alpha = learning_rate * math.sqrt(1.0 - beta_2**step) / (1.0 - beta_1**step)
+    m = add(old_m, multiply(subtract(gradient, old_m), 1.0 - beta_1))
+    v = add(old_v, multiply(subtract(multiply(gradient, gradient), old_v), 1.0 - beta_2))
+    update = divide(multiply(m, alpha), add(sqrt(v), epsilon))
+    _assign(flag, [(variable, subtract(var, update), old_var), (m_slot, m, old_m),
+                   (v_slot, v, old_v)])
