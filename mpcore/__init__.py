@@ -22,8 +22,9 @@ from mpcore.backend import (
 )
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.mixed_precision import set_global_policy, set_policy
 from mpcore.plugins import plugin_errors
-from mpcore.policy import Policy, global_policy, policy_scope, set_global_policy, set_policy
+from mpcore.policy import Policy, global_policy, policy_scope
 from mpcore.registry import backends, get_backend, set_backend
 from mpcore.tape import GradientTape
 from mpcore.tensor import Tensor, Variable
@@ -36,7 +37,6 @@ convert_to_tensor = ops.constant
 
 # Heavier parts load on first use, so `import mpcore` stays cheap.
 _LAZY_MODULES = {
-    "mixed_precision": "mpcore.mixed_precision",
     "layers": "mpcore.layers", "models": "mpcore.models", "optimizers": "mpcore.optimizers",
     "losses": "mpcore.losses", "metrics": "mpcore.metrics", "datasets": "mpcore.datasets",
     "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",

@@ -136,6 +136,25 @@ class KernelSet:
         default_factory=dict)
 
 
+#: Installs the plugins' kernel sets for ``backend`` into its kernel ``table`` and returns
+#: the sets it installed.
+KernelSetSource = Callable[["Backend", dict[str, Callable[..., Any]]], tuple[KernelSet, ...]]
+
+# The registry, which knows the plugins, sets this when it loads: a Backend (which plugin
+# authors subclass) must not import the plugin manager, which loads the backends.
+_kernel_set_source: KernelSetSource | None = None
+
+
+def set_kernel_set_source(source: KernelSetSource | None) -> None:
+    """Where backends get their plugin kernel sets when first activated (None: nowhere, so a
+    backend runs its own kernels only). :mod:`mpcore.registry` sets it to the plugin manager."""
+    global _kernel_set_source
+    _kernel_set_source = source
+
+
+_NO_DEFAULT: Any = object()
+
+
 class BackendUnavailableError(RuntimeError):
     """Raised when a backend is asked to do work it cannot do here."""
 
@@ -215,6 +234,16 @@ class Backend:
         assert self._kernel_table is not None
         return self._kernel_table
 
+    def kernel(self, name: str, default: Any = _NO_DEFAULT) -> Callable[..., Any]:
+        """The kernel ``name`` of the kernel table (activating the backend on first use). One
+        the table lacks raises KeyError, or gives ``default`` where one is passed, as
+        ``backend.kernel("dense", None)`` for an optional fused kernel."""
+        table = self._kernel_table if self._kernel_table is not None else self.kernels()
+        found = table.get(name, default)
+        if found is _NO_DEFAULT:
+            raise KeyError(f"backend {self.name!r} has no kernel {name!r}")
+        return found
+
     @property
     def kernel_sets(self) -> tuple[KernelSet, ...]:
         """The plugin kernel sets installed on this backend (activates it)."""
@@ -241,9 +270,8 @@ class Backend:
                                       + ", ".join(missing))
         table = {name: getattr(self, name) for name in (*REQUIRED_KERNELS, *OPTIONAL_KERNELS)
                  if callable(getattr(self, name, None))}
-        from mpcore.plugins import install_kernel_sets  # late: plugins import the registry
-
-        self._kernel_sets = install_kernel_sets(self, table)
+        source = _kernel_set_source
+        self._kernel_sets = () if source is None else source(self, table)
         self.categories()
         self._kernel_table = table
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+from mpcore import dtypes as _dtypes
 from mpcore import loss_scale as _ls
 
 # name -> (compute dtype, variable dtype)
@@ -36,55 +38,68 @@ MIXED = frozenset({"mixed_float16", "mixed_bfloat16"})
 _AUTO = "auto"
 
 
+@dataclass(frozen=True, repr=False)
 class Policy:
-    """An immutable dtype policy. ``loss_scale`` is "auto" (dynamic for mixed_float16, none
-    otherwise), None, "dynamic", a number (fixed scale) or a LossScale."""
+    """An immutable dtype policy, a plain value as jmp's ``Policy``: it names the dtypes and the
+    loss scale, and owns the rule for casting inputs, but never touches tensors or backends.
 
-    __slots__ = ("_loss_scale", "_loss_scale_arg", "_name")
+    ``loss_scale`` is given as "auto" (dynamic for mixed_float16, none otherwise), None,
+    "dynamic", a number (fixed scale), a serialized config or a LossScale; the policy then holds
+    the LossScale, or None. Two policies are equal when their names and the class and config of
+    their loss scales are (a dynamic scale's running state does not count)."""
 
-    def __init__(self, name: str, loss_scale: Any = _AUTO) -> None:
+    name: str
+    loss_scale: Any = field(default=_AUTO, compare=False)
+    compute_dtype: str = field(init=False, compare=False)
+    variable_dtype: str = field(init=False, compare=False)
+    # what equality and hashing compare of the loss scale: its class and config
+    _loss_scale_key: tuple[Any, ...] | None = field(init=False)
+    # whether loss_scale was left "auto": get_config then omits it, so a round trip keeps it so
+    _loss_scale_auto: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        name = self.name
         if not isinstance(name, str):
             raise TypeError(f"policy name must be a string, got {type(name).__name__} {name!r}; "
                             f"valid names: {', '.join(POLICIES)}")
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r}; valid names: {', '.join(POLICIES)}")
-        object.__setattr__(self, "_name", name)
-        auto = isinstance(loss_scale, str) and loss_scale == _AUTO
+        auto = isinstance(self.loss_scale, str) and self.loss_scale == _AUTO
         if auto:
             scale = _ls.DynamicLossScale() if name == "mixed_float16" else None
         else:
-            scale = _ls.get(loss_scale)
-        object.__setattr__(self, "_loss_scale", scale)
-        object.__setattr__(self, "_loss_scale_arg", _AUTO if auto else scale)
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError("Policy is immutable; create a new one")
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def compute_dtype(self) -> str:
-        return POLICIES[self._name][0]
-
-    @property
-    def variable_dtype(self) -> str:
-        return POLICIES[self._name][1]
+            scale = _ls.get(self.loss_scale)
+        key = None if scale is None else (type(scale).__name__,
+                                          tuple(sorted(scale.get_config().items())))
+        compute, variable = POLICIES[name]
+        for attr, value in (("loss_scale", scale), ("compute_dtype", compute),
+                            ("variable_dtype", variable), ("_loss_scale_key", key),
+                            ("_loss_scale_auto", auto)):
+            object.__setattr__(self, attr, value)
 
     @property
     def is_mixed(self) -> bool:
-        return self._name in MIXED
+        return self.name in MIXED
 
-    @property
-    def loss_scale(self) -> _ls.LossScale | None:
-        return self._loss_scale
+    def compute_dtype_for(self, dtype: str) -> str:
+        """The dtype a layer casts an input of ``dtype`` to: floating inputs take the compute
+        dtype, integers and bools keep their own (labels and indices pass through).
+
+        >>> Policy("mixed_float16").compute_dtype_for("float32")
+        'float16'
+        >>> Policy("mixed_float16").compute_dtype_for("int64")
+        'int64'
+
+        It answers with a dtype name rather than casting a tensor itself, so that the policy
+        stays a value free of ops and backends: the layer does the cast, the policy only says
+        what to cast to, and the rule is testable on names alone."""
+        return self.compute_dtype if _dtypes.is_floating(dtype) else dtype
 
     def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"name": self._name}
-        if self._loss_scale_arg is not _AUTO:
-            config["loss_scale"] = (None if self._loss_scale is None
-                                    else _ls.serialize(self._loss_scale))
+        config: dict[str, Any] = {"name": self.name}
+        if not self._loss_scale_auto:
+            config["loss_scale"] = (None if self.loss_scale is None
+                                    else _ls.serialize(self.loss_scale))
         return config
 
     @classmethod
@@ -93,17 +108,6 @@ class Policy:
             raise ValueError(f"a Policy config is a dict with a 'name' key, got {config!r}")
         return cls(config["name"], config.get("loss_scale", _AUTO))
 
-    def _key(self) -> tuple[Any, ...]:
-        ls = self._loss_scale
-        return (self._name, None if ls is None else (type(ls).__name__,
-                                                      tuple(sorted(ls.get_config().items()))))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Policy) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (Policy.from_config, (self.get_config(),))
 
@@ -111,7 +115,7 @@ class Policy:
         return self
 
     def __repr__(self) -> str:
-        return f'<Policy "{self._name}">'
+        return f'<Policy "{self.name}">'
 
 
 def get(policy: Policy | str | None) -> Policy:
@@ -135,19 +139,12 @@ def global_policy() -> Policy:
     return _global if scoped is None else scoped
 
 
-def set_global_policy(policy: Policy | str | None) -> None:
-    """Set the process-wide policy; None resets it to float32. A mixed policy logs the
-    compatibility check of the current backend, once per policy and backend."""
+def set_global(policy: Policy | str | None) -> Policy:
+    """Make ``policy`` the process-wide policy (None: float32) and return it. Only the state:
+    :func:`mpcore.mixed_precision.set_global_policy` also logs the compatibility check."""
     global _global
-    new = Policy("float32") if policy is None else get(policy)
-    _global = new
-    if new.is_mixed:
-        from mpcore.verdict import log_compatibility_once  # late: verdicts need the registry
-
-        log_compatibility_once(new)
-
-
-set_policy = set_global_policy
+    _global = Policy("float32") if policy is None else get(policy)
+    return _global
 
 
 @contextlib.contextmanager

@@ -17,10 +17,18 @@ import logging
 import os
 import threading
 
-from mpcore.backend import Backend, BackendUnavailableError, KernelBuildError
-from mpcore.plugins import get_plugins
+from mpcore.backend import (
+    Backend,
+    BackendUnavailableError,
+    KernelBuildError,
+    set_kernel_set_source,
+)
+from mpcore.plugins import get_plugins, install_kernel_sets
 
 logger = logging.getLogger("mpcore")
+
+# Every backend, however it was constructed, gets its plugins' kernel sets when first activated.
+set_kernel_set_source(install_kernel_sets)
 
 _current: Backend | None = None    # the backend ops run on, once it has worked
 _detection_note: str = ""

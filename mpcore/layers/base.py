@@ -282,14 +282,16 @@ class Layer:
             self._build_shape = shape if isinstance(shape, tuple) else None
 
     def _autocast_inputs(self, inputs: Any) -> Any:
-        compute = self.compute_dtype
+        policy = self._dtype_policy
 
         def convert(x: Any) -> Any:
             if x is None:
                 return None
             t = x if isinstance(x, Tensor) else ops.constant(x)
-            if self._autocast and t.dtype != compute and _dtypes.is_floating(t.dtype):
-                t = ops.cast(t, compute)
+            if self._autocast:
+                target = policy.compute_dtype_for(t.dtype)
+                if target != t.dtype:
+                    t = ops.cast(t, target)
             return t
 
         return map_structure(convert, inputs)
