@@ -25,7 +25,7 @@ from typing import Any
 
 from mpcore import loss_scale as _ls
 from mpcore import ops
-from mpcore.optimizers import Optimizer, _split
+from mpcore.optimizers import Optimizer, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
 
 
@@ -112,7 +112,7 @@ class LossScaleOptimizer(Optimizer):
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
         """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""
-        grads, variables = _split(grads_and_vars)
+        grads, variables = split_grads_and_vars(grads_and_vars)
         flag = self._flag
         if not self._unscaled or flag is None:
             if not self._warned:

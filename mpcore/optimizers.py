@@ -143,7 +143,7 @@ class Optimizer:
         "all finite" flag is computed on the device and gates the update there, with no host
         read. Returns that flag (truthy when the step was applied; reading it is the host
         read), or True when there was nothing to check."""
-        grads, variables = _split(grads_and_vars)
+        grads, variables = split_grads_and_vars(grads_and_vars)
         flag = ops.all_finite(grads) if grads else None
         self._apply(grads, variables, flag)
         return True if flag is None else flag
@@ -178,7 +178,7 @@ class Optimizer:
         return f"<mp.optimizers.{type(self).__name__} learning_rate={self._learning_rate!r}>"
 
 
-def _split(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
+def split_grads_and_vars(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
            ) -> tuple[list[Tensor], list[Variable]]:
     grads, variables = [], []
     for grad, var in grads_and_vars:

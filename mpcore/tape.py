@@ -24,15 +24,16 @@ class _State(threading.local):
         self.generation = 0
 
 
-_state = _State()
+#: The active tapes of this thread (``state.tapes``): ops check it before recording.
+state = _State()
 
 
 def generation() -> int:
-    return _state.generation
+    return state.generation
 
 
 def recording() -> bool:
-    return bool(_state.tapes)
+    return bool(state.tapes)
 
 
 class VariableRead(Tensor):
@@ -63,7 +64,7 @@ class Node:
 def record(op: str, inputs: tuple[Any, ...], output: Tensor, attrs: dict[str, Any] | None = None,
            saved: Any = None) -> None:
     """Called by the op layer after an op ran (only when a tape is active)."""
-    for tape in _state.tapes:
+    for tape in state.tapes:
         tape._record(op, inputs, output, attrs or {}, saved)
 
 
@@ -88,33 +89,33 @@ class GradientTape:
 
     # --- context ------------------------------------------------------------------------
     def __enter__(self) -> GradientTape:
-        _state.tapes.append(self)
-        _state.generation += 1
+        state.tapes.append(self)
+        state.generation += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._pop()
 
     def _pop(self) -> None:
-        tapes = _state.tapes
+        tapes = state.tapes
         for i in range(len(tapes) - 1, -1, -1):
             if tapes[i] is self:
                 del tapes[i]
                 break
-        _state.generation += 1
+        state.generation += 1
 
     @contextlib.contextmanager
     def stop_recording(self) -> Iterator[None]:
         """Ops inside this block are not recorded by this tape."""
-        active = self in _state.tapes
+        active = self in state.tapes
         if active:
             self._pop()
         try:
             yield
         finally:
             if active:
-                _state.tapes.append(self)
-                _state.generation += 1
+                state.tapes.append(self)
+                state.generation += 1
 
     def reset(self) -> None:
         self._nodes.clear()
@@ -212,7 +213,7 @@ class GradientTape:
         return _unflatten(sources, grads)
 
     def __del__(self) -> None:
-        if _state.tapes and self in _state.tapes:
+        if state.tapes and self in state.tapes:
             self._pop()
 
 

@@ -171,12 +171,7 @@ def _concern(component: set[str]) -> str:
     return "autodiff" if any(_is_autodiff(m) for m in component) else "others"
 
 
-@pytest.mark.parametrize("concern", [
-    pytest.param("autodiff", marks=pytest.mark.xfail(
-        strict=True, reason="mpcore.ops_image and mpcore.gradients are in the autodiff cycle "
-                            "until the ops become the mpcore/ops/ package (issue 16 item 1)")),
-    "cli", "others",
-])
+@pytest.mark.parametrize("concern", ["autodiff", "cli", "others"])
 def test_the_only_import_cycle_is_autodiffs(concern: str) -> None:
     found = cycles(GRAPH)
     mine = [c for c in found if _concern(c) == concern]
@@ -240,6 +235,32 @@ def test_the_cli_names_no_modules() -> None:
                  and id(node) not in docstrings
                  and ("mpcore.demo" in node.value or "mpcore.conformance" in node.value)]
     assert not problems, "mpcore.cli reaches its subcommands by name:\n  " + "\n  ".join(problems)
+
+
+def test_modules_use_each_others_public_names_only() -> None:
+    """Modules of mpcore/ (the autodiff cycle included) reach each other through public names:
+    no ``from mpcore.x import _name`` and no ``alias._name`` on an imported mpcore module."""
+    problems = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = f"{path.relative_to(ROOT.parent)}"
+        aliases: set[str] = set()
+        for node in _imports(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpcore"):
+                for alias in node.names:
+                    if alias.name.startswith("_"):
+                        problems.append(f"{where}:{node.lineno} imports {node.module}."
+                                        f"{alias.name}")
+                    aliases.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname for a in node.names
+                            if a.asname and a.name.startswith("mpcore")}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                problems.append(f"{where}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not problems, "private names used across modules:\n  " + "\n  ".join(problems)
 
 
 # --- the graph reader itself, on a package written for the test --------------------------------

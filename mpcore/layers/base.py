@@ -50,7 +50,7 @@ def _snake(name: str) -> str:
 @contextlib.contextmanager
 def no_tapes() -> Iterator[None]:
     """Run ops invisible to every active GradientTape (shape inference)."""
-    state = _tape._state
+    state = _tape.state
     saved = state.tapes
     state.tapes = []
     state.generation += 1

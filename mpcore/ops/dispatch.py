@@ -23,7 +23,7 @@ from mpcore import dtypes as _dt
 from mpcore import tape as _tape
 from mpcore.categories import Category
 from mpcore.ops.creation import constant
-from mpcore.tape import Node
+from mpcore.tape import Node, record
 from mpcore.tensor import Tensor
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
@@ -33,8 +33,7 @@ GradFn = Callable[[Node, Tensor, tuple[bool, ...]], Grads]
 #: op name -> its gradient function (see :func:`gradient`).
 GRADIENTS: dict[str, GradFn] = {}
 
-_state = _tape._state
-_record = _tape.record
+_tapes = _tape.state
 _LOW = _dt.LOW_PRECISION
 _FLOATS = _dt.FLOATING_SET
 _DENY = Category.DENY
@@ -93,15 +92,15 @@ def finish(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str,
     """The op's output tensor, recorded on every active tape (``attrs`` and ``saved`` are what
     its gradient needs besides inputs and output)."""
     out = Tensor(data, be, dtype)
-    if _state.tapes:
-        _record(op, inputs, out, attrs, saved)
+    if _tapes.tapes:
+        record(op, inputs, out, attrs, saved)
     return out
 
 
 def recording() -> bool:
     """Whether a tape records ops now (fused backward kernels are not differentiable, so
     second-order gradients take the composite ops instead)."""
-    return bool(_state.tapes)
+    return bool(_tapes.tapes)
 
 
 def cast(x: TensorLike, dtype: Any) -> Tensor:

@@ -11,14 +11,14 @@ from typing import Any
 
 from mpcore import dtypes as _dt
 from mpcore import ops as _ops
+from mpcore import tape as _tape
 from mpcore.ops import dispatch as _d
 from mpcore.ops.creation import constant, ones_like, zeros_like
 from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast, common, finish, gradient
-from mpcore.tape import Node
+from mpcore.tape import Node, record
 from mpcore.tensor import Tensor
 
-_state = _d._state
-_record = _d._record
+_tapes = _tape.state
 _SCALARS = (int, float, bool)
 _FLOATS = _dt.FLOATING_SET
 
@@ -59,8 +59,8 @@ def _make_binary(op: str, result: str | None = None, float_only: bool = False) -
             b = cast(b, dt)
         data = be.kernels()[op](a._data if ta else a, b._data if tb else b)
         out = Tensor(data, be, result or dt)
-        if _state.tapes and result is None:
-            _record(op, (a, b), out, None, None)
+        if _tapes.tapes and result is None:
+            record(op, (a, b), out, None, None)
         return out
 
     binary.__name__ = binary.__qualname__ = op
@@ -79,8 +79,8 @@ def _make_unary(op: str, result: str | None = None, float_only: bool = False) ->
         if dt != x._dtype:
             x = cast(x, dt)
         out = Tensor(be.kernels()[op](x._data), be, result or dt)
-        if _state.tapes and result is None:
-            _record(op, (x,), out, None, None)
+        if _tapes.tapes and result is None:
+            record(op, (x,), out, None, None)
         return out
 
     unary.__name__ = unary.__qualname__ = op
