@@ -1,9 +1,11 @@
 """mpcore: mixed precision training (16-bit compute, 32-bit variables, loss scaling) on any
 hardware, through backends that plug in with pluggy.
 
-``import mpcore as mp`` loads the backend plugins (entry-point group ``mpcore``) and picks a
-backend by priority (cuda, an OpenCL GPU, cpu) without opening a device. ``MPCORE_BACKEND=name``
-or ``mp.set_backend(name)`` overrides the choice; ``mpcore info`` shows it.
+``import mpcore as mp`` loads no plugin and opens no device. At first use (the first op, or
+``mp.get_backend()``) the backend plugins (entry-point group ``mpcore``) are loaded and a backend
+is picked by priority (cuda, an OpenCL GPU, cpu) and proved. ``MPCORE_BACKEND=name`` or
+``mp.set_backend(name)`` overrides the choice; ``mpcore info`` shows it. The architecture, and
+which files to touch to add an op or a backend: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
