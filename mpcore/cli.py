@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcore.commands import Command, Subcommands
-from mpcore.plugins import command_plugins
+from mpcore.plugins import COMMANDS_GROUP, PluginError, command_plugins
 from mpcore.policy import POLICIES
 
 INFO_HELP = "backends, devices and policy verdicts"
@@ -174,12 +174,14 @@ def _info(args: argparse.Namespace) -> int:
     return 0 if report["selected"] is not None else 1  # nothing can compute as configured
 
 
-def commands() -> dict[str, Command]:
+def commands() -> tuple[dict[str, Command], list[PluginError]]:
     """``info``, then the commands every plugin adds through the ``mpcore_commands`` hook,
-    mpcore's own plugins first (on a name clash the first keeps the name). A plugin whose hook
-    raises or clashes is reported and left out; the others stay."""
+    mpcore's own plugins first (on a name clash the first keeps the name); and the failures
+    of the command plugins: one that does not load, or whose hook raises or clashes, is left
+    out and the others stay."""
     plugins = command_plugins()
     found = {"info": Command("info", INFO_HELP, _info, _configure_info, "mpcore")}
+    failures = list(plugins.load_errors.get(COMMANDS_GROUP, []))
     impls = sorted(plugins.manager.hook.mpcore_commands.get_hookimpls(),
                    key=lambda impl: impl.plugin_name not in plugins.builtin)
     for impl in impls:
@@ -187,16 +189,15 @@ def commands() -> dict[str, Command]:
         try:
             impl.function(subcommands=subcommands)
         except Exception as exc:  # a broken command plugin must not take the others down
-            plugins.report_failure(impl.plugin_name, "mpcore_commands", exc)
+            failures.append(plugins.report_failure(impl.plugin_name, "mpcore_commands", exc))
             continue
         found.update(subcommands.added)
-    return found
+    return found, failures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    errors_before = len(command_plugins().errors)
-    available = commands()
-    for e in command_plugins().errors[errors_before:]:
+    available, failures = commands()
+    for e in failures:
         print(f"mpcore: plugin {e.plugin!r} ({e.target}) failed: {e.error}; its commands are "
               "left out (mpcore info lists every plugin failure)", file=sys.stderr)
     parser = argparse.ArgumentParser(prog="mpcore", description=__doc__.split("\n")[0])

@@ -62,6 +62,7 @@ class Plugins:
         self.pending: list[EntryPoint] = []
         self.loaded_groups: set[str] = set()
         self.builtin: set[str] = set()   # the plugins mpcore's own distribution declares
+        self.load_errors: dict[str, list[PluginError]] = {}  # group -> its plugins' failures
 
     def _fail(self, plugin: str, target: str, exc: BaseException) -> None:
         if _strict():
@@ -70,22 +71,42 @@ class Plugins:
         self.errors.append(PluginError(plugin, target, f"{type(exc).__name__}: {exc}",
                                        traceback.format_exc()))
 
-    def report_failure(self, plugin: str, target: str, exc: BaseException) -> None:
+    def report_failure(self, plugin: str, target: str, exc: BaseException) -> PluginError:
         """Record a plugin's failure found outside loading (a hook that raised), once."""
         error = f"{type(exc).__name__}: {exc}"
-        if any((e.plugin, e.target, e.error) == (plugin, target, error) for e in self.errors):
-            return  # the same hook failing again (the mpcore command run twice in a process)
+        for e in self.errors:
+            if (e.plugin, e.target, e.error) == (plugin, target, error):
+                return e  # the same hook failing again (the command run twice in a process)
         self._fail(plugin, target, exc)
+        return self.errors[-1]
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         self.loaded_groups.add(group)
+        errors_before = len(self.errors)
+        dist_names: dict[int, str] = {}
+
+        def dist_name(ep: EntryPoint) -> str:
+            # A distribution's name is parsed from its METADATA on every access: once each.
+            dist = getattr(ep, "dist", None)
+            if id(dist) not in dist_names:
+                dist_names[id(dist)] = getattr(dist, "name", None) or ""
+            return dist_names[id(dist)]
+
+        def load_order(ep: EntryPoint) -> tuple[bool, str]:
+            # mpcore's own plugins first, then the others by name: metadata is found in
+            # sys.path and directory order, and on a name clash the first plugin keeps it.
+            return (dist_name(ep) != "mpcore", ep.name)
+
         seen: set[str] = set()
-        for ep in sorted(entry_points(group=group), key=_load_order):
-            key = f"{getattr(getattr(ep, 'dist', None), 'name', '')}:{ep.name}"
+        for ep in sorted(entry_points(group=group), key=load_order):
+            key = f"{dist_name(ep)}:{ep.name}"
             if key in seen:  # the same distribution found twice on sys.path
                 continue
             seen.add(key)
+            if dist_name(ep) == "mpcore":
+                self.builtin.add(ep.name)
             self._load(ep)
+        self.load_errors[group] = self.errors[errors_before:]
 
     def _load(self, ep: EntryPoint) -> None:
         try:
@@ -95,15 +116,13 @@ class Plugins:
                 self.pending.append(ep)
                 return
             plugin = ep.load()
-            if self.manager.is_registered(plugin):
-                return  # one module listed in both groups: registered once, by the first
-            self.manager.register(plugin, name=ep.name)
-            if getattr(getattr(ep, "dist", None), "name", None) == "mpcore":
-                self.builtin.add(ep.name)
+            if not self.manager.is_registered(plugin):  # a module may be in both groups
+                self.manager.register(plugin, name=ep.name)
         except Exception as exc:  # a broken plugin must not take the others down
             self._fail(ep.name, ep.value, exc)
             return
-        self._collect_backends(ep.name, ep.value, plugin)
+        if ep.group == ENTRY_POINT_GROUP:  # a command plugin's backends come through there
+            self._collect_backends(ep.name, ep.value, plugin)
 
     def load_pending(self) -> None:
         """Load the plugins that were mid-import when the others were loaded."""
@@ -150,13 +169,6 @@ class Plugins:
             if result is not None:
                 sets.append(result)
         return sets
-
-
-def _load_order(ep: EntryPoint) -> tuple[bool, str]:
-    """mpcore's own backends first, then the others by name: metadata is found in sys.path
-    and directory order, and on a name clash the first backend loaded keeps the name."""
-    dist = getattr(ep, "dist", None)
-    return (getattr(dist, "name", None) != "mpcore", ep.name)
 
 
 _plugins: Plugins | None = None
