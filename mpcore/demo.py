@@ -29,10 +29,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpcore.extras import install_command
 from mpcore.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from mpcore.commands import Subcommands
 
 GUIDE_BATCH = 8192
 SMALL_BATCH = 128
@@ -337,7 +340,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 @hookimpl
-def mpcore_commands(subcommands: Any) -> None:
+def mpcore_commands(subcommands: Subcommands) -> None:
     """``mpcore demo``, added through the hook like any plugin's command (entry point
     ``demo`` of the group ``mpcore.commands``)."""
     subcommands.add("demo", "the Keras mixed precision guide on MNIST: float32 vs the best "

@@ -43,6 +43,8 @@ subcommand) adds no NumPy import of its own.
 
 from __future__ import annotations
 
+# CHEAP_SECONDS is read here for show: the contract checks use
+# mpcore.conformance.contract.CHEAP_SECONDS, which is the one to change.
 from mpcore.conformance.contract import CHEAP_SECONDS
 from mpcore.conformance.harness import (
     FLOATS,

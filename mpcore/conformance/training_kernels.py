@@ -238,7 +238,6 @@ def check_dropout_mask(ctx: Context) -> None:
                 raise CheckFailedError(f"{what}: the same seed gives different masks")
 
 
-# name -> (slots: name -> None-able, hyperparameter variants)
 def check_optimizer(name: str) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
         np = ctx.np
