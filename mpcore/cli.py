@@ -1,5 +1,9 @@
 """The ``mpcore`` command: ``mpcore info`` (backends, devices, verdicts) and more.
 
+Every other subcommand comes from a plugin through the ``mpcore_commands`` hook (see
+:mod:`mpcore.hookspecs`): ``mpcore demo`` and ``mpcore conformance`` are entry points of the
+group ``mpcore.commands`` like a third party's, so this module names no other module.
+
 ``mpcore info`` lists every registered backend, available, not available (why) or failing (how
 it failed when first used), its devices, and for each policy whether it is supported and fast
 and why; the backend auto-detection chose; and every plugin that failed to load. ``--json``
@@ -14,24 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from mpcore.commands import Command, Subcommands
+from mpcore.plugins import COMMANDS_GROUP, PluginError, command_plugins
 from mpcore.policy import POLICIES
 
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
-                              Callable[[argparse.Namespace], int]]] = {}
-
-
-def subcommand(name: str, help_text: str,
-               configure: Callable[[argparse.ArgumentParser], None] | None = None
-               ) -> Callable[..., Any]:
-    """Register ``mpcore NAME``: decorate a function taking the parsed arguments and returning
-    an exit code; ``configure`` adds its arguments to the parser."""
-    def deco(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        _SUBCOMMANDS[name] = (help_text, configure or (lambda p: None), fn)
-        return fn
-    return deco
+INFO_HELP = "backends, devices and policy verdicts"
 
 
 def info_report(measure: bool = False) -> dict[str, Any]:
@@ -174,36 +168,48 @@ def _configure_info(parser: argparse.ArgumentParser) -> None:
                         help="time 16-bit vs float32 matmuls on every available backend")
 
 
-@subcommand("info", "backends, devices and policy verdicts", _configure_info)
 def _info(args: argparse.Namespace) -> int:
     report = info_report(measure=args.measure)
     print(json.dumps(report, indent=2) if args.json else format_info(report))
     return 0 if report["selected"] is not None else 1  # nothing can compute as configured
 
 
+def commands() -> tuple[dict[str, Command], list[PluginError]]:
+    """``info``, then the commands every plugin adds through the ``mpcore_commands`` hook,
+    mpcore's own plugins first (on a name clash the first keeps the name); and the failures
+    of the command plugins: one that does not load, or whose hook raises or clashes, is left
+    out and the others stay."""
+    plugins = command_plugins()
+    found = {"info": Command("info", INFO_HELP, _info, _configure_info, "mpcore")}
+    failures = list(plugins.load_errors.get(COMMANDS_GROUP, []))
+    impls = sorted(plugins.manager.hook.mpcore_commands.get_hookimpls(),
+                   key=lambda impl: impl.plugin_name not in plugins.builtin)
+    for impl in impls:
+        subcommands = Subcommands(impl.plugin_name, found)
+        try:
+            impl.function(subcommands=subcommands)
+        except Exception as exc:  # a broken command plugin must not take the others down
+            failures.append(plugins.report_failure(impl.plugin_name, "mpcore_commands", exc))
+            continue
+        found.update(subcommands.added)
+    return found, failures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    _load_more_subcommands()
+    available, failures = commands()
+    for e in failures:
+        print(f"mpcore: plugin {e.plugin!r} ({e.target}) failed: {e.error}; its commands are "
+              "left out (mpcore info lists every plugin failure)", file=sys.stderr)
     parser = argparse.ArgumentParser(prog="mpcore", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_text, configure, _) in _SUBCOMMANDS.items():
-        configure(sub.add_parser(name, help=help_text, description=help_text))
+    for command in available.values():
+        command.configure(sub.add_parser(command.name, help=command.help_text,
+                                         description=command.help_text))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return _SUBCOMMANDS[args.command][2](args)
-
-
-def _load_more_subcommands() -> None:
-    """Subcommands that live with their feature (``mpcore demo`` in mpcore.demo)."""
-    import importlib
-
-    for module in ("mpcore.demo", "mpcore.conformance"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    return available[args.command].run(args)
 
 
 if __name__ == "__main__":

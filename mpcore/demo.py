@@ -29,10 +29,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mpcore.cli import subcommand
 from mpcore.extras import install_command
+from mpcore.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from mpcore.commands import Subcommands
 
 GUIDE_BATCH = 8192
 SMALL_BATCH = 128
@@ -318,8 +321,6 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                         help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
 
 
-@subcommand("demo", "the Keras mixed precision guide on MNIST: float32 vs the best mixed "
-            "policy for this device", _configure)
 def _demo(args: argparse.Namespace) -> int:
     import mpcore as mp
     from mpcore.datasets.mnist import MnistUnavailableError
@@ -336,3 +337,11 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+@hookimpl
+def mpcore_commands(subcommands: Subcommands) -> None:
+    """``mpcore demo``, added through the hook like any plugin's command (entry point
+    ``demo`` of the group ``mpcore.commands``)."""
+    subcommands.add("demo", "the Keras mixed precision guide on MNIST: float32 vs the best "
+                    "mixed policy for this device", _demo, _configure)

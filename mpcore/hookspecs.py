@@ -1,8 +1,9 @@
 """The pluggy hooks a plugin may implement (project name ``mpcore``).
 
-A plugin is a module registered under the entry-point group ``mpcore``; mpcore loads each one
-and registers it with its plugin manager. Implementations are marked with
-:data:`mpcore.hookimpl`.
+A plugin is a module registered under an entry-point group: ``mpcore`` for backends and kernel
+sets (loaded when a backend is first needed), ``mpcore.commands`` for subcommands of the
+``mpcore`` command (loaded only by that command). mpcore loads each one and registers it with
+its plugin manager. Implementations are marked with :data:`mpcore.hookimpl`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from mpcore.backend import Backend, KernelSet
+    from mpcore.commands import Subcommands
 
 hookspec = pluggy.HookspecMarker("mpcore")
 hookimpl = pluggy.HookimplMarker("mpcore")
@@ -37,4 +39,19 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     it to give an existing backend a faster kernel, for example a oneDNN bfloat16 matmul for
     the ``cpu`` backend, without replacing the backend. The KernelSet's ``fast_dtypes`` lets
     the backend's verdict say that a 16-bit policy now runs fast, and why.
+    """
+
+
+@hookspec
+def mpcore_commands(subcommands: Subcommands) -> None:
+    """Add subcommands to the ``mpcore`` command: call ``subcommands.add(name, help_text, run,
+    configure)`` once per command, where ``run(args) -> int`` gets the parsed arguments and
+    returns the exit status and ``configure(parser)`` adds its arguments to its
+    ``argparse.ArgumentParser``.
+
+    Called each time the ``mpcore`` command starts, for the plugins of the entry-point group
+    ``mpcore.commands`` (and any plugin already registered). ``mpcore demo`` and ``mpcore
+    conformance`` come in this way too. A plugin whose hook raises, or that adds a name another
+    plugin took, is reported (``mpcore info``, :func:`mpcore.plugin_errors`) and its commands are
+    left out; the others still work.
     """

@@ -1,8 +1,17 @@
-"""Loading plugins: entry points of the group ``mpcore``, one at a time.
+"""Loading plugins: entry points of the groups ``mpcore`` and ``mpcore.commands``, one at a
+time, onto one plugin manager.
 
 A plugin that fails to import is recorded with its error (``mpcore info`` shows it) and the
 others keep working; ``MPCORE_STRICT_PLUGINS=1`` turns such a failure into an exception. The
 built-in backends are found the same way as a third party's: nothing here names them.
+
+Design decision, how built-in commands are found: ``mpcore demo`` and ``mpcore conformance``
+are entry points of the group ``mpcore.commands`` in mpcore's own pyproject.toml, found as a
+third party's command is, rather than a built-in module list (llm's ``DEFAULT_PLUGINS``): the
+backends already work this way, so one mechanism covers both, a third party's command cannot
+be told from a built-in one, and nothing in the core names a module. The group is separate
+from ``mpcore`` so that only the ``mpcore`` command loads command plugins: ``import mpcore``
+loads no plugin, and a training process that loads the backends imports no command.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ if TYPE_CHECKING:
     from mpcore.backend import Backend, KernelSet
 
 ENTRY_POINT_GROUP = "mpcore"
+COMMANDS_GROUP = "mpcore.commands"
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,9 @@ class Plugins:
         self.backends: dict[str, Backend] = {}
         self.backend_origin: dict[str, str] = {}
         self.pending: list[EntryPoint] = []
+        self.loaded_groups: set[str] = set()
+        self.builtin: set[str] = set()   # the plugins mpcore's own distribution declares
+        self.load_errors: dict[str, list[PluginError]] = {}  # group -> its plugins' failures
 
     def _fail(self, plugin: str, target: str, exc: BaseException) -> None:
         if _strict():
@@ -58,14 +71,42 @@ class Plugins:
         self.errors.append(PluginError(plugin, target, f"{type(exc).__name__}: {exc}",
                                        traceback.format_exc()))
 
-    def load_entry_points(self) -> None:
+    def report_failure(self, plugin: str, target: str, exc: BaseException) -> PluginError:
+        """Record a plugin's failure found outside loading (a hook that raised), once."""
+        error = f"{type(exc).__name__}: {exc}"
+        for e in self.errors:
+            if (e.plugin, e.target, e.error) == (plugin, target, error):
+                return e  # the same hook failing again (the command run twice in a process)
+        self._fail(plugin, target, exc)
+        return self.errors[-1]
+
+    def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        self.loaded_groups.add(group)
+        errors_before = len(self.errors)
+        dist_names: dict[int, str] = {}
+
+        def dist_name(ep: EntryPoint) -> str:
+            # A distribution's name is parsed from its METADATA on every access: once each.
+            dist = getattr(ep, "dist", None)
+            if id(dist) not in dist_names:
+                dist_names[id(dist)] = getattr(dist, "name", None) or ""
+            return dist_names[id(dist)]
+
+        def load_order(ep: EntryPoint) -> tuple[bool, str]:
+            # mpcore's own plugins first, then the others by name: metadata is found in
+            # sys.path and directory order, and on a name clash the first plugin keeps it.
+            return (dist_name(ep) != "mpcore", ep.name)
+
         seen: set[str] = set()
-        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_load_order):
-            key = f"{getattr(getattr(ep, 'dist', None), 'name', '')}:{ep.name}"
+        for ep in sorted(entry_points(group=group), key=load_order):
+            key = f"{dist_name(ep)}:{ep.name}"
             if key in seen:  # the same distribution found twice on sys.path
                 continue
             seen.add(key)
+            if dist_name(ep) == "mpcore":
+                self.builtin.add(ep.name)
             self._load(ep)
+        self.load_errors[group] = self.errors[errors_before:]
 
     def _load(self, ep: EntryPoint) -> None:
         try:
@@ -75,11 +116,13 @@ class Plugins:
                 self.pending.append(ep)
                 return
             plugin = ep.load()
-            self.manager.register(plugin, name=ep.name)
+            if not self.manager.is_registered(plugin):  # a module may be in both groups
+                self.manager.register(plugin, name=ep.name)
         except Exception as exc:  # a broken plugin must not take the others down
             self._fail(ep.name, ep.value, exc)
             return
-        self._collect_backends(ep.name, ep.value, plugin)
+        if ep.group == ENTRY_POINT_GROUP:  # a command plugin's backends come through there
+            self._collect_backends(ep.name, ep.value, plugin)
 
     def load_pending(self) -> None:
         """Load the plugins that were mid-import when the others were loaded."""
@@ -128,24 +171,33 @@ class Plugins:
         return sets
 
 
-def _load_order(ep: EntryPoint) -> tuple[bool, str]:
-    """mpcore's own backends first, then the others by name: metadata is found in sys.path
-    and directory order, and on a name clash the first backend loaded keeps the name."""
-    dist = getattr(ep, "dist", None)
-    return (getattr(dist, "name", None) != "mpcore", ep.name)
-
-
 _plugins: Plugins | None = None
 
 
-def get_plugins() -> Plugins:
+def _shared() -> Plugins:
     global _plugins
     if _plugins is None:
         _plugins = Plugins()
-        _plugins.load_entry_points()
-    elif _plugins.pending:
-        _plugins.load_pending()
     return _plugins
+
+
+def get_plugins() -> Plugins:
+    """The plugin manager with the backend plugins (group ``mpcore``) loaded."""
+    plugins = _shared()
+    if ENTRY_POINT_GROUP not in plugins.loaded_groups:
+        plugins.load_entry_points(ENTRY_POINT_GROUP)
+    elif plugins.pending:
+        plugins.load_pending()
+    return plugins
+
+
+def command_plugins() -> Plugins:
+    """The plugin manager with the command plugins (group ``mpcore.commands``) loaded; the
+    backend plugins are not loaded for this."""
+    plugins = _shared()
+    if COMMANDS_GROUP not in plugins.loaded_groups:
+        plugins.load_entry_points(COMMANDS_GROUP)
+    return plugins
 
 
 def _initializing(module_name: str) -> bool:

@@ -214,9 +214,6 @@ def test_value_modules_do_not_reach_up(source: str, forbidden: tuple[str, ...]) 
     assert not chains, f"{source} reaches up:\n  " + "\n  ".join(chains)
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py imports mpcore.demo/mpcore.conformance by name "
-                                       "until subcommands come in through a hook "
-                                       "(issue 16 item 4)")
 def test_the_cli_names_no_modules() -> None:
     tree = ast.parse((ROOT / "cli.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in _imports(tree) if isinstance(node, ast.Import)

@@ -1,0 +1,119 @@
+"""Which checks run, in which order, and :func:`check`, the kit's entry point in Python.
+
+The plan is one list so that a reader sees every check at a glance: the contract first (a
+backend that breaks it has its kernel checks skipped), then the required kernels, the kernels
+a training step relies on, gradients and a training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import mpcore.conformance.contract as contract
+import mpcore.conformance.kernels as kernels
+import mpcore.conformance.training as training
+import mpcore.conformance.training_kernels as training_kernels
+from mpcore.backend import Backend
+from mpcore.conformance.harness import FLOATS, Check, run_checks
+from mpcore.conformance.report import Report
+
+
+def checks(quick: bool) -> Iterator[Check]:
+    """Every check, in the order they run."""
+    c = Check
+    yield c("contract.name", "contract", contract.check_name)
+    yield c("contract.constructor", "contract", contract.check_constructor)
+    yield c("contract.unavailable_reason", "contract", contract.check_unavailable_reason)
+    yield c("contract.devices", "contract", contract.check_devices)
+    yield c("contract.policy_support", "contract", contract.check_policy_support)
+    yield c("contract.required_kernels", "contract", contract.check_required_kernels)
+    yield c("contract.optional_kernels", "contract", contract.check_optional_kernels)
+    k = kernels
+    yield c("creation.asarray", "creation", k.check_asarray, ("asarray", "to_host"))
+    yield c("creation.full", "creation", k.check_full, ("full",))
+    yield c("creation.cast", "creation", k.check_cast, ("cast",))
+    yield c("creation.copy", "creation", k.check_copy, ("copy",))
+    for dtype in FLOATS:
+        for name in k.UNARY:
+            yield c(f"unary.{name}[{dtype}]", "elementwise", k.check_unary(name, dtype), (name,))
+    for dtype in (*FLOATS, "int32"):
+        for name in k.BINARY:
+            if dtype == "int32" and name in ("divide", "power"):
+                continue
+            yield c(f"binary.{name}[{dtype}]", "elementwise", k.check_binary(name, dtype),
+                    (name,))
+        yield c(f"compare[{dtype}]", "elementwise", k.check_comparison(dtype), k.COMPARISONS)
+    yield c("logical", "elementwise", k.check_logical,
+            ("logical_and", "logical_or", "logical_not"))
+    yield c("isfinite", "elementwise", k.check_isfinite, ("isfinite",))
+    for dtype in FLOATS:
+        yield c(f"where[{dtype}]", "elementwise", k.check_where(dtype), ("where",))
+    for name in ("sum", "mean", "max", "min"):
+        for dtype in (*FLOATS, "int32"):
+            if dtype == "int32" and name == "mean":
+                continue
+            yield c(f"reduce.{name}[{dtype}]", "reductions", k.check_reduction(name, dtype),
+                    (name,))
+    for dtype in FLOATS:
+        yield c(f"reduce.argmax[{dtype}]", "reductions", k.check_argmax(dtype), ("argmax",))
+        yield c(f"matmul[{dtype}]", "matmul", k.check_matmul(dtype), ("matmul",))
+        yield c(f"shapes[{dtype}]", "shapes", k.check_shapes(dtype),
+                ("reshape", "transpose", "broadcast_to", "concat"))
+        yield c(f"take[{dtype}]", "indexing", k.check_take(dtype), ("take", "take_grad"))
+        yield c(f"getitem[{dtype}]", "indexing", k.check_getitem(dtype),
+                ("getitem", "getitem_grad"))
+    yield c("one_hot", "indexing", k.check_one_hot, ("one_hot",))
+    for dtype in FLOATS:
+        yield c(f"image.patches[{dtype}]", "images", k.check_patches(dtype),
+                ("extract_patches", "extract_patches_grad"))
+        yield c(f"image.max_pool[{dtype}]", "images", k.check_pool(dtype),
+                ("max_pool2d", "max_pool2d_grad"))
+    t = training_kernels
+    for kind in ("random_uniform", "random_normal"):
+        for dtype in FLOATS:
+            yield c(f"random.{kind.split('_')[1]}[{dtype}]", "random",
+                    t.check_random(kind, dtype), (kind,))
+    yield c("loss_scale.unscale_and_check", "loss scaling", t.check_unscale_and_check,
+            ("unscale_and_check",))
+    yield c("optional.all_finite", "optional", t.check_all_finite, ("all_finite",))
+    yield c("optional.softmax", "optional", t.check_softmaxes, ("softmax", "log_softmax"))
+    yield c("optional.sparse_softmax_cross_entropy", "optional", t.check_xent,
+            ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad"))
+    for dtype in FLOATS:
+        yield c(f"optional.relu_grad_bias_add[{dtype}]", "optional",
+                t.check_relu_grad_bias_add(dtype), ("relu_grad", "relu_grad_bias", "bias_add"))
+    for dtype in FLOATS:
+        yield c(f"optional.dense[{dtype}]", "optional", t.check_dense(dtype), ("dense",))
+    yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
+    for name in ("sgd_update", "rmsprop_update", "adam_update"):
+        yield c(f"optional.{name}", "optional", t.check_optimizer(name), (name,))
+    for dtype in FLOATS:
+        yield c(f"autodiff.mlp[{dtype}]", "autodiff", training.check_gradients(dtype))
+    yield c("training.mixed_float16_skip_and_recover", "training", training.check_training)
+
+
+def check_names(quick: bool = False) -> list[str]:
+    """The name of every check, in the order they run."""
+    return [c.name for c in checks(quick)]
+
+
+def _resolve(backend: Backend | str) -> Backend:
+    if isinstance(backend, Backend):
+        return backend
+    from mpcore.plugins import get_plugins
+
+    registered = get_plugins().backends
+    if backend not in registered:
+        raise ValueError(f"unknown backend {backend!r}; registered backends: "
+                         f"{', '.join(sorted(registered)) or 'none'}")
+    return registered[backend]
+
+
+def check(backend: Backend | str, *, reference: Backend | str = "cpu", quick: bool = False,
+          only: Sequence[str] | None = None) -> Report:
+    """Run the conformance checks on ``backend`` (an instance or a registered name) against
+    ``reference``; ``only`` keeps the checks whose names contain one of its strings
+    (``"matmul"``, ``"[bfloat16]"``) or match it as an fnmatch pattern (``"reduce.*[[]int32]"``).
+    Never raises for a broken backend: every problem is a failed check in the report."""
+    return run_checks(_resolve(backend), _resolve(reference), checks(quick), quick=quick,
+                      only=only)

@@ -1,0 +1,303 @@
+"""The checks of the kernels a training step relies on beyond array math: the random kernels
+(determinism per seed, moments), the loss-scale flag of ``unscale_and_check`` on finite, inf
+and nan gradients, and the optional fused kernels a backend provides (softmax, cross-entropy,
+relu/bias gradients, dense, dropout masks, and the fused optimizer updates, which must honour
+the flag and leave every buffer untouched when it is false)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from mpcore.conformance.harness import FLOATS, CheckFailedError, CheckSkippedError, Context
+
+
+# --- random -------------------------------------------------------------------------------
+def _moments(ctx: Context, values: Any, mean: float, std: float, what: str) -> None:
+    np = ctx.np
+    v = np.asarray(values, dtype=np.float64).ravel()
+    n = v.size
+    got_mean, got_std = float(v.mean()), float(v.std())
+    # 6 standard errors: a correct generator fails this about once in 10^9 runs
+    if abs(got_mean - mean) > 6 * std / math.sqrt(n) + 0.01 * std:
+        raise CheckFailedError(f"{what}: mean {got_mean:.4f} over {n} samples, expected {mean:.4f}")
+    if abs(got_std - std) > 6 * std * math.sqrt(2.0 / n) + 0.01 * std:
+        raise CheckFailedError(f"{what}: standard deviation {got_std:.4f} over {n} samples, "
+                               f"expected {std:.4f}")
+
+
+def check_random(kind: str, dtype: str) -> Callable[[Context], None]:
+    def run(ctx: Context) -> None:
+        np = ctx.np
+        n = 4096 if ctx.quick else 65536
+        shape = (n // 64, 64)
+        k = ctx.k[kind]
+        p, q = (-2.0, 3.0) if kind == "random_uniform" else (1.0, 2.0)
+        what = f"{kind}[{dtype}] seed 7"
+        a = ctx.host(k(shape, dtype, 7, p, q), what)
+        if a.dtype != ctx.np_dtypes[dtype] or a.shape != shape:
+            raise CheckFailedError(f"{what}: returned {a.dtype.name} {a.shape}, expected {dtype} "
+                                   f"{shape}")
+        b = ctx.host(k(shape, dtype, 7, p, q), what)
+        if not np.array_equal(a, b):
+            raise CheckFailedError(f"{what}: two calls with the same seed differ (a seed must make "
+                                   "a run repeatable)")
+        c = ctx.host(k(shape, dtype, 8, p, q), what)
+        if np.array_equal(a, c):
+            raise CheckFailedError(f"{what}: seeds 7 and 8 give the same values")
+        v = a.astype(np.float64)
+        if not np.isfinite(v).all():
+            raise CheckFailedError(f"{what}: non-finite values")
+        if kind == "random_uniform":
+            if v.min() < p or v.max() > q:
+                raise CheckFailedError(f"{what}: values outside [{p}, {q}): min {v.min()}, max "
+                                  f"{v.max()}")
+            _moments(ctx, v, (p + q) / 2, (q - p) / math.sqrt(12), what)
+            lo_half = float((v < (p + q) / 2).mean())
+            if abs(lo_half - 0.5) > 6 * 0.5 / math.sqrt(v.size):
+                raise CheckFailedError(f"{what}: {lo_half:.3f} of the values in the lower half")
+        else:
+            _moments(ctx, v, p, q, what)
+            within = float((np.abs(v - p) < q).mean())  # 68.3% within one sigma
+            if abs(within - 0.6827) > 0.03:
+                raise CheckFailedError(f"{what}: {within:.3f} of the values within one standard "
+                                       "deviation, expected 0.683 (not a normal distribution?)")
+        small = ctx.host(k((3,), dtype, 7, p, q), what)
+        if small.shape != (3,):
+            raise CheckFailedError(f"{kind}[{dtype}] shape (3,): returned {small.shape}")
+
+    return run
+
+
+# --- loss scaling -------------------------------------------------------------------------
+def check_unscale_and_check(ctx: Context) -> None:
+    np = ctx.np
+    k = ctx.k["unscale_and_check"]
+    grads = [(ctx.data((3, 4), -300, 300, key="u0"), "float32"),
+             (ctx.data((5,), -300, 300, key="u1"), "float16"),
+             (ctx.data((2, 2), -300, 300, key="u2"), "bfloat16")]
+
+    def run(items: list[tuple[Any, str]], inv: float, expect: bool, what: str) -> None:
+        outs, flag = k([ctx.up(g, dt) for g, dt in items], inv)
+        if len(outs) != len(items):
+            raise CheckFailedError(f"unscale_and_check {what}: {len(outs)} outputs for "
+                                   f"{len(items)} gradients")
+        if ctx.flag(flag, f"unscale_and_check {what}") is not expect:
+            raise CheckFailedError(f"unscale_and_check {what}: flag is {not expect}, expected "
+                                   f"{expect}")
+        for i, ((g, dt), out) in enumerate(zip(items, outs)):
+            with np.errstate(over="ignore"):  # the overflow cases expect inf here
+                want = (ctx.rounded(g, dt) * np.float32(inv)).astype(np.float32)
+            ctx.expect(out, want, "float32", f"unscale_and_check {what}: gradient {i} ({dt})",
+                       2)
+
+    run(grads, 1.0 / 1024, True, "on finite float32/float16/bfloat16 gradients")
+    run(grads, 1.0, True, "with inv_scale 1")
+    for i, bad in ((0, np.inf), (1, np.nan), (2, -np.inf), (1, np.inf)):
+        items = [(g.copy(), dt) for g, dt in grads]
+        items[i][0].flat[1] = bad
+        run(items, 1.0 / 1024, False, f"with {bad} in gradient {i} ({items[i][1]})")
+    # finite values whose sum overflows float32 are still finite
+    huge = [(np.asarray([3.0e38, 3.0e38, -1.0]), "float32")]
+    run(huge, 1.0, True, "on finite values whose sum overflows")
+
+
+def check_all_finite(ctx: Context) -> None:
+    np = ctx.np
+    k = ctx.kernel("all_finite")
+    xs = [ctx.data((3, 4), key="af0"), ctx.data((5,), key="af1")]
+    for dt in FLOATS:
+        if not ctx.flag(k([ctx.up(x, dt) for x in xs]), f"all_finite[{dt}]"):
+            raise CheckFailedError(f"all_finite[{dt}] on finite values: false")
+        for bad in (np.inf, np.nan):
+            ys = [x.copy() for x in xs]
+            ys[1][2] = bad
+            if ctx.flag(k([ctx.up(y, dt) for y in ys]), f"all_finite[{dt}]"):
+                raise CheckFailedError(f"all_finite[{dt}] with {bad}: true")
+    if not ctx.flag(k([ctx.up([3.0e38, 3.0e38], "float32")]), "all_finite"):
+        raise CheckFailedError("all_finite on finite values whose sum overflows: false")
+
+
+# --- optional fused kernels ---------------------------------------------------------------
+def check_softmaxes(ctx: Context) -> None:
+    done = []
+    for name in ("softmax", "log_softmax"):
+        if ctx.k.get(name) is None:
+            continue
+        host = ctx.data((4, 6), -5, 5, key=name)
+        host[0, 0] = 80.0  # exp overflows float32 here unless the max is subtracted
+        for axis in (1, 0):
+            ctx.expect(ctx.k[name](ctx.up(host, "float32"), axis),
+                       ctx.ref_call(name, ctx.ref_up(host, "float32"), axis), "float32",
+                       f"{name} axis={axis}", 4)
+        done.append(name)
+    if not done:
+        raise CheckSkippedError("softmax and log_softmax are not provided (optional)")
+
+
+def check_xent(ctx: Context) -> None:
+    fwd = ctx.kernel("sparse_softmax_cross_entropy")
+    logits = ctx.data((6, 5), -4, 4, key="xent")
+    labels = [0, 4, 2, 2, 1, 3]
+    loss, probs = fwd(ctx.up(logits, "float32"), ctx.up(labels, "int32"))
+    rl, rp = ctx.rk["sparse_softmax_cross_entropy"](ctx.ref_up(logits, "float32"),
+                                                    ctx.ref_up(labels, "int32"))
+    ctx.expect(loss, ctx.ref_host(rl), "float32", "sparse_softmax_cross_entropy loss", 4)
+    ctx.expect(probs, ctx.ref_host(rp), "float32", "sparse_softmax_cross_entropy softmax", 4)
+    grad = ctx.k.get("sparse_softmax_cross_entropy_grad")
+    if grad is not None:
+        g = ctx.data((6,), 0.5, 2, key="xent-g")
+        want = ctx.rounded(ctx.host(probs, "probs"), "float32")
+        want[range(6), labels] -= 1.0
+        want *= ctx.rounded(g, "float32")[:, None]
+        ctx.expect(grad(probs, ctx.up(labels, "int32"), ctx.up(g, "float32")), want, "float32",
+                   "sparse_softmax_cross_entropy_grad", 4)
+
+
+def check_relu_grad_bias_add(dtype: str) -> Callable[[Context], None]:
+    def run(ctx: Context) -> None:
+        done = []
+        if ctx.k.get("relu_grad") is not None:
+            g, y = ctx.data((3, 4), key="rg-g"), ctx.data((3, 4), key="rg-y")
+            y[0, 0] = 0.0
+            ctx.expect(ctx.k["relu_grad"](ctx.up(g, dtype), ctx.up(y, dtype)),
+                       ctx.rounded(g, dtype) * (ctx.rounded(y, dtype) > 0), dtype,
+                       f"relu_grad[{dtype}]")
+            done.append("relu_grad")
+        if ctx.k.get("relu_grad_bias") is not None:
+            for shape in ((5, 4), (2, 3, 4)):
+                g, y = ctx.data(shape, key="rgb-g"), ctx.data(shape, key="rgb-y")
+                y.reshape(-1)[0] = 0.0
+                want = ctx.rounded(g, dtype) * (ctx.rounded(y, dtype) > 0)
+                got = ctx.k["relu_grad_bias"](ctx.up(g, dtype), ctx.up(y, dtype))
+                if not isinstance(got, tuple) or len(got) != 2:
+                    raise CheckFailedError("relu_grad_bias must return (relu_grad, bias grad)")
+                ctx.expect(got[0], want, dtype, f"relu_grad_bias[{dtype}] {shape}: relu_grad")
+                rows = want.reshape(-1, shape[-1])
+                ctx.expect(got[1], rows.sum(axis=0), dtype,
+                           f"relu_grad_bias[{dtype}] {shape}: bias grad", 2,
+                           magnitude=abs(rows).sum(axis=0))
+            done.append("relu_grad_bias")
+        if ctx.k.get("bias_add") is not None:
+            for shape in ((3, 4), (2, 3, 4)):
+                x, b = ctx.data(shape, key="ba-x"), ctx.data((4,), key="ba-b")
+                ctx.expect(ctx.k["bias_add"](ctx.up(x, dtype), ctx.up(b, dtype)),
+                           ctx.ref_call("add", ctx.ref_up(x, dtype), ctx.ref_up(b, dtype)),
+                           dtype, f"bias_add[{dtype}] {shape} + (4,)", 2)
+            done.append("bias_add")
+        if not done:
+            raise CheckSkippedError("relu_grad, relu_grad_bias and bias_add are not provided "
+                                    "(optional)")
+
+    return run
+
+
+def check_dense(dtype: str) -> Callable[[Context], None]:
+    def run(ctx: Context) -> None:
+        np = ctx.np
+        k = ctx.kernel("dense")
+        w = ctx.data((7, 3), key="dense-w")
+        b = ctx.data((3,), key="dense-b")
+        for shape in ((5, 7), (2, 3, 7)):
+            x = ctx.data(shape, key=("dense-x", shape))
+            z = ctx.rounded(x, dtype) @ ctx.rounded(w, dtype)
+            mag = np.abs(ctx.rounded(x, dtype)) @ np.abs(ctx.rounded(w, dtype))
+            for bias in (None, b):
+                for activation in (None, "relu"):
+                    want = z if bias is None else z + ctx.rounded(bias, dtype)
+                    if activation == "relu":
+                        want = np.maximum(want, 0.0)
+                    got = k(ctx.up(x, dtype), ctx.up(w, dtype),
+                            None if bias is None else ctx.up(bias, dtype), activation)
+                    ctx.expect(got, want, dtype,
+                               f"dense[{dtype}] x {shape} bias={bias is not None} "
+                               f"activation={activation}", 2, mag)
+
+    return run
+
+
+def check_dropout_mask(ctx: Context) -> None:
+    np = ctx.np
+    k = ctx.kernel("dropout_mask")
+    n = 4096 if ctx.quick else 65536
+    for dtype in FLOATS:
+        for rate in (0.25, 0.5):
+            what = f"dropout_mask[{dtype}] rate={rate}"
+            a = ctx.host(k((n,), rate, dtype, 3), what)
+            if a.dtype != ctx.np_dtypes[dtype] or a.shape != (n,):
+                raise CheckFailedError(f"{what}: returned {a.dtype.name} {a.shape}")
+            keep = ctx.rounded(1.0 / (1.0 - rate), dtype)
+            v = a.astype(np.float64)
+            if not np.all((v == 0) | (v == keep)):
+                raise CheckFailedError(f"{what}: values other than 0 and {keep}")
+            frac = float((v == 0).mean())
+            if abs(frac - rate) > 6 * math.sqrt(rate * (1 - rate) / n):
+                raise CheckFailedError(f"{what}: {frac:.3f} of the values dropped")
+            if not np.array_equal(a, ctx.host(k((n,), rate, dtype, 3), what)):
+                raise CheckFailedError(f"{what}: the same seed gives different masks")
+
+
+def check_optimizer(name: str) -> Callable[[Context], str]:
+    def run(ctx: Context) -> str:
+        np = ctx.np
+        k = ctx.kernel(name)
+        shape = (4, 5)
+        var0 = ctx.data(shape, key=(name, "var"))
+        grad0 = ctx.data(shape, -0.5, 0.5, key=(name, "grad"))
+        slot0 = {"velocity": ctx.data(shape, -0.1, 0.1, key=(name, "vel")),
+                 "ms": ctx.data(shape, 0.01, 0.2, key=(name, "ms")),
+                 "mom": ctx.data(shape, -0.1, 0.1, key=(name, "mom")),
+                 "m": ctx.data(shape, -0.1, 0.1, key=(name, "m")),
+                 "v": ctx.data(shape, 0.01, 0.2, key=(name, "v"))}
+        variants: list[tuple[str, list[str | None], tuple[Any, ...]]]
+        if name == "sgd_update":
+            variants = [("plain", [None], (0.1, 0.0, False)),
+                        ("momentum", ["velocity"], (0.1, 0.9, False)),
+                        ("nesterov", ["velocity"], (0.1, 0.9, True))]
+        elif name == "rmsprop_update":
+            variants = [("plain", ["ms", None], (0.01, 0.9, 0.0, 1e-7)),
+                        ("momentum", ["ms", "mom"], (0.01, 0.9, 0.5, 1e-7))]
+        else:
+            variants = [("adam", ["m", "v"], (0.01, 0.9, 0.999, 1e-7, 3, 0.0)),
+                        ("adamw", ["m", "v"], (0.01, 0.9, 0.999, 1e-7, 3, 0.01))]
+        ok_flag = ctx.k["unscale_and_check"]([ctx.up(grad0, "float32")], 1.0)[1]
+        bad_flag = ctx.k["unscale_and_check"]([ctx.up([np.inf], "float32")], 1.0)[1]
+        for label, slots, hyper in variants:
+            for flag_name, flag in (("None", None), ("true", ok_flag), ("false", bad_flag)):
+                what = f"{name} {label} flag={flag_name}"
+                var = ctx.up(var0, "float32")
+                grad = ctx.up(grad0, "float32")
+                bufs = [None if s is None else ctx.up(slot0[s], "float32") for s in slots]
+                rvar = ctx.ref.asarray(np.array(var0, np.float32), "float32")
+                rbufs = [None if s is None else ctx.ref.asarray(np.array(slot0[s], np.float32),
+                                                                "float32") for s in slots]
+                out = k(var, grad, *bufs, *hyper, flag)
+                if out is not None:
+                    raise CheckFailedError(f"{what}: returned {type(out).__name__}; fused updates "
+                                           "work in place and return None")
+                if flag_name == "false":
+                    wants = [var0, *[slot0[s] for s in slots if s is not None]]
+                    grad_after = ctx.host(grad, what)
+                    if not np.array_equal(grad_after, grad0.astype(np.float32)):
+                        raise CheckFailedError(f"{what}: the gradient buffer changed")
+                else:
+                    ctx.rk[name](rvar, ctx.ref.asarray(np.array(grad0, np.float32), "float32"),
+                                 *rbufs, *hyper, None)
+                    wants = [ctx.ref_host(rvar), *[ctx.ref_host(b) for b in rbufs
+                                                   if b is not None]]
+                gots = [var, *[b for b in bufs if b is not None]]
+                labels = ["var", *[s for s in slots if s is not None]]
+                for buf, want, lab in zip(gots, wants, labels):
+                    if flag_name == "false":
+                        h = ctx.host(buf, what)
+                        if not np.array_equal(h, np.asarray(want, np.float32)):
+                            raise CheckFailedError(f"{what}: {lab} changed although the flag is "
+                                                   "false (a skipped step must leave every buffer "
+                                                   "untouched)")
+                    else:
+                        ctx.expect(buf, want, "float32", f"{what}: {lab}", 8)
+        return f"{len(variants)} variants x flag None/true/false"
+
+    return run
+
