@@ -24,7 +24,7 @@ import json
 import ml_dtypes, numpy as np
 import mpcore_onednn
 from mpcore_cpu import CpuBackend
-from mpcore_cpu.backend import convert
+from mpcore_cpu.creation import convert
 from mpcore_onednn import relu, reorder
 from mpcore_onednn.elementwise import BinaryCache
 

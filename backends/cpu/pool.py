@@ -131,3 +131,8 @@ class BufferPool:
         return {"bytes": self.nbytes, "idle_bytes": idle, "buffers":
                 sum(len(b) for b in self._buffers.values()), "hits": self.hits,
                 "misses": self.misses, "limit": self.limit}
+
+
+#: Recycled buffers for the large outputs of the CPU backend's kernels (one per process: it is
+#: process memory that it recycles).
+POOL = BufferPool()

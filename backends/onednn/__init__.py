@@ -253,7 +253,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         if relu_grad_bias is not None:
             kernels["relu_grad_bias"] = make_relu_grad_bias(relu_grad_bias, passes,
                                                             kernels["matmul"], alloc)
-    from mpcore_cpu.backend import convert
+    from mpcore_cpu.creation import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the
     # convert kernel already installed (ONNX Runtime's float16 one, if any)

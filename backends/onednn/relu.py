@@ -7,7 +7,7 @@ input would vanish (a finite loss, plausible predictions) where the CPU kernel's
 keeps it. No chain of oneDNN post-ops on the accumulator keeps NaN and sends -inf to 0, so the
 relu is a pass of its own over the result.
 
-For the backward pass, the CPU backend's kernel (mpcore_cpu.relu_kernels) selects on the bits of
+For the backward pass, the CPU backend's kernel (mpcore_cpu.nn) selects on the bits of
 ``g`` in NumPy, on one thread; right after the step's GEMM, oneDNN's OpenMP worker spins on the
 other core, so that thread cannot have it either. Here the selection is one oneDNN binary
 primitive (both cores) and the bias gradient a GEMV, ``ones @ dz``, through the oneDNN
@@ -17,7 +17,7 @@ training step of the guide's MLP (in-process A/B): float32 -2.0 ms (loop) and -1
 mixed_bfloat16 -1.4 ms.
 
 ``relu_grad`` keeps ``g`` where ``y > 0`` and writes +0 elsewhere, even for an inf or NaN
-``g`` (see relu_kernels). A product ``g * (y > 0)`` would give -0 and NaN instead; this chain
+``g`` (see mpcore_cpu.nn). A product ``g * (y > 0)`` would give -0 and NaN instead; this chain
 (one rounding-free instruction per step, on the running value)::
 
     m  = max(y, 0) > 0          max(NaN, 0) is 0 here (the probe below checks), -0 compares 0
@@ -126,7 +126,7 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
     sums ``db`` as the CPU kernel's 16-bit path does (a bfloat16 GEMV, or float32 on the copy
     of ``dz`` the layer's GEMMs keep); ``alloc`` gives ``dz`` (the CPU backend's recycled
     buffers)."""
-    from mpcore_cpu.relu_kernels import column_sums
+    from mpcore_cpu.nn import column_sums
 
     alloc = alloc or np.empty
     trusted: dict[np.dtype, bool] = {}

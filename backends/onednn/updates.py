@@ -1,7 +1,7 @@
 """The CPU backend's fused optimizer updates on both cores, through oneDNN binary primitives.
 
 The CPU backend's ``sgd_update``, ``rmsprop_update`` and ``adam_update``
-(mpcore_cpu.train_kernels) run NumPy over L2-sized blocks on one thread; RMSprop takes 2.3 ms per
+(mpcore_cpu.optim) run NumPy over L2-sized blocks on one thread; RMSprop takes 2.3 ms per
 million weights inside a training step here, the largest cost of the step after the GEMMs. The
 same float32 operations in the same order, as a few oneDNN passes on oneDNN's OpenMP team, give
 identical bits (tested against the NumPy kernels, signed zeros and Inf included; a NaN stays a
@@ -164,7 +164,7 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     float32 gradients are multiplied on oneDNN's threads and checked by the CPU backend's exact
     all-finite test, everything else goes to ``original``, one gradient at a time."""
     alloc = alloc or np.empty
-    from mpcore_cpu.backend import is_all_finite
+    from mpcore_cpu.optim import is_all_finite
 
     def unscale_and_check(grads: list[np.ndarray], inv_scale: float
                           ) -> tuple[list[np.ndarray], np.ndarray]:

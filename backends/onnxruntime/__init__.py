@@ -52,7 +52,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     if importlib.util.find_spec("onnxruntime") is None:
         _status = f"not used: onnxruntime is not installed ({install_command('onnxruntime')})"
         return None
-    from mpcore_cpu.backend import convert
+    from mpcore_cpu.creation import convert
 
     alloc = getattr(backend, "buffer", None)  # the CPU backend's recycled output buffers
     _status = "used: float16 <-> float32 conversions through ONNX Runtime's Cast"
