@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import DTYPES, LOW
 
 import mpcore
 from mpcore.backend import Backend, KernelSet
@@ -99,9 +99,8 @@ def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any],
 def _router(dtypes: frozenset[str], via_float32: Any) -> Callable[[Any], tuple[Any, Any]]:
     """For operands of a NumPy dtype: (the dtype oneDNN computes in, or None to leave them to
     the original kernel; the 16-bit dtype to round a float32 result back to, or None)."""
-    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
-              for d in dtypes}
-    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
+    native = {DTYPES[d]: d for d in dtypes}
+    low = LOW - set(native)
     via = via_float32 is not None and "float32" in dtypes
 
     def route(dtype: Any) -> tuple[Any, Any]:
@@ -183,7 +182,7 @@ def _missing_gemm(lib: Library, dtype: str) -> str | None:
     """None when this oneDNN has a matmul for ``dtype`` on this CPU, else why not (oneDNN
     3.2 has no bfloat16 matmul below AVX-512, even emulated: forced there, bfloat16 takes the
     float32 route)."""
-    one = np.ones((1, 1), np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
+    one = np.ones((1, 1), DTYPES[dtype])
     cache = MatmulCache(lib, max_entries=1)
     try:
         cache.matmul(one, one, dtype)

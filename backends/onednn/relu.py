@@ -43,19 +43,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import BF16, F32
 
 from .dnnl import DnnlError
 from .elementwise import BinaryCache
 from .updates import MIN_ELEMENTS, _mark
 
-_F32 = np.dtype(np.float32)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 #: the dtypes it takes, by name, with the unsigned view that compares their bits
-_DTYPES = {_F32: ("float32", np.uint32), _BF16: ("bfloat16", np.uint16)}
-_ZERO = np.zeros(1, _F32)
-_ONE = np.ones(1, _F32)
+_DTYPES = {F32: ("float32", np.uint32), BF16: ("bfloat16", np.uint16)}
+_ZERO = np.zeros(1, F32)
+_ONE = np.ones(1, F32)
 _CHAIN = (("gt", "scalar"), ("sub", "scalar"), ("mul", "full"), ("add", "full"))
 
 Kernel = Callable[..., Any]
@@ -73,10 +71,10 @@ def relu_in_place(z: np.ndarray) -> None:
     bfloat16 is rounded already; on the bits, that is ``round(max(z, 0))`` exactly (rounding
     to nearest keeps the sign and the NaN), without NumPy's element-by-element bfloat16 loop."""
     flat = z.reshape(-1)
-    if z.dtype == _F32:
+    if z.dtype == F32:
         np.maximum(flat, _ZERO[0], out=flat)
         return
-    if z.dtype != _BF16:
+    if z.dtype != BF16:
         raise TypeError(f"relu_in_place takes float32 or bfloat16, not {z.dtype}")
     bits = flat.view(np.int16)
     keep = np.empty(min(_BLOCK, bits.size), bool)
@@ -102,8 +100,8 @@ def _probe(cache: BinaryCache, original: Kernel, dtype: np.dtype) -> bool:
     ``y`` (NaNs, signed zeros and infinities, subnormals) against finite ``g`` of both signs,
     zeros included."""
     specials = np.array([np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.0, -1.0, np.inf,
-                         -np.inf, 3e38, -3e38], _F32).astype(dtype)
-    gs = np.array([-2.5, 0.0, -0.0, 7.0, 1e-45, 1e-40, -3e38], _F32).astype(dtype)
+                         -np.inf, 3e38, -3e38], F32).astype(dtype)
+    gs = np.array([-2.5, 0.0, -0.0, 7.0, 1e-45, 1e-40, -3e38], F32).astype(dtype)
     y = np.repeat(specials, len(gs))
     g = np.tile(gs, len(specials))
     got = np.empty_like(y)
@@ -145,7 +143,7 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
             trusted[g.dtype] = False
             return original(g, y)
         db = column_sums(matmul, dz)
-        if not np.isfinite(db.astype(_F32, copy=False)).all():
+        if not np.isfinite(db.astype(F32, copy=False)).all():
             return original(g, y)
         return dz, db
 
