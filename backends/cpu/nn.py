@@ -15,7 +15,7 @@ is in cache, instead of a separate pass (``ones @ dz``, a GEMV that reads the gr
 from memory). 16-bit gradients keep that GEMV (see the kernel).
 
 With the oneDNN plugin, ``relu_grad_bias`` of large float32 and bfloat16 arrays runs on oneDNN's
-threads instead (mpcore_onednn.relu), for each dtype only after a probe at first use finds
+threads instead (mpcore_onednn.nn), for each dtype only after a probe at first use finds
 oneDNN's result bit for bit this kernel's; this kernel redoes the rare calls whose ``g`` or bias
 gradient is not finite.
 """
@@ -89,7 +89,7 @@ class CpuNn:
 
     def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
         if not _blocked(g, y):
-            return super().relu_grad(g, y)  # type: ignore[misc]
+            return super().relu_grad(g, y)
         out = self.buffer(y.shape, g.dtype)
         for _ in _masked_blocks(g, y, out):
             pass

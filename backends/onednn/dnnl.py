@@ -349,7 +349,7 @@ class MatmulCache(PrimitiveCache):
     layouts and dtypes. Memory objects are cached with their primitive and pointed at each
     call's arrays, so a cached call is one ``dnnl_primitive_execute``. No activation is fused:
     oneDNN's relu post-op is x86's ``maxps(z, 0)``, which turns a NaN ``z`` into 0 (see
-    mpcore_onednn.relu.relu_in_place).
+    mpcore_onednn.nn.relu_in_place).
 
     Primitives use a scratchpad that this cache owns (oneDNN's user scratchpad mode): one
     buffer per thread, grown to the largest primitive's need (1.3 MB for the transposed

@@ -48,7 +48,7 @@ from mpcore_xp import BF16, F32
 
 from .dnnl import DnnlError
 from .elementwise import BinaryCache
-from .updates import MIN_ELEMENTS, _mark
+from .optim import MIN_ELEMENTS, _mark
 
 #: the dtypes it takes, by name, with the unsigned view that compares their bits
 _DTYPES = {F32: ("float32", np.uint32), BF16: ("bfloat16", np.uint16)}
