@@ -12,6 +12,13 @@ from . import kernels as _k
 from .kernels import BLOCK, CTYPE, KERNEL_FLOATS, grid
 
 
+def _output_size(h: int, w: int, kh: int, kw: int, sh: int, sw: int,
+                 pads: tuple[int, int, int, int]) -> tuple[int, int]:
+    """(OH, OW) of a window of (kh, kw) moved by (sh, sw) over the padded (h, w)."""
+    top, bottom, left, right = pads
+    return (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+
+
 class CudaImage:
     """Mixed into CudaBackend."""
 
@@ -23,20 +30,24 @@ class CudaImage:
             raise TypeError(f"image kernels take floating tensors, got {x.dtype}")
         return self._contig(x)
 
+    def _launch(self, kernel: str, dtype: Any, operands: tuple[Any, ...], out: Any,
+                geometry: tuple[int, ...]) -> Any:
+        """``kernel`` over every element of ``out``: its operands, ``out``, its size, then the
+        window geometry (h, w, c, oh, ow, kh, kw, sh, sw, top, left) as int32."""
+        if out.size:
+            _k.function(_k.template(kernel, CTYPE[dtype]))(
+                grid(out.size), (BLOCK,),
+                (*operands, out, I64(out.size), *map(np.int32, geometry)))
+        return out
+
     def extract_patches(self, x: Any, kh: int, kw: int, sh: int, sw: int,
                         pads: tuple[int, int, int, int]) -> Any:
         x = self._image_floats(x)
         n, h, w, c = x.shape
-        top, bottom, left, right = pads
-        oh = (h + top + bottom - kh) // sh + 1
-        ow = (w + left + right - kw) // sw + 1
+        oh, ow = _output_size(h, w, kh, kw, sh, sw, pads)
         out = self.cp.empty((n, oh, ow, kh * kw * c), dtype=x.dtype)
-        if out.size:
-            _k.function(_k.template("im2col", CTYPE[x.dtype]))(
-                grid(out.size), (BLOCK,),
-                (x, out, I64(out.size), *map(np.int32, (h, w, c, oh, ow, kh, kw, sh, sw, top,
-                                                        left))))
-        return out
+        return self._launch("im2col", x.dtype, (x,), out,
+                            (h, w, c, oh, ow, kh, kw, sh, sw, pads[0], pads[2]))
 
     def extract_patches_grad(self, g: Any, x_shape: tuple[int, ...], kh: int, kw: int,
                              sh: int, sw: int, pads: tuple[int, int, int, int]) -> Any:
@@ -44,27 +55,17 @@ class CudaImage:
         n, h, w, c = x_shape
         oh, ow = g.shape[1], g.shape[2]
         dx = self.cp.empty((n, h, w, c), dtype=g.dtype)
-        if dx.size:
-            _k.function(_k.template("col2im", CTYPE[g.dtype]))(
-                grid(dx.size), (BLOCK,),
-                (g, dx, I64(dx.size), *map(np.int32, (h, w, c, oh, ow, kh, kw, sh, sw,
-                                                      pads[0], pads[2]))))
-        return dx
+        return self._launch("col2im", g.dtype, (g,), dx,
+                            (h, w, c, oh, ow, kh, kw, sh, sw, pads[0], pads[2]))
 
     def max_pool2d(self, x: Any, ph: int, pw: int, sh: int, sw: int,
                    pads: tuple[int, int, int, int]) -> Any:
         x = self._image_floats(x)
         n, h, w, c = x.shape
-        top, bottom, left, right = pads
-        oh = (h + top + bottom - ph) // sh + 1
-        ow = (w + left + right - pw) // sw + 1
+        oh, ow = _output_size(h, w, ph, pw, sh, sw, pads)
         y = self.cp.empty((n, oh, ow, c), dtype=x.dtype)
-        if y.size:
-            _k.function(_k.template("maxpool", CTYPE[x.dtype]))(
-                grid(y.size), (BLOCK,),
-                (x, y, I64(y.size), *map(np.int32, (h, w, c, oh, ow, ph, pw, sh, sw, top,
-                                                    left))))
-        return y
+        return self._launch("maxpool", x.dtype, (x,), y,
+                            (h, w, c, oh, ow, ph, pw, sh, sw, pads[0], pads[2]))
 
     def max_pool2d_grad(self, g: Any, x: Any, y: Any, ph: int, pw: int, sh: int, sw: int,
                         pads: tuple[int, int, int, int]) -> Any:
@@ -72,9 +73,5 @@ class CudaImage:
         _, h, w, c = x.shape
         oh, ow = y.shape[1], y.shape[2]
         dx = self.cp.empty(x.shape, dtype=g.dtype)
-        if dx.size:
-            _k.function(_k.template("maxpool_grad", CTYPE[g.dtype]))(
-                grid(dx.size), (BLOCK,),
-                (g, x, y, dx, I64(dx.size), *map(np.int32, (h, w, c, oh, ow, ph, pw, sh, sw,
-                                                            pads[0], pads[2]))))
-        return dx
+        return self._launch("maxpool_grad", g.dtype, (g, x, y), dx,
+                            (h, w, c, oh, ow, ph, pw, sh, sw, pads[0], pads[2]))

@@ -25,17 +25,19 @@ class CudaReduce:
             out = self.matmul(self.cp.ones((1, x.shape[0]), dtype=x.dtype), x, False, False)
             return out if keepdims else out.reshape(x.shape[1])
         if x.dtype in LOW:
-            src = self.cast(x, "float32") if x.dtype == BF16 else x
-            return self.cast(self.cp.sum(src, axis=axis, dtype=F32, keepdims=keepdims),
-                             x.dtype.name)
+            return self._in_float32(self.cp.sum, x, axis, keepdims)
         return self.cp.sum(x, axis=axis, keepdims=keepdims)
 
     def mean(self, x: Any, axis: Any, keepdims: bool) -> Any:
         if x.dtype in LOW:
-            src = self.cast(x, "float32") if x.dtype == BF16 else x
-            return self.cast(self.cp.mean(src, axis=axis, dtype=F32, keepdims=keepdims),
-                             x.dtype.name)
+            return self._in_float32(self.cp.mean, x, axis, keepdims)
         return self.cp.mean(x, axis=axis, keepdims=keepdims)
+
+    def _in_float32(self, reduction: Any, x: Any, axis: Any, keepdims: bool) -> Any:
+        """A 16-bit reduction accumulated in float32 and rounded once (bfloat16 read as float32
+        first: CuPy's bfloat16 loops are new)."""
+        src = self.cast(x, "float32") if x.dtype == BF16 else x
+        return self.cast(reduction(src, axis=axis, dtype=F32, keepdims=keepdims), x.dtype.name)
 
     # bfloat16 comparisons go through float32 (exact): CuPy 14's bfloat16 reductions are new.
     def max(self, x: Any, axis: Any, keepdims: bool) -> Any:

@@ -11,9 +11,13 @@ from mpcore_xp import DTYPES, LOW
 
 from .dnnl import MatmulCache
 from .nn import relu_in_place
+from .optim import Alloc, _mark
+
+#: The CPU backend's (upcast, convert) for 16-bit dtypes multiplied by the float32 GEMM.
+Upcasting = tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None
 
 
-def upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None:
+def upcasting(backend: Any) -> Upcasting:
     """The CPU backend's float32 copies of 16-bit operands and its fast rounding back, for
     16-bit dtypes oneDNN has no fast GEMM for here (None for a backend without them)."""
     upcast = getattr(backend, "upcast", None)
@@ -40,10 +44,8 @@ def _router(dtypes: frozenset[str], via_float32: Any) -> Callable[[Any], tuple[A
 
 
 def make_matmul(original: Callable[..., Any], cache: MatmulCache,
-                dtypes: frozenset[str] = frozenset({"bfloat16"}),
-                via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
-                alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
-                ) -> Callable[..., Any]:
+                dtypes: frozenset[str] = frozenset({"bfloat16"}), via_float32: Upcasting = None,
+                alloc: Alloc | None = None) -> Callable[..., Any]:
     """The CPU ``matmul`` kernel with operands of ``dtypes`` ("bfloat16", "float32") sent to
     oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
     "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
@@ -65,16 +67,12 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
         out = cache.matmul(a, b, dtype, alloc=alloc)
         return out if out_dtype is None else via_float32[1](out, out_dtype)  # type: ignore[index]
 
-    matmul.cache = cache  # type: ignore[attr-defined]
-    matmul.original = original  # type: ignore[attr-defined]
-    return matmul
+    return _mark(matmul, original, cache)
 
 
 def make_dense(original: Callable[..., Any], cache: MatmulCache,
-               dtypes: frozenset[str] = frozenset({"bfloat16"}),
-               via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
-               alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
-               ) -> Callable[..., Any]:
+               dtypes: frozenset[str] = frozenset({"bfloat16"}), via_float32: Upcasting = None,
+               alloc: Alloc | None = None) -> Callable[..., Any]:
     """The CPU ``dense`` kernel (``activation(x @ w + b)``) as one oneDNN primitive for
     ``dtypes``, the bias fused into it, added to the float32 accumulator (a bfloat16 result is
     rounded once), then relu in place (:func:`~mpcore_onednn.nn.relu_in_place`: NaN stays
@@ -100,6 +98,4 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
             out = via_float32[1](out, out_dtype)  # type: ignore[index]
         return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
 
-    dense.cache = cache  # type: ignore[attr-defined]
-    dense.original = original  # type: ignore[attr-defined]
-    return dense
+    return _mark(dense, original, cache)

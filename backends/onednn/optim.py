@@ -188,8 +188,9 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     return _mark(unscale_and_check, original, cache)  # type: ignore[arg-type]
 
 
-def _mark(kernel: Callable[..., Any], original: Callable[..., Any],
-          cache: BinaryCache) -> Callable[..., Any]:
+def _mark(kernel: Callable[..., Any], original: Callable[..., Any], cache: Any
+          ) -> Callable[..., Any]:
+    """``kernel`` carrying the primitive cache it runs on and the kernel it falls back to."""
     kernel.cache = cache  # type: ignore[attr-defined]
     kernel.original = original  # type: ignore[attr-defined]
     return kernel
