@@ -4,7 +4,7 @@ belongs to summed while each block is hot.
 
 ``relu_grad(g, y)`` is ``g`` where ``y > 0`` and +0 elsewhere, even where ``g`` is inf or NaN
 (TF's ReluGrad: a product ``g * (y > 0)`` would make NaN of an overflowed gradient, and -0).
-NumPy's ``where`` is ~7x slower than a multiply here, so the selection works on the bits: a
+NumPy's ``where`` is several times slower than a multiply, so the selection works on the bits: a
 0/1 integer mask from ``y`` times the bits of ``g`` is ``g``'s bits or +0, exactly.
 
 Blocks of :data:`BLOCK` elements keep the mask in L2, so memory sees one read of ``g`` and
@@ -64,7 +64,7 @@ def _masked_blocks(g: np.ndarray, y: np.ndarray, out: np.ndarray) -> Iterator[np
         keep = mask[:hi - lo]
         if g.dtype == _F32:
             np.greater(y2[lo:hi], _ZERO32, out=keep, casting="unsafe")
-        else:  # NumPy's 16-bit compares convert every element (~10x slower than this)
+        else:  # NumPy's 16-bit compares convert every element
             np.subtract(y2[lo:hi].view(uint), one, out=keep)
             np.less(keep, inf_bits, out=keep, casting="unsafe")
         np.multiply(g2[lo:hi], keep, out=out2[lo:hi])  # g's bits times 1 or 0
@@ -107,7 +107,7 @@ class CpuNn:
         if g.dtype != _F32:
             # 16-bit: the GEMV, as the composite op does, on the float32 copy of dz the layer's
             # GEMMs make anyway, where summing the 16-bit blocks here would convert them
-            # element by element in NumPy (9 ms per float16 step of the guide's MLP)
+            # element by element in NumPy
             dz = self.relu_grad(g, y)
             return dz, column_sums(self.kernels()["matmul"], dz)
         out = self.buffer(y.shape, g.dtype)

@@ -1,7 +1,7 @@
 """float32 <-> bfloat16 conversions as oneDNN reorder primitives.
 
-ml_dtypes converts bfloat16 one element at a time (per million elements here: float32 ->
-bfloat16 0.74 ms, the reverse 0.35 ms; ONNX Runtime's ``Cast`` is no faster for bfloat16).
+ml_dtypes converts bfloat16 one element at a time (and ONNX Runtime's ``Cast`` is no faster for
+bfloat16).
 oneDNN's reorder is JIT-compiled, vectorised and runs on its OpenMP team. At ISA avx512_core
 (AVX-512 without avx512_bf16) it rounds float32 to the nearest bfloat16, ties to even, in
 software and widens bfloat16 exactly: ``astype``'s bits, NaN payloads aside.
@@ -109,8 +109,8 @@ def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
                 and np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan]))
 
 
-#: Smaller conversions stay with the fallback: a primitive call costs ~15 us from Python,
-#: which ml_dtypes' loop matches at a few ten thousand elements.
+#: Smaller conversions stay with the fallback: the cost of a primitive call from Python is
+#: what ml_dtypes' loop takes for a few ten thousand elements (benchmarks/ measures it).
 MIN_ELEMENTS = 1 << 15
 
 
