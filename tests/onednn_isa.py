@@ -24,8 +24,9 @@ import json
 import ml_dtypes, numpy as np
 import mpcore_onednn
 from mpcore_cpu import CpuBackend
-from mpcore_cpu.backend import convert
-from mpcore_onednn import relu, reorder
+from mpcore_cpu.creation import convert
+from mpcore_onednn import creation as reorder
+from mpcore_onednn import nn as relu
 from mpcore_onednn.elementwise import BinaryCache
 
 lib = mpcore_onednn.library()

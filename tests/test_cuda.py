@@ -219,9 +219,13 @@ def test_kernel_sources_are_complete_and_used() -> None:
     instantiated = {e.split("<", 1)[0] for e in kernels.name_expressions()}
     assert instantiated | set(kernels.PLAIN_KERNELS) == defined
     assert "#include" not in kernels.SOURCE  # compiles with no CUDA headers at all
-    with open(os.path.join(os.path.dirname(kernels.__file__), "backend.py"),
-              encoding="utf-8") as f:
-        backend_src = f.read()
+    # the modules that launch kernels: every one of the package but kernels.py itself
+    package = os.path.dirname(kernels.__file__)
+    backend_src = ""
+    for name in sorted(os.listdir(package)):
+        if name.endswith(".py") and name != "kernels.py":
+            with open(os.path.join(package, name), encoding="utf-8") as f:
+                backend_src += f.read()
     launched = set(re.findall(r'_k\.(?:template|function)\(\s*"(\w+)"', backend_src))
     assert launched <= defined
     assert {name for name in defined if f'"{name}"' in backend_src} == defined  # all launched
@@ -296,7 +300,7 @@ def _cublas_strided_gemm(transa: int, transb: int, m: int, n: int, k: int, a: np
 @pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
 def test_strided_gemm_args_compute_the_row_major_product(ta: bool, tb: bool,
                                                          batch: tuple[int, ...]) -> None:
-    from mpcore_cuda.backend import strided_gemm_args
+    from mpcore_cuda.linalg import strided_gemm_args
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((*batch, 7, 5) if ta else (*batch, 5, 7))
@@ -344,7 +348,7 @@ BINARY_UFUNCS = {"add": "add", "subtract": "subtract", "multiply": "multiply",
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("value", [2.5, 3, True])
 def test_scalar_operands_keep_the_array_dtype(dtype: str, value: Any) -> None:
-    from mpcore_cuda.backend import _operands
+    from mpcore_cuda.elementwise import operands as _operands
 
     cupy, scalar = _cupy_dispatch()
     x = _unbacked(cupy, (4,), NP[dtype])
@@ -361,7 +365,7 @@ def test_scalar_operands_keep_the_array_dtype(dtype: str, value: Any) -> None:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_where_selects_in_the_operand_dtype(dtype: str) -> None:
     import cupy._sorting.search as search
-    from mpcore_cuda.backend import _select_operands
+    from mpcore_cuda.elementwise import select_operands as _select_operands
 
     cupy, scalar = _cupy_dispatch()
     cond = _unbacked(cupy, (4,), np.bool_)

@@ -8,13 +8,13 @@ import math
 from typing import Any
 
 import ml_dtypes
-import mpcore_cpu.backend as cpu_backend
+import mpcore_cpu.creation as cpu_creation
 import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
-from mpcore_cpu.backend import convert
-from mpcore_cpu.relu_kernels import BLOCK as RELU_BLOCK
-from mpcore_cpu.train_kernels import BLOCK
+from mpcore_cpu.creation import convert
+from mpcore_cpu.nn import BLOCK as RELU_BLOCK
+from mpcore_cpu.optim import BLOCK
 
 import mpcore as mp
 from mpcore import ops
@@ -284,13 +284,13 @@ def test_dense_layer_records_one_fused_op() -> None:
 def test_a_16_bit_operand_is_converted_once_for_several_gemms(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, Any]] = []
-    real = cpu_backend.convert
+    real = cpu_creation.convert
 
     def counting(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         calls.append((x.dtype, dtype))
         return real(x, dtype)
 
-    monkeypatch.setattr(cpu_backend, "convert", counting)
+    monkeypatch.setattr(cpu_creation, "convert", counting)
     be = CpuBackend()
     rng = np.random.default_rng(6)
     a = rng.standard_normal((8, 8), dtype=F32).astype(F16)

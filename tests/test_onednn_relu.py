@@ -28,7 +28,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def test_relu_in_place_is_the_cpu_kernels_relu_nan_included() -> None:
     """Every bfloat16 (the CPU kernel: max in float32, rounded once) and float32's special
     values: NaN stays NaN with its sign, where oneDNN's relu post-op would give 0."""
-    from mpcore_onednn.relu import relu_in_place
+    from mpcore_onednn.nn import relu_in_place
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
     z = every.copy()
@@ -52,7 +52,7 @@ def _relu_or_skip(monkeypatch: pytest.MonkeyPatch) -> tuple[CpuBackend, Any]:
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
     backend = CpuBackend()
     kernel = backend.kernels()["relu_grad_bias"]
-    assert kernel.__module__ == "mpcore_onednn.relu", "not installed"
+    assert kernel.__module__ == "mpcore_onednn.nn", "not installed"
     return backend, kernel
 
 
@@ -120,7 +120,7 @@ def test_relu_grad_bias_redoes_a_non_finite_gradient_on_the_cpu_kernel(
 
 def test_relu_grad_bias_leaves_other_calls_to_the_cpu_kernel(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import mpcore_onednn.relu as relu
+    import mpcore_onednn.nn as relu
 
     backend, kernel = _relu_or_skip(monkeypatch)
     ran = []
@@ -145,7 +145,7 @@ def test_relu_grad_bias_trusts_onednn_only_after_the_probe(
     every x86 CPU; bfloat16 fails where oneDNN rounds with vcvtneps2bf16 (a subnormal
     gradient would become 0) and passes where it rounds in software (under other ISAs:
     test_onednn_reorder.py)."""
-    import mpcore_onednn.relu as relu
+    import mpcore_onednn.nn as relu
 
     backend, kernel = _relu_or_skip(monkeypatch)
     isa = kernel.cache.library.isa

@@ -26,7 +26,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _reorder_cast(fallback: Any = None) -> Any:
-    from mpcore_onednn.reorder import ReorderCache, ReorderCast
+    from mpcore_onednn.creation import ReorderCache, ReorderCast
 
     return ReorderCast(fallback or (lambda x, dtype: x.astype(dtype)),
                        ReorderCache(library_or_skip()))
@@ -101,7 +101,7 @@ def test_reorders_hand_what_they_do_not_convert_to_the_kernel_they_wrap() -> Non
 
 def test_the_cpu_backend_converts_bfloat16_through_onednn_and_float16_through_the_rest(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpcore_onednn.reorder import ReorderCast
+    from mpcore_onednn.creation import ReorderCast
 
     library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import mpcore_cpu.backend as cpu_backend
+import mpcore_cpu.creation as cpu_creation
 import mpcore_onnxruntime
 import numpy as np
 import pytest
@@ -31,7 +31,7 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 @pytest.fixture
 def fast() -> FastCast:
-    return FastCast(cpu_backend.convert)
+    return FastCast(cpu_creation.convert)
 
 
 def test_every_float16_to_float32(fast: FastCast) -> None:
@@ -74,7 +74,7 @@ def test_results_land_in_the_allocated_arrays() -> None:
         given.append(np.empty(shape, dtype))
         return given[-1]
 
-    fast = FastCast(cpu_backend.convert, alloc)
+    fast = FastCast(cpu_creation.convert, alloc)
     x = np.linspace(-3, 3, MIN_ELEMENTS, dtype=F32)
     out = fast(x, F16)
     assert out is given[0]

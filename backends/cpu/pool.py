@@ -4,8 +4,8 @@ A training step allocates the same large arrays every step (activations, their g
 GEMM outputs: 4 MB each for a 1024 x 1024 layer) and frees them at its end. Left to glibc, the
 heap grows by fresh blocks in many steps whenever the order of frees and allocations varies
 (gradients held until the cyclic GC ran did that to the custom loop; ``Model.fit`` still did it
-afterwards: ~1500 page faults per step of the guide's MLP), and the kernel faults in and zeroes
-every fresh page: 5-13 ms of system time per 50 ms step on this 2-core VM. Kernels that take
+afterwards: about 1500 page faults per step of the guide's MLP), and the kernel faults in and
+zeroes every fresh page, a large share of a step in system time. Kernels that take
 their outputs from a :class:`BufferPool` reuse the previous step's memory from the second
 step on (0 faults per step on both paths).
 
@@ -16,10 +16,8 @@ have freed the memory. Nothing is returned to the pool explicitly.
 
 Buffers start on a 64-byte boundary (:func:`aligned_empty`). glibc places large blocks at 16
 bytes past a page, so a plain ``np.empty`` row of a 1024-wide float32 matrix starts 16 bytes
-into a cache line and every AVX-512 load of it spans two lines. Measured on this 2-core Xeon
-(medians of 10, oneDNN 3.2): five of the train step's 1024-wide GEMMs 37.1 ms -> 35.7 ms,
-three elementwise passes over 1M float32 1.056 ms -> 0.992 ms, when their operands and outputs
-are 64-byte aligned.
+into a cache line and every AVX-512 load of it spans two lines; aligned operands and outputs
+make both the GEMMs and the elementwise passes of a step faster (benchmarks/ measures it).
 """
 
 from __future__ import annotations
@@ -131,3 +129,8 @@ class BufferPool:
         return {"bytes": self.nbytes, "idle_bytes": idle, "buffers":
                 sum(len(b) for b in self._buffers.values()), "hits": self.hits,
                 "misses": self.misses, "limit": self.limit}
+
+
+#: Recycled buffers for the large outputs of the CPU backend's kernels (one per process: it is
+#: process memory that it recycles).
+POOL = BufferPool()

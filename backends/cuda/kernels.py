@@ -11,10 +11,15 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from mpcore_xp import DTYPES
+
 #: NumPy dtype name -> the C type kernels.cu uses for it (16-bit types are raw bits).
 CTYPES: dict[str, str] = {
     "float32": "float", "float64": "double", "float16": "mp_half", "bfloat16": "mp_bf16",
 }
+#: NumPy dtype -> its C type: the dtypes the templates are instantiated for.
+CTYPE: dict[Any, str] = {DTYPES[name]: ctype for name, ctype in CTYPES.items()}
+KERNEL_FLOATS = frozenset(CTYPE)
 _FLOATS3 = ("float", "mp_half", "mp_bf16")
 _FLOATS4 = (*_FLOATS3, "double")
 
@@ -29,6 +34,15 @@ OPTIONS: tuple[str, ...] = ("--std=c++14",)
 
 #: Tensors per launch of the multi-tensor ``unscale_check`` kernel.
 MULTI_TENSOR = 8
+
+#: Threads per block of every launch.
+BLOCK = 256
+_MAX_GRID = 1 << 20  # grid-stride kernels: more blocks than this only adds scheduling cost
+
+
+def grid(n: int) -> tuple[int]:
+    """The grid of a grid-stride kernel over ``n`` elements."""
+    return (max(1, min((n + BLOCK - 1) // BLOCK, _MAX_GRID)),)
 
 SOURCE: str = resources.files(__package__).joinpath("kernels.cu").read_text(encoding="utf-8")
 

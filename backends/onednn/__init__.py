@@ -5,15 +5,15 @@ NumPy has no bfloat16 GEMM, so the CPU backend computes bfloat16 matmuls in floa
 implements the ``mpcore_kernels`` hook for the ``cpu`` backend and replaces its ``matmul`` and
 ``dense`` kernels for bfloat16 operands with oneDNN's matmul primitive (bfloat16 in, float32
 accumulation, bfloat16 out; ``dense`` fuses the bias, and applies relu after the primitive so
-that a NaN stays a NaN, as in the CPU kernel: see ``relu.py``), reading transposed operands in
+that a NaN stays a NaN, as in the CPU kernel: see ``nn.py``), reading transposed operands in
 place through strided memory descriptors. float32 operands go to oneDNN as well
 (``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
 the train step's shapes here, and the fused bias saves a pass per layer. With float32 on, the
 fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights and a dense layer's relu
 backward with its bias gradient also run on oneDNN (binary primitives on its OpenMP team, both
-cores, the CPU kernels' results bit for bit; see ``updates.py`` and ``relu.py``). Whenever the
+cores, the CPU kernels' results bit for bit; see ``optim.py`` and ``nn.py``). Whenever the
 plugin is in use, float32 <-> bfloat16 conversions of the CPU backend run as oneDNN reorders
-too, in each direction where a probe finds them bit for bit ``astype`` (``reorder.py``: not
+too, in each direction where a probe finds them bit for bit ``astype`` (``creation.py``: not
 float32 -> bfloat16 on CPUs with avx512_bf16, whose conversion flushes subnormals), wrapped
 around whatever ``convert`` kernel is installed. oneDNN 3.2 has no float16 matmul without
 avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU without
@@ -35,21 +35,19 @@ A library that cannot be found or loaded leaves the CPU backend exactly as it wa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import ml_dtypes
 import numpy as np
+from mpcore_xp import DTYPES
 
 import mpcore
 from mpcore.backend import Backend, KernelSet
 from mpcore.settings import env_choice
 
+from .creation import ReorderCache, ReorderCast
 from .dnnl import DnnlError, Library, MatmulCache, find_library
 from .elementwise import BinaryCache
-from .relu import make_relu_grad_bias, relu_in_place
-from .reorder import ReorderCache, ReorderCast
-from .updates import MAKERS as UPDATE_MAKERS
+from .linalg import make_dense, make_matmul, upcasting
+from .nn import make_relu_grad_bias
+from .optim import MAKERS as UPDATE_MAKERS
 
 __all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "float32_wanted",
            "library", "make_dense", "make_matmul", "mode", "status"]
@@ -86,104 +84,11 @@ def library() -> Library:
     return _library
 
 
-def _upcasting(backend: Any) -> tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None:
-    """The CPU backend's float32 copies of 16-bit operands and its fast rounding back, for
-    16-bit dtypes oneDNN has no fast GEMM for here (None for a backend without them)."""
-    upcast = getattr(backend, "upcast", None)
-    convert = getattr(backend, "convert", None)
-    if upcast is None or convert is None:
-        return None
-    return upcast, convert
-
-
-def _router(dtypes: frozenset[str], via_float32: Any) -> Callable[[Any], tuple[Any, Any]]:
-    """For operands of a NumPy dtype: (the dtype oneDNN computes in, or None to leave them to
-    the original kernel; the 16-bit dtype to round a float32 result back to, or None)."""
-    native = {np.dtype(ml_dtypes.bfloat16) if d == "bfloat16" else np.dtype(d): d
-              for d in dtypes}
-    low = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) - set(native)
-    via = via_float32 is not None and "float32" in dtypes
-
-    def route(dtype: Any) -> tuple[Any, Any]:
-        name = native.get(dtype)
-        if name is None and via and dtype in low:
-            return "float32", dtype
-        return name, None
-
-    return route
-
-
-def make_matmul(original: Callable[..., Any], cache: MatmulCache,
-                dtypes: frozenset[str] = frozenset({"bfloat16"}),
-                via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
-                alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
-                ) -> Callable[..., Any]:
-    """The CPU ``matmul`` kernel with operands of ``dtypes`` ("bfloat16", "float32") sent to
-    oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
-    "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
-    GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
-    NumPy's: one GEMM library and one thread pool for the whole step. ``alloc(shape, dtype)``
-    gives the result arrays (the CPU backend's recycled buffers; default ``np.empty``)."""
-    route = _router(dtypes, via_float32)
-
-    def matmul(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
-        dtype, out_dtype = route(a.dtype)
-        if dtype is None or b.dtype != a.dtype or a.ndim != b.ndim or a.size == 0 or b.size == 0:
-            return original(a, b, transpose_a, transpose_b)
-        if out_dtype is not None:
-            a, b = via_float32[0](a), via_float32[0](b)  # type: ignore[index]
-        if transpose_a:
-            a = np.swapaxes(a, -1, -2)
-        if transpose_b:
-            b = np.swapaxes(b, -1, -2)
-        out = cache.matmul(a, b, dtype, alloc=alloc)
-        return out if out_dtype is None else via_float32[1](out, out_dtype)  # type: ignore[index]
-
-    matmul.cache = cache  # type: ignore[attr-defined]
-    matmul.original = original  # type: ignore[attr-defined]
-    return matmul
-
-
-def make_dense(original: Callable[..., Any], cache: MatmulCache,
-               dtypes: frozenset[str] = frozenset({"bfloat16"}),
-               via_float32: tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None = None,
-               alloc: Callable[[tuple[int, ...], Any], Any] | None = None,
-               ) -> Callable[..., Any]:
-    """The CPU ``dense`` kernel (``activation(x @ w + b)``) as one oneDNN primitive for
-    ``dtypes``, the bias fused into it, added to the float32 accumulator (a bfloat16 result is
-    rounded once), then relu in place (:func:`~mpcore_onednn.relu.relu_in_place`: NaN stays
-    NaN); other 16-bit dtypes as :func:`make_matmul` does with ``via_float32``; everything
-    else goes to ``original``. ``alloc`` as for :func:`make_matmul`."""
-    route = _router(dtypes, via_float32)
-
-    def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-              activation: str | None) -> Any:
-        dtype, out_dtype = route(x.dtype)
-        if (dtype is None or w.dtype != x.dtype or x.ndim < 2 or x.size == 0 or w.size == 0
-                or activation not in (None, "relu")):
-            return original(x, w, b, activation)
-        if out_dtype is not None:
-            x, w = via_float32[0](x), via_float32[0](w)  # type: ignore[index]
-        flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
-        # oneDNN takes a float32 bias with 16-bit operands: the bias is added in float32
-        bias = None if b is None else b.astype(np.float32, copy=False)
-        out = cache.matmul(flat, w, dtype, bias, alloc)
-        if activation == "relu":
-            relu_in_place(out)
-        if out_dtype is not None:
-            out = via_float32[1](out, out_dtype)  # type: ignore[index]
-        return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
-
-    dense.cache = cache  # type: ignore[attr-defined]
-    dense.original = original  # type: ignore[attr-defined]
-    return dense
-
-
 def _missing_gemm(lib: Library, dtype: str) -> str | None:
     """None when this oneDNN has a matmul for ``dtype`` on this CPU, else why not (oneDNN
     3.2 has no bfloat16 matmul below AVX-512, even emulated: forced there, bfloat16 takes the
     float32 route)."""
-    one = np.ones((1, 1), np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
+    one = np.ones((1, 1), DTYPES[dtype])
     cache = MatmulCache(lib, max_entries=1)
     try:
         cache.matmul(one, one, dtype)
@@ -236,7 +141,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
             return None
     cache = MatmulCache(lib)
     chosen_dtypes = frozenset(dtypes)
-    via = _upcasting(backend)
+    via = upcasting(backend)
     # the CPU backend's recycled output buffers (see mpcore_cpu.pool)
     alloc = getattr(backend, "buffer", None)
     kernels = {"matmul": make_matmul(backend.matmul, cache, chosen_dtypes, via, alloc)}
@@ -253,7 +158,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         if relu_grad_bias is not None:
             kernels["relu_grad_bias"] = make_relu_grad_bias(relu_grad_bias, passes,
                                                             kernels["matmul"], alloc)
-    from mpcore_cpu.backend import convert
+    from mpcore_cpu.creation import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the
     # convert kernel already installed (ONNX Runtime's float16 one, if any)

@@ -19,8 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import DTYPES
 
 from mpcore.extras import install_command
 
@@ -50,8 +50,6 @@ ISA_NAMES = {
 
 # dnnl_data_type_t
 DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
-_NUMPY_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-                 "float32": np.dtype(np.float32)}
 
 _ENGINE_CPU = 1
 _STREAM_DEFAULT = 1
@@ -351,7 +349,7 @@ class MatmulCache(PrimitiveCache):
     layouts and dtypes. Memory objects are cached with their primitive and pointed at each
     call's arrays, so a cached call is one ``dnnl_primitive_execute``. No activation is fused:
     oneDNN's relu post-op is x86's ``maxps(z, 0)``, which turns a NaN ``z`` into 0 (see
-    mpcore_onednn.relu.relu_in_place).
+    mpcore_onednn.nn.relu_in_place).
 
     Primitives use a scratchpad that this cache owns (oneDNN's user scratchpad mode): one
     buffer per thread, grown to the largest primitive's need (1.3 MB for the transposed
@@ -402,7 +400,7 @@ class MatmulCache(PrimitiveCache):
             bias_dtype = _dtype_name(bias.dtype)
         key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype)
         entry = self._get(key, lambda: self._create(key, out_shape))
-        dtype = a.dtype if out_dtype == in_dtype else _NUMPY_DTYPES[out_dtype]
+        dtype = a.dtype if out_dtype == in_dtype else DTYPES[out_dtype]
         out = (alloc or np.empty)(out_shape, dtype)
         if out.shape != out_shape or out.dtype != dtype or not out.flags.c_contiguous:
             raise ValueError(f"alloc returned {out.dtype} {out.shape}, not a C-contiguous "

@@ -7,7 +7,7 @@ so an update pass through oneDNN gets both cores.
 
 Every operation offered here is one IEEE float32 instruction per element (add, sub, mul, div,
 sqrt), each rounded once, in the order given, so a chain reproduces NumPy's float32 ufuncs bit for
-bit; ``max`` and ``gt`` (1.0 or 0.0) round nothing (see relu.py for their NaN rules). (oneDNN's
+bit; ``max`` and ``gt`` (1.0 or 0.0) round nothing (see nn.py for their NaN rules). (oneDNN's
 ``linear`` eltwise is an FMA, which would not: it is deliberately absent; a product by a
 hyperparameter is a binary post-op with a one-element operand.)
 """

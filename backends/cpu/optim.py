@@ -1,4 +1,5 @@
-"""Fused optimizer updates of the CPU backend: in place over float32 master weights.
+"""The CPU backend's loss-scaling checks and fused optimizer updates (in place over float32
+master weights).
 
 Each kernel performs the same float32 operations in the same order as the optimizer's composite
 path in :mod:`mpcore.optimizers` (Python-float hyperparameters rounded to float32 first), so the
@@ -13,11 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from mpcore_xp import F32, LOW
+
+from .elementwise import quiet
 
 _f32 = np.float32
-#: Elements per block: 128 KB of float32, so a block of each operand and the scratch fit in L2.
-#: (RMSprop over 1M weights, caches evicted first, median of 12: 3.0 ms with 8K-element blocks,
-#: 2.41 with 16K, 2.26 with 32K, 2.33 with 64K, 2.58 with 128K, on this 2-core Xeon.)
+#: Elements per block: 128 KB of float32, so a block of each operand and the scratch fit in L2
+#: (benchmarks/ measures the choice).
 BLOCK = 32768
 
 
@@ -55,8 +58,49 @@ def _skip(flag: Any) -> bool:
     return flag is not None and not bool(flag)
 
 
-class TrainKernels:
-    """Mixed into CpuBackend."""
+def is_all_finite(x: np.ndarray) -> bool:
+    """Whether every value of ``x`` is finite, in one pass over it in the common case.
+
+    Inf and NaN propagate through a sum of squares, so a finite ``x . x`` proves a finite
+    tensor; only a non-finite one needs the exact check (large finite values can overflow the
+    sum on their own). For float32/float64 the sum of squares is a BLAS dot, faster than
+    ``x.sum()`` (NumPy's pairwise sum); 16-bit values are summed in float32."""
+    if x.dtype in LOW:
+        total = float(x.sum(dtype=F32))
+    elif x.dtype.kind == "f" and x.flags.c_contiguous and x.dtype.itemsize >= 4:
+        flat = x.reshape(-1)
+        total = float(np.dot(flat, flat))
+    else:
+        total = float(x.sum())
+    return math.isfinite(total) or bool(np.isfinite(x).all())
+
+
+class CpuOptim:
+    """Mixed into CpuBackend, whose ``buffer`` gives the outputs and ``convert`` widens."""
+
+    buffer: Any
+    convert: Any
+
+    def unscale_and_check(self, grads: list[np.ndarray],
+                          inv_scale: float) -> tuple[list[np.ndarray], np.ndarray]:
+        scale = np.float32(inv_scale)
+        outs = []
+        finite = True
+        with quiet():
+            for g in grads:
+                if g.dtype == F32:
+                    u = np.multiply(g, scale, out=self.buffer(g.shape, F32) if g.ndim else None)
+                else:
+                    u = self.convert(g, F32)  # always a fresh array: scaled in place below
+                    u *= scale
+                outs.append(u)
+                if finite:
+                    finite = is_all_finite(u)
+        return outs, np.asarray(finite)
+
+    def all_finite(self, xs: list[np.ndarray]) -> np.ndarray:
+        with quiet():
+            return np.asarray(all(is_all_finite(x) for x in xs))
 
     def sgd_update(self, var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
                    lr: float, momentum: float, nesterov: bool, flag: Any) -> None:

@@ -1,10 +1,9 @@
 """float16 <-> float32 conversions through ONNX Runtime's ``Cast`` operator.
 
-NumPy converts float16 in software, one element at a time (about 3 ms per million float32 ->
-float16 here); ONNX Runtime's CPU ``Cast`` runs MLAS's vectorised converters (F16C / AVX-512
-where the CPU has them) on its thread pool: about 0.17 ms per million each way on this 2-core
-machine, bit for bit what ``astype`` gives. Nothing here knows about mpcore tensors:
-:class:`FastCast` converts NumPy arrays.
+NumPy converts float16 in software, one element at a time; ONNX Runtime's CPU ``Cast`` runs
+MLAS's vectorised converters (F16C / AVX-512 where the CPU has them) on its thread pool, many
+times faster (benchmarks/ measures it), bit for bit what ``astype`` gives. Nothing here knows
+about mpcore tensors: :class:`FastCast` converts NumPy arrays.
 
 The model is one ``Cast`` node with a 1-D input of symbolic length, written out as ONNX
 protobuf bytes by the few lines of encoder below (the ``onnx`` package is not needed for a
@@ -20,12 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from mpcore_xp import F16, F32
 
-F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 #: ONNX TensorProto.DataType codes of the dtypes converted here.
 ONNX_TYPES = {F32: 1, F16: 10}
-#: Smaller conversions stay on NumPy: a session run costs about 8 us, which NumPy's
-#: element-by-element loop matches at a few thousand elements.
+#: Smaller conversions stay on NumPy: the fixed cost of a session run is what NumPy's
+#: element-by-element loop takes for a few thousand elements.
 MIN_ELEMENTS = 1 << 14
 #: The ONNX opset and IR version of the model (Cast-19 exists since ONNX Runtime 1.15).
 OPSET, IR_VERSION = 19, 9

@@ -7,17 +7,15 @@ input would vanish (a finite loss, plausible predictions) where the CPU kernel's
 keeps it. No chain of oneDNN post-ops on the accumulator keeps NaN and sends -inf to 0, so the
 relu is a pass of its own over the result.
 
-For the backward pass, the CPU backend's kernel (mpcore_cpu.relu_kernels) selects on the bits of
+For the backward pass, the CPU backend's kernel (mpcore_cpu.nn) selects on the bits of
 ``g`` in NumPy, on one thread; right after the step's GEMM, oneDNN's OpenMP worker spins on the
 other core, so that thread cannot have it either. Here the selection is one oneDNN binary
 primitive (both cores) and the bias gradient a GEMV, ``ones @ dz``, through the oneDNN
-``matmul`` kernel. Measured on this 2-core Xeon, 1M float32 right after a 1024^3 GEMM
-(in-process A/B, medians of 25): 1.83 ms (NumPy, blocked, bias summed while hot) -> 1.13 ms; per
-training step of the guide's MLP (in-process A/B): float32 -2.0 ms (loop) and -1.6 ms (fit),
-mixed_bfloat16 -1.4 ms.
+``matmul`` kernel, faster than the NumPy kernel right after a GEMM, as in a training step
+(benchmarks/ measures it).
 
 ``relu_grad`` keeps ``g`` where ``y > 0`` and writes +0 elsewhere, even for an inf or NaN
-``g`` (see relu_kernels). A product ``g * (y > 0)`` would give -0 and NaN instead; this chain
+``g`` (see mpcore_cpu.nn). A product ``g * (y > 0)`` would give -0 and NaN instead; this chain
 (one rounding-free instruction per step, on the running value)::
 
     m  = max(y, 0) > 0          max(NaN, 0) is 0 here (the probe below checks), -0 compares 0
@@ -43,19 +41,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import BF16, F32
 
 from .dnnl import DnnlError
 from .elementwise import BinaryCache
-from .updates import MIN_ELEMENTS, _mark
+from .optim import MIN_ELEMENTS, _mark
 
-_F32 = np.dtype(np.float32)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 #: the dtypes it takes, by name, with the unsigned view that compares their bits
-_DTYPES = {_F32: ("float32", np.uint32), _BF16: ("bfloat16", np.uint16)}
-_ZERO = np.zeros(1, _F32)
-_ONE = np.ones(1, _F32)
+_DTYPES = {F32: ("float32", np.uint32), BF16: ("bfloat16", np.uint16)}
+_ZERO = np.zeros(1, F32)
+_ONE = np.ones(1, F32)
 _CHAIN = (("gt", "scalar"), ("sub", "scalar"), ("mul", "full"), ("add", "full"))
 
 Kernel = Callable[..., Any]
@@ -73,10 +69,10 @@ def relu_in_place(z: np.ndarray) -> None:
     bfloat16 is rounded already; on the bits, that is ``round(max(z, 0))`` exactly (rounding
     to nearest keeps the sign and the NaN), without NumPy's element-by-element bfloat16 loop."""
     flat = z.reshape(-1)
-    if z.dtype == _F32:
+    if z.dtype == F32:
         np.maximum(flat, _ZERO[0], out=flat)
         return
-    if z.dtype != _BF16:
+    if z.dtype != BF16:
         raise TypeError(f"relu_in_place takes float32 or bfloat16, not {z.dtype}")
     bits = flat.view(np.int16)
     keep = np.empty(min(_BLOCK, bits.size), bool)
@@ -102,8 +98,8 @@ def _probe(cache: BinaryCache, original: Kernel, dtype: np.dtype) -> bool:
     ``y`` (NaNs, signed zeros and infinities, subnormals) against finite ``g`` of both signs,
     zeros included."""
     specials = np.array([np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.0, -1.0, np.inf,
-                         -np.inf, 3e38, -3e38], _F32).astype(dtype)
-    gs = np.array([-2.5, 0.0, -0.0, 7.0, 1e-45, 1e-40, -3e38], _F32).astype(dtype)
+                         -np.inf, 3e38, -3e38], F32).astype(dtype)
+    gs = np.array([-2.5, 0.0, -0.0, 7.0, 1e-45, 1e-40, -3e38], F32).astype(dtype)
     y = np.repeat(specials, len(gs))
     g = np.tile(gs, len(specials))
     got = np.empty_like(y)
@@ -126,7 +122,7 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
     sums ``db`` as the CPU kernel's 16-bit path does (a bfloat16 GEMV, or float32 on the copy
     of ``dz`` the layer's GEMMs keep); ``alloc`` gives ``dz`` (the CPU backend's recycled
     buffers)."""
-    from mpcore_cpu.relu_kernels import column_sums
+    from mpcore_cpu.nn import column_sums
 
     alloc = alloc or np.empty
     trusted: dict[np.dtype, bool] = {}
@@ -145,7 +141,7 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
             trusted[g.dtype] = False
             return original(g, y)
         db = column_sums(matmul, dz)
-        if not np.isfinite(db.astype(_F32, copy=False)).all():
+        if not np.isfinite(db.astype(F32, copy=False)).all():
             return original(g, y)
         return dz, db
 

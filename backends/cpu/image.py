@@ -21,7 +21,7 @@ def _windows(xp: np.ndarray, kh: int, kw: int, sh: int, sw: int) -> np.ndarray:
     return sliding_window_view(xp, (kh, kw), axis=(1, 2))[:, ::sh, ::sw]
 
 
-class ImageKernels:
+class CpuImage:
     """Mixed into CpuBackend."""
 
     def extract_patches(self, x: np.ndarray, kh: int, kw: int, sh: int, sw: int,

@@ -1,12 +1,12 @@
 """The CPU backend's fused optimizer updates on both cores, through oneDNN binary primitives.
 
 The CPU backend's ``sgd_update``, ``rmsprop_update`` and ``adam_update``
-(mpcore_cpu.train_kernels) run NumPy over L2-sized blocks on one thread; RMSprop takes 2.3 ms per
-million weights inside a training step here, the largest cost of the step after the GEMMs. The
+(mpcore_cpu.optim) run NumPy over L2-sized blocks on one thread, the largest cost of a
+training step after the GEMMs. The
 same float32 operations in the same order, as a few oneDNN passes on oneDNN's OpenMP team, give
 identical bits (tested against the NumPy kernels, signed zeros and Inf included; a NaN stays a
-NaN, but where two NaNs meet, the order of the operands decides whose sign survives): RMSprop
-in 1.7 ms per million instead of 2.6 (medians of 15, each after a GEMM as in a step, 2-core Xeon).
+NaN, but where two NaNs meet, the order of the operands decides whose sign survives), in less
+time on both cores (benchmarks/ measures it).
 
 Each line below is one primitive; every operation rounds once, in the NumPy kernel's order.
 ``x - y`` is written ``x + (-y)`` with the negation folded into a hyperparameter
@@ -25,9 +25,7 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
               tmp = sqrt(v * 1) + epsilon
               var = (m * -alpha) / tmp + var
     Unscale   u   = g * inv_scale                             (then the CPU backend's finite
-                                                               check of u; mixed_float16's
-                                                               loss scaling, 2.36 -> 1.84 ms
-                                                               per 1.8M gradients after a GEMM)
+                                                               check of u)
 
 Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS` go to
 the CPU backend's own kernel (for small arrays the launches cost more than they save).
@@ -43,7 +41,7 @@ import numpy as np
 
 from .elementwise import BinaryCache
 
-#: Below this many elements the NumPy kernels are faster (about 15 us per primitive launch).
+#: Below this many elements the NumPy kernels are faster (a primitive launch costs more).
 MIN_ELEMENTS = 1 << 17
 
 _F32 = np.dtype(np.float32)
@@ -164,7 +162,7 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     float32 gradients are multiplied on oneDNN's threads and checked by the CPU backend's exact
     all-finite test, everything else goes to ``original``, one gradient at a time."""
     alloc = alloc or np.empty
-    from mpcore_cpu.backend import is_all_finite
+    from mpcore_cpu.optim import is_all_finite
 
     def unscale_and_check(grads: list[np.ndarray], inv_scale: float
                           ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -188,8 +186,9 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     return _mark(unscale_and_check, original, cache)  # type: ignore[arg-type]
 
 
-def _mark(kernel: Callable[..., Any], original: Callable[..., Any],
-          cache: BinaryCache) -> Callable[..., Any]:
+def _mark(kernel: Callable[..., Any], original: Callable[..., Any], cache: Any
+          ) -> Callable[..., Any]:
+    """``kernel`` carrying the primitive cache it runs on and the kernel it falls back to."""
     kernel.cache = cache  # type: ignore[attr-defined]
     kernel.original = original  # type: ignore[attr-defined]
     return kernel

@@ -1,24 +1,21 @@
-"""relu's backward pass on the CPU backend, in blocks whose scratch stays in cache, and the same
-pass with the bias gradient of the dense layer it belongs to summed while each block is hot.
+"""The CPU backend's neural-network kernels: the bias add, the dropout mask, and relu's backward
+pass in blocks whose scratch stays in cache, also with the bias gradient of the dense layer it
+belongs to summed while each block is hot.
 
 ``relu_grad(g, y)`` is ``g`` where ``y > 0`` and +0 elsewhere, even where ``g`` is inf or NaN
 (TF's ReluGrad: a product ``g * (y > 0)`` would make NaN of an overflowed gradient, and -0).
-NumPy's ``where`` is ~7x slower than a multiply here, so the selection works on the bits: a
+NumPy's ``where`` is several times slower than a multiply, so the selection works on the bits: a
 0/1 integer mask from ``y`` times the bits of ``g`` is ``g``'s bits or +0, exactly.
 
 Blocks of :data:`BLOCK` elements keep the mask in L2, so memory sees one read of ``g`` and
-``y`` and one write of the result. Measured on this 2-core Xeon (1M float32, each call right
-after a 1024^3 GEMM as in a step, medians of 25): three whole-array passes (compare, mask,
-and) 1.85 ms; blocks of 8K elements 1.82, 16K 1.60, 32K 1.51, 64K 1.47 ms. float16: 1.63 ms
-whole-array, 1.29 ms in 64K blocks.
+``y`` and one write of the result (benchmarks/ measures the block size).
 
 ``relu_grad_bias`` adds each block's float32 column sums to the bias gradient while the block
-is in cache: the separate pass it replaces (``ones @ dz``, a GEMV that reads the 4 MB gradient
-of a 1024-wide layer back from memory) cost ~0.4 ms per layer in a step here. 16-bit gradients
-keep that GEMV (see the kernel).
+is in cache, instead of a separate pass (``ones @ dz``, a GEMV that reads the gradient back
+from memory). 16-bit gradients keep that GEMV (see the kernel).
 
 With the oneDNN plugin, ``relu_grad_bias`` of large float32 and bfloat16 arrays runs on oneDNN's
-threads instead (mpcore_onednn.relu), for each dtype only after a probe at first use finds
+threads instead (mpcore_onednn.nn), for each dtype only after a probe at first use finds
 oneDNN's result bit for bit this kernel's; this kernel redoes the rare calls whose ``g`` or bias
 gradient is not finite.
 """
@@ -28,19 +25,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import BF16, DTYPES, F16, F32
 
-_F32 = np.dtype(np.float32)
+_F32 = F32
 _ZERO32 = np.zeros((), _F32)
 
 # uint views of floats, with the bits of +inf: for a float y, "y > 0" is "0 < bits <= inf"
 # (NaNs have larger bits, negatives the sign bit), one unsigned compare of bits - 1.
 _UINT_OF = {_F32: (np.dtype(np.uint32), 0x7F800000),
-            np.dtype(np.float16): (np.dtype(np.uint16), 0x7C00),
-            np.dtype(ml_dtypes.bfloat16): (np.dtype(np.uint16), 0x7F80)}
+            F16: (np.dtype(np.uint16), 0x7C00),
+            BF16: (np.dtype(np.uint16), 0x7F80)}
 
-#: Elements per block (see the module docstring for the measurements behind it).
+#: Elements per block (benchmarks/ measures the choice).
 BLOCK = 1 << 16
 
 
@@ -67,7 +64,7 @@ def _masked_blocks(g: np.ndarray, y: np.ndarray, out: np.ndarray) -> Iterator[np
         keep = mask[:hi - lo]
         if g.dtype == _F32:
             np.greater(y2[lo:hi], _ZERO32, out=keep, casting="unsafe")
-        else:  # NumPy's 16-bit compares convert every element (~10x slower than this)
+        else:  # NumPy's 16-bit compares convert every element
             np.subtract(y2[lo:hi].view(uint), one, out=keep)
             np.less(keep, inf_bits, out=keep, casting="unsafe")
         np.multiply(g2[lo:hi], keep, out=out2[lo:hi])  # g's bits times 1 or 0
@@ -83,7 +80,7 @@ def column_sums(matmul: Any, dz: np.ndarray) -> np.ndarray:
     return matmul(np.ones((1, len(rows)), dz.dtype), rows, False, False).reshape(-1)
 
 
-class ReluKernels:
+class CpuNn:
     """Mixed into CpuBackend, whose ``buffer`` gives the outputs and ``convert`` rounds."""
 
     buffer: Any
@@ -92,7 +89,7 @@ class ReluKernels:
 
     def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
         if not _blocked(g, y):
-            return np.where(y > 0, g, np.zeros((), dtype=g.dtype))
+            return super().relu_grad(g, y)
         out = self.buffer(y.shape, g.dtype)
         for _ in _masked_blocks(g, y, out):
             pass
@@ -110,7 +107,7 @@ class ReluKernels:
         if g.dtype != _F32:
             # 16-bit: the GEMV, as the composite op does, on the float32 copy of dz the layer's
             # GEMMs make anyway, where summing the 16-bit blocks here would convert them
-            # element by element in NumPy (9 ms per float16 step of the guide's MLP)
+            # element by element in NumPy
             dz = self.relu_grad(g, y)
             return dz, column_sums(self.kernels()["matmul"], dz)
         out = self.buffer(y.shape, g.dtype)
@@ -121,3 +118,19 @@ class ReluKernels:
 
     def _rounded(self, total: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return total if dtype == total.dtype else self.convert(total, dtype)
+
+    def bias_add(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        if x.dtype == F16 and x.ndim:
+            # NumPy's float16 add computes in float32 and rounds: the same, with faster
+            # conversions than its per-element ones
+            out = self.convert(x, F32)
+            out += bias.astype(F32)
+            return self.convert(out, F16)
+        return x + bias
+
+    def dropout_mask(self, shape: tuple[int, ...], rate: float, dtype: str,
+                     seed: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        keep = rng.random(shape, dtype=np.float32) >= rate
+        return np.where(keep, np.asarray(1.0 / (1.0 - rate), dtype=DTYPES[dtype]),
+                        np.zeros((), dtype=DTYPES[dtype]))

@@ -1,7 +1,7 @@
 """float32 <-> bfloat16 conversions as oneDNN reorder primitives.
 
-ml_dtypes converts bfloat16 one element at a time (per million elements here: float32 ->
-bfloat16 0.74 ms, the reverse 0.35 ms; ONNX Runtime's ``Cast`` is no faster for bfloat16).
+ml_dtypes converts bfloat16 one element at a time (and ONNX Runtime's ``Cast`` is no faster for
+bfloat16).
 oneDNN's reorder is JIT-compiled, vectorised and runs on its OpenMP team. At ISA avx512_core
 (AVX-512 without avx512_bf16) it rounds float32 to the nearest bfloat16, ties to even, in
 software and widens bfloat16 exactly: ``astype``'s bits, NaN payloads aside.
@@ -24,8 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from mpcore_xp import BF16, F32
 
 from .dnnl import DnnlError, Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
@@ -67,10 +67,8 @@ class ReorderCache(PrimitiveCache):
         return Entry(primitive, pd, descs, mems, args, "", threading.Lock())
 
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_F32 = np.dtype(np.float32)
 #: (source, destination) NumPy dtypes -> oneDNN data type names, for the conversions made here.
-PAIRS = {(_F32, _BF16): ("float32", "bfloat16"), (_BF16, _F32): ("bfloat16", "float32")}
+PAIRS = {(F32, BF16): ("float32", "bfloat16"), (BF16, F32): ("bfloat16", "float32")}
 
 
 def special_values(dtype: np.dtype) -> np.ndarray:
@@ -78,12 +76,12 @@ def special_values(dtype: np.dtype) -> np.ndarray:
     wrong: every bfloat16; for float32, every sign and exponent (subnormals and inf/NaN
     included) with the mantissas that round to even, just below and above a tie, to the
     next binade or to infinity, and NaN payloads."""
-    if dtype == _BF16:
-        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(_BF16)
+    if dtype == BF16:
+        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
     mantissas = np.array([0x000000, 0x000001, 0x007FFF, 0x008000, 0x008001, 0x018000,
                           0x017FFF, 0x400000, 0x7F7FFF, 0x7F8000, 0x7FFFFF], np.uint32)
     exponents = np.arange(512, dtype=np.uint32) << 23     # the sign bit is the 9th
-    return (exponents[:, None] | mantissas[None, :]).reshape(-1).view(_F32)
+    return (exponents[:, None] | mantissas[None, :]).reshape(-1).view(F32)
 
 
 def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> bool:
@@ -103,7 +101,7 @@ def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> bool:
 def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
     """``got`` has ``want``'s bits, except that a NaN may lose its payload (not its sign)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        wide_got, wide_want = got.astype(_F32), want.astype(_F32)
+        wide_got, wide_want = got.astype(F32), want.astype(F32)
     nan = np.isnan(wide_want)
     bits = f"u{got.itemsize}"
     return bool(np.array_equal(np.isnan(wide_got), nan)
@@ -111,8 +109,8 @@ def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
                 and np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan]))
 
 
-#: Smaller conversions stay with the fallback: a primitive call costs ~15 us from Python,
-#: which ml_dtypes' loop matches at a few ten thousand elements.
+#: Smaller conversions stay with the fallback: the cost of a primitive call from Python is
+#: what ml_dtypes' loop takes for a few ten thousand elements (benchmarks/ measures it).
 MIN_ELEMENTS = 1 << 15
 
 

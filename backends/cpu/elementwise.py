@@ -1,0 +1,58 @@
+"""What the CPU backend's elementwise kernels add to the shared ones: NumPy's error state, the
+operand rule for host scalars, erf, and relu into a recycled buffer."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+#: NumPy's error state for kernels that may overflow: under loss scaling an overflow to inf is
+#: expected and handled (the step is skipped), not a bug to warn about.
+quiet = functools.partial(np.errstate, over="ignore", invalid="ignore", divide="ignore",
+                          under="ignore")
+
+# A ufunc on 0-d arrays returns a NumPy scalar, so 0-d tensors hold np.generic values.
+_ARRAYS = (np.ndarray, np.generic)
+
+
+def operands(a: Any, b: Any) -> tuple[Any, Any]:
+    """Python scalars take the array's dtype (ml_dtypes' bfloat16 would widen to float32)."""
+    if isinstance(a, _ARRAYS):
+        if not isinstance(b, _ARRAYS):
+            b = np.asarray(b, dtype=a.dtype)
+    elif isinstance(b, _ARRAYS):
+        a = np.asarray(a, dtype=b.dtype)
+    return a, b
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf: exact (math.erf) in float64; in lower precision Abramowitz & Stegun 7.1.26
+    (|error| < 1.5e-7, below float32's resolution of erf's range)."""
+    if x.dtype == np.float64:
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+    x32 = x.astype(np.float32, copy=False)
+    s = np.sign(x32)
+    a = np.abs(x32)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                          + t * 1.061405429))))
+    return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
+
+
+class CpuElementwise:
+    """Mixed into CpuBackend, whose ``buffer`` gives the outputs."""
+
+    buffer: Any
+
+    def erf(self, x: np.ndarray) -> np.ndarray:
+        with quiet():
+            return _erf(x)
+
+    def relu(self, x: np.ndarray) -> np.ndarray:
+        zero = np.zeros((), dtype=x.dtype)
+        if not x.ndim:
+            return np.maximum(x, zero)
+        return np.maximum(x, zero, out=self.buffer(x.shape, x.dtype))

@@ -1,0 +1,51 @@
+"""Neural-network kernels shared by the array-library backends: softmax, log-softmax, sparse
+softmax cross-entropy, relu's backward pass and the bias add, in the input's dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NnKernels:
+    """Mixed into XpBackend."""
+
+    xp: Any
+    errstate: Any
+
+    def softmax(self, x: Any, axis: int) -> Any:
+        xp = self.xp
+        z = x - x.max(axis=axis, keepdims=True)
+        with self.errstate():
+            xp.exp(z, out=z)
+        z /= z.sum(axis=axis, keepdims=True)
+        return z
+
+    def log_softmax(self, x: Any, axis: int) -> Any:
+        xp = self.xp
+        z = x - x.max(axis=axis, keepdims=True)
+        with self.errstate():
+            z -= xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
+        return z
+
+    def sparse_softmax_cross_entropy(self, logits: Any, labels: Any) -> tuple[Any, Any]:
+        xp = self.xp
+        n, classes = logits.shape
+        if n and (labels.min() < 0 or labels.max() >= classes):
+            bad = labels[(labels < 0) | (labels >= classes)][0]
+            raise ValueError(f"label {int(bad)} is out of range: labels must be in "
+                             f"[0, {classes}) for logits with {classes} classes")
+        z = logits - logits.max(axis=1, keepdims=True)
+        probs = xp.exp(z)
+        total = probs.sum(axis=1, keepdims=True)
+        rows = xp.arange(n)
+        loss = xp.log(total[:, 0]) - z[rows, labels]
+        probs /= total
+        return loss, probs
+
+    def relu_grad(self, g: Any, y: Any) -> Any:
+        # a select, not g * (y > 0): an inf or NaN gradient where y <= 0 gives +0 (TF's ReluGrad)
+        xp = self.xp
+        return xp.where(y > 0, g, xp.zeros((), dtype=g.dtype))
+
+    def bias_add(self, x: Any, bias: Any) -> Any:
+        return x + bias
