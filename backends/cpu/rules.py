@@ -1,6 +1,6 @@
 """Verdict rules for CPUs: pure functions of the CPU's feature flags (testable anywhere).
 
-NumPy has no float16 or bfloat16 GEMM (its float16 matmul is ~300x slower than float32), so the
+NumPy has no float16 or bfloat16 GEMM (its float16 matmul is a slow scalar loop), so the
 CPU backend computes 16-bit matmuls through float32 GEMM: supported, never faster than float32.
 A policy is fast only when a plugin kernel set (``KernelSet.fast_dtypes``) provides a real
 16-bit GEMM *and* the CPU has the instructions it needs.

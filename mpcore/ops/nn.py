@@ -8,6 +8,7 @@ Each uses the backend's fused kernel when it has one (``OPTIONAL_KERNELS`` in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mpcore import dtypes as _dt
@@ -68,28 +69,41 @@ def _float32_input(op: str, x: TensorLike) -> Tensor:
     return cast_to(x, compute_dtype(op, x._backend, x._dtype, True))
 
 
+def _along_axis(op: str, x: TensorLike, axis: int,
+                composite: Callable[[Tensor, int], Tensor]) -> Tensor:
+    """``op`` along one axis in float32: the backend's fused kernel, else ``composite``."""
+    x = _float32_input(op, x)
+    be = x._backend
+    axis = one_axis(axis, x.ndim, op)
+    kernel = be.kernels().get(op)
+    if kernel is None:
+        return composite(x, axis)
+    return finish(op, (x,), kernel(x._data, axis), be, x._dtype, {"axis": axis})
+
+
+def _shifted(x: Tensor, axis: int) -> Tensor:
+    """``x`` minus its maximum along ``axis`` (a constant to autodiff): exp cannot overflow."""
+    return subtract(x, stop_gradient(max(x, axis, keepdims=True)))
+
+
+def _composite_softmax(x: Tensor, axis: int) -> Tensor:
+    e = exp(_shifted(x, axis))
+    return divide(e, sum(e, axis, keepdims=True))
+
+
+def _composite_log_softmax(x: Tensor, axis: int) -> Tensor:
+    shifted = _shifted(x, axis)
+    return subtract(shifted, log(sum(exp(shifted), axis, keepdims=True)))
+
+
 def softmax(x: TensorLike, axis: int = -1) -> Tensor:
     """Softmax along ``axis``, computed in float32 (a *deny* op)."""
-    x = _float32_input("softmax", x)
-    be = x._backend
-    axis = one_axis(axis, x.ndim, "softmax")
-    kernel = be.kernels().get("softmax")
-    if kernel is not None:
-        return finish("softmax", (x,), kernel(x._data, axis), be, x._dtype, {"axis": axis})
-    e = exp(subtract(x, stop_gradient(max(x, axis, keepdims=True))))
-    return divide(e, sum(e, axis, keepdims=True))
+    return _along_axis("softmax", x, axis, _composite_softmax)
 
 
 def log_softmax(x: TensorLike, axis: int = -1) -> Tensor:
     """Log of softmax along ``axis``, computed in float32 without overflow."""
-    x = _float32_input("log_softmax", x)
-    be = x._backend
-    axis = one_axis(axis, x.ndim, "log_softmax")
-    kernel = be.kernels().get("log_softmax")
-    if kernel is not None:
-        return finish("log_softmax", (x,), kernel(x._data, axis), be, x._dtype, {"axis": axis})
-    shifted = subtract(x, stop_gradient(max(x, axis, keepdims=True)))
-    return subtract(shifted, log(sum(exp(shifted), axis, keepdims=True)))
+    return _along_axis("log_softmax", x, axis, _composite_log_softmax)
 
 
 def sparse_softmax_cross_entropy(labels: Any, logits: TensorLike) -> Tensor:
