@@ -9,6 +9,7 @@ gradients, loss scaling) are what every backend is held to.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -23,6 +24,12 @@ from mpcore import registry
 from mpcore.conformance.harness import TOLERANCES
 
 BACKEND_NAMES = ("cpu", "opencl", "cuda")
+
+#: The checkout (the README's commands run here) and the shared folder beside it (../shared:
+#: the real MNIST files, the PyTorch peer), for tests in any subfolder of tests/.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+SHARED_MNIST = SHARED / "data" / "mnist"
 
 NUMPY_DTYPES: dict[str, Any] = {
     "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,

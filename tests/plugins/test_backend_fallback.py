@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_MNIST
 from mpcore_cpu import CpuBackend
 from test_plugins import make_plugin, run
 
@@ -17,7 +18,7 @@ import mpcore as mp
 from mpcore import registry
 from mpcore.plugins import get_plugins
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+SHARED = SHARED_MNIST
 
 FAILING = """
     import mpcore

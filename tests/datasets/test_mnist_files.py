@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_MNIST
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpcore.datasets import mnist
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+SHARED = SHARED_MNIST
 IMAGES, LABELS = mnist.TEST
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are absent")
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_MNIST
 
 from mpcore.datasets import mnist
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+SHARED = SHARED_MNIST
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import doctest
 import re
-from pathlib import Path
 
 import pytest
 import tomllib
+from conftest import REPO_ROOT
 
 import mpcore as mp
 import mpcore.extras
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
              ["optional-dependencies"])
 # a pip command that installs mpcore by name from an index, in any quoting

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO_ROOT, SHARED
 
 import mpcore as mp
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 BENCH = ROOT / "benchmarks"
 TORCH_PYTHON = Path("/work/torchvenv/bin/python")
-PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "peers" / "torch_mlp.py"
+PEER_SCRIPT = SHARED / "peers" / "torch_mlp.py"
 
 
 def run(script: str, *args: str) -> list[dict[str, Any]]:

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import backend_problem
+from conftest import REPO_ROOT, backend_problem
 from mpcore_cpu import CpuBackend
 
 from mpcore import conformance
 from mpcore.backend import OPTIONAL_KERNELS, REQUIRED_KERNELS
 from mpcore.conformance import contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 TEMPLATE = ROOT / "examples" / "backend_template"
 
 

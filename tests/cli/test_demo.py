@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_MNIST
 
 from mpcore import cli, demo
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+SHARED = SHARED_MNIST
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")
 
 
@@ -22,7 +23,7 @@ def test_demo_output(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert cli.main(["demo", "--epochs", "2", "--verbose", "0"]) == 0
     out = capsys.readouterr().out
-    policy, why = demo.choose_policy(mp.get_backend())  # see tests/test_demo_setup.py
+    policy, why = demo.choose_policy(mp.get_backend())  # see tests/cli/test_demo_setup.py
     assert f"Mixed precision compatibility check ({policy})" in out
     assert f"Mixed policy: {policy} ({why})" in out
     assert "Device: " in out and "Backend: cpu" in out
@@ -58,7 +59,7 @@ def test_demo_policy_units_and_plot(tmp_path: Path) -> None:
 
 
 def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    # every argument in detail: tests/test_demo_setup.py
+    # every argument in detail: tests/cli/test_demo_setup.py
     for args, message in ((["--policy", "float8"], "invalid choice"),
                           (["--epochs", "0"], "argument --epochs: must be a whole number >= 1")):
         with pytest.raises(SystemExit) as info:

@@ -128,7 +128,8 @@ def _train(steps: int) -> list[np.ndarray]:
 def test_training_with_it_is_the_same_training(tmp_path: Path) -> None:
     """Bit for bit the same weights after mixed_float16 steps with and without the provider
     (each in its own process: the kernel table is made once per backend)."""
-    code = ("import sys, numpy as np; sys.path.insert(0, 'tests');"
+    here = Path(__file__).parent  # this module, and tests/ for the conftest it imports
+    code = (f"import sys, numpy as np; sys.path[:0] = {[str(here), str(here.parents[1])]!r};"
             "from test_onnxruntime import _train; import mpcore as mp;"
             "w = _train(3); np.savez(sys.argv[1], *w);"
             "print([s.provider for s in mp.get_backend().kernel_sets])")

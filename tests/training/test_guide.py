@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_guide_on_mnist
+from conftest import REPO_ROOT, train_guide_on_mnist
 
 import mpcore as mp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 SHARED = ROOT.parent / "shared" / "data" / "mnist"
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")
 

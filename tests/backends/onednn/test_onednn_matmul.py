@@ -4,7 +4,7 @@ Correctness runs with ``MPCORE_ONEDNN=force`` so it is checked on any x86 CPU (o
 bfloat16 where the CPU lacks avx512_bf16/amx_bf16); it is skipped, with the reason, where the
 library cannot be loaded. The dense layer's relu is tested in test_onednn_relu.py, the
 bfloat16 conversions in test_onednn_reorder.py, every kernel's NaN and infinities in
-test_provider_nonfinite.py.
+tests/backends/cpu/test_cpu_providers_nonfinite.py.
 """
 
 from __future__ import annotations
