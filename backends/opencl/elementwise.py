@@ -1,7 +1,8 @@
 """Elementwise kernels: the arithmetic, comparisons, logic and unary math of the generated
 elementwise program (:func:`mpcore_opencl.programs.elementwise_source`), each with a flat
 kernel for same-shape operands, ``_as``/``_sa`` kernels for a scalar operand and a ``_bc`` kernel
-for broadcasting; and ``where``."""
+for broadcasting; and ``where``. The kernel methods (``add``, ``exp``, ``less`` ...) are made
+from the op tables of :mod:`mpcore_opencl.programs`, one per op."""
 
 from __future__ import annotations
 
@@ -11,20 +12,21 @@ from typing import Any
 import numpy as np
 
 from .arrays import NP_DTYPES, CLArray, vec8
+from .programs import BINARY, BINARY_BOOL, UNARY, UNARY_BOOL
 from .views import ViewKernels, broadcast_axes, broadcast_shape
 
 
 def _unary_kernel(op: str, out: str | None = None) -> Callable[..., CLArray]:
     def kernel(self: ElementwiseKernels, x: CLArray) -> CLArray:
         return self._unary(op, x, out)
-    kernel.__name__ = kernel.__qualname__ = op
+    kernel.__name__, kernel.__qualname__ = op, f"ElementwiseKernels.{op}"
     return kernel
 
 
 def _binary_kernel(op: str, out: str | None = None) -> Callable[..., CLArray]:
     def kernel(self: ElementwiseKernels, a: Any, b: Any) -> CLArray:
         return self._binary(op, a, b, out)
-    kernel.__name__ = kernel.__qualname__ = op
+    kernel.__name__, kernel.__qualname__ = op, f"ElementwiseKernels.{op}"
     return kernel
 
 
@@ -118,32 +120,15 @@ class ElementwiseKernels(ViewKernels):
                             b.data, o.data)
         return o
 
-    # the contract's elementwise kernels (mpcore.backend), each a call of _unary or _binary
-    add = _binary_kernel("add")
-    subtract = _binary_kernel("subtract")
-    multiply = _binary_kernel("multiply")
-    divide = _binary_kernel("divide")
-    power = _binary_kernel("power")
-    maximum = _binary_kernel("maximum")
-    minimum = _binary_kernel("minimum")
-    equal = _binary_kernel("equal", "bool")
-    not_equal = _binary_kernel("not_equal", "bool")
-    less = _binary_kernel("less", "bool")
-    less_equal = _binary_kernel("less_equal", "bool")
-    greater = _binary_kernel("greater", "bool")
-    greater_equal = _binary_kernel("greater_equal", "bool")
-    logical_and = _binary_kernel("logical_and", "bool")
-    logical_or = _binary_kernel("logical_or", "bool")
-    logical_not = _unary_kernel("logical_not", "bool")
-    isfinite = _unary_kernel("isfinite", "bool")
-    negative = _unary_kernel("negative")
-    abs = _unary_kernel("abs")
-    sign = _unary_kernel("sign")
-    exp = _unary_kernel("exp")
-    log = _unary_kernel("log")
-    sqrt = _unary_kernel("sqrt")
-    square = _unary_kernel("square")
-    relu = _unary_kernel("relu")
-    sigmoid = _unary_kernel("sigmoid")
-    tanh = _unary_kernel("tanh")
-    erf = _unary_kernel("erf")
+
+# Every op of the expression tables in programs.py is the kernel of the same name (copy aside:
+# creation.py's), so a new elementwise op is one line there.
+for _op in UNARY:
+    if _op != "copy":
+        setattr(ElementwiseKernels, _op, _unary_kernel(_op))
+for _op in UNARY_BOOL:
+    setattr(ElementwiseKernels, _op, _unary_kernel(_op, "bool"))
+for _op in BINARY:
+    setattr(ElementwiseKernels, _op, _binary_kernel(_op))
+for _op in BINARY_BOOL:
+    setattr(ElementwiseKernels, _op, _binary_kernel(_op, "bool"))
