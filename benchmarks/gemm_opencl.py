@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 import numpy as np
-from mpcore_opencl.backend import measure_half_variants
+from mpcore_opencl.half import measure_half_variants
 from mpcore_opencl.tiling import reported_width
 
 import mpcore as mp

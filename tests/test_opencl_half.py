@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import check_close, rounded
 from mpcore_opencl import OpenCLBackend
-from mpcore_opencl.backend import HALF_MODES, HalfMeasurement, measure_half_variants
+from mpcore_opencl.half import HALF_MODES, HalfMeasurement, measure_half_variants
 
 import mpcore as mp
 
@@ -197,7 +197,7 @@ def test_auto_decides_per_kernel_family_from_one_measurement(
         fake = HalfMeasurement(be.device().name, 64, 10.0 * gemm_x, 10.0, 1024, 4.0 * ew_x,
                                4.0, 0.01)
         calls: list[Any] = []
-        monkeypatch.setattr("mpcore_opencl.backend.measure_half_variants",
+        monkeypatch.setattr("mpcore_opencl.half.measure_half_variants",
                             lambda backend, fake=fake, calls=calls, **kw: calls.append(1) or fake)
         choice = be.half_choice()
         assert calls == [1] and choice.measured is fake
@@ -243,7 +243,7 @@ def test_auto_on_a_gpu_measures_once_and_reports(monkeypatch: pytest.MonkeyPatch
         calls.append(measure_half_variants(backend, n=256, elements=1 << 20, repeats=2))
         return calls[-1]
 
-    monkeypatch.setattr("mpcore_opencl.backend.measure_half_variants", counted)
+    monkeypatch.setattr("mpcore_opencl.half.measure_half_variants", counted)
     verdict = mp.check_policy("mixed_float16", backend=be, measure=True, n=256)
     choice = be.half_choice()
     assert len(calls) == 1 and choice.measured is calls[0]

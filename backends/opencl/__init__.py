@@ -1,6 +1,7 @@
 """mpcore's OpenCL backend (PyOpenCL), registered through the ``mpcore`` entry point like any
 third-party plugin. Importing it does not import pyopencl: that happens when the backend is
-first used. Subclass :class:`OpenCLBackend` to extend it."""
+first used. Subclass :class:`OpenCLBackend` to extend it. Which module holds what, and what to
+touch to add a kernel: ``README.md`` beside this file."""
 
 from __future__ import annotations
 

@@ -31,6 +31,10 @@ SCALAR: dict[str, Any] = {
 }
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+SIGNED = ("int8", "int16", "int32", "int64")
+UNSIGNED = ("uint8", "uint16", "uint32", "uint64")
+#: The 16-bit float dtypes: stored in 16 bits, accumulated in float32.
+LOW = ("float16", "bfloat16")
 MAX_DIMS = 8
 #: Kernels index with 32-bit ints (work-item ids, sizes): bigger launches are refused.
 MAX_ITEMS = 2**31 - 1

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import NP_DTYPES, CLArray
+from .arrays import LOW, NP_DTYPES, CLArray
+from .programs import KernelFamily
 from .tiling import PackedShape, TiledShape, gemm_variant, packed_shape, tiled_shape
-
-LOW = ("float16", "bfloat16")
 
 
 def _acc_itemsize(dtype: str) -> int:
@@ -24,7 +23,7 @@ def _acc_itemsize(dtype: str) -> int:
     return 4 if dtype in LOW else int(np.dtype(NP_DTYPES[dtype]).itemsize)
 
 
-class LinalgKernels:
+class LinalgKernels(KernelFamily):
     """Mixin of :class:`~mpcore_opencl.backend.OpenCLBackend`: matmul and its GEMM shapes."""
 
     #: "packed" (CPU devices), "tiled" (local memory; GPUs) or None: chosen by device kind.
@@ -33,15 +32,7 @@ class LinalgKernels:
     #: :meth:`~mpcore_opencl.backend.OpenCLBackend.verified_vector_width`).
     vector_width: int | None = None
 
-    # provided by the backend
-    device: Any
-    runtime: Any
-    verified_vector_width: Any
-    _dt: Any
-    _empty: Any
-    _prog: Any
-    _native: Any
-    full: Any
+    verified_vector_width: Any  # provided by the backend
 
     def _variant(self) -> str:
         return self.gemm_variant or gemm_variant(self.device())

@@ -14,32 +14,35 @@ A_AT row_max_sumexp(__global const A_ST *pa, const long base, const int k, const
     return m;
 }
 
+/* Writes the softmax of the row of k values `inner` apart from `base`, or its log-softmax. */
+inline void softmax_row(__global const A_ST *pa, __global O_ST *po, const long base, const int k,
+                        const int inner, const int take_log) {
+    A_AT s;
+    const A_AT m = row_max_sumexp(pa, base, k, inner, &s);
+    const A_AT inv = (A_AT)1 / s;
+    const A_AT ls = log(s);
+    for (int t = 0; t < k; ++t) {
+        const long j = base + (long)t * inner;
+        if (take_log) {
+            STORE_O(po, j, LOAD_A(pa, j) - m - ls);
+        } else {
+            STORE_O(po, j, exp(LOAD_A(pa, j) - m) * inv);
+        }
+    }
+}
+
 __kernel void softmax(const int outer, const int k, const int inner,
                       __global const A_ST *pa, __global O_ST *po) {
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
-    const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_AT s;
-    const A_AT m = row_max_sumexp(pa, base, k, inner, &s);
-    const A_AT inv = (A_AT)1 / s;
-    for (int t = 0; t < k; ++t) {
-        const long j = base + (long)t * inner;
-        STORE_O(po, j, exp(LOAD_A(pa, j) - m) * inv);
-    }
+    softmax_row(pa, po, (long)(gid / inner) * k * inner + gid % inner, k, inner, 0);
 }
 
 __kernel void log_softmax(const int outer, const int k, const int inner,
                           __global const A_ST *pa, __global O_ST *po) {
     const int gid = get_global_id(0);
     if (gid >= outer * inner) return;
-    const long base = (long)(gid / inner) * k * inner + gid % inner;
-    A_AT s;
-    const A_AT m = row_max_sumexp(pa, base, k, inner, &s);
-    const A_AT ls = log(s);
-    for (int t = 0; t < k; ++t) {
-        const long j = base + (long)t * inner;
-        STORE_O(po, j, LOAD_A(pa, j) - m - ls);
-    }
+    softmax_row(pa, po, (long)(gid / inner) * k * inner + gid % inner, k, inner, 1);
 }
 
 #define ERR_LABEL 3

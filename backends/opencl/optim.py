@@ -1,0 +1,84 @@
+"""Loss-scaling checks and fused optimizer updates (``kernels/optim.cl``): unscale_and_check,
+all_finite, and the SGD, RMSprop and Adam updates of float32/float64 master weights.
+
+An update given the loss scale's finite flag skips itself on the device when the flag is false,
+so a loss-scaled step needs no host read before its updates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .arrays import CLArray
+from .programs import KernelFamily
+
+
+class OptimKernels(KernelFamily):
+    """Mixin of :class:`~mpcore_opencl.backend.OpenCLBackend`: loss-scaling checks and the
+    fused optimizer updates."""
+
+    def _flag(self) -> CLArray:
+        return self.full((), 1, "bool")
+
+    def unscale_and_check(self, grads: list[CLArray],
+                          inv_scale: float) -> tuple[list[CLArray], CLArray]:
+        flag = self._flag()
+        outs = []
+        for g in grads:
+            o = self._empty(tuple(g.shape), "float32")
+            prog = self._prog("optim.cl", ("A", self._dt(g)))
+            self.runtime.launch(prog["unscale"], g.size, np.int32(g.size),
+                                np.float32(inv_scale), g.data, o.data, flag.data)
+            outs.append(o)
+        return outs, flag
+
+    def all_finite(self, xs: list[CLArray]) -> CLArray:
+        flag = self._flag()
+        for x in xs:
+            prog = self._prog("optim.cl", ("A", self._dt(x)))
+            self.runtime.launch(prog["all_finite"], x.size, np.int32(x.size), x.data, flag.data)
+        return flag
+
+    def _update_args(self, var: CLArray, grad: CLArray, flag: Any) -> tuple[Any, Any, Any]:
+        dt = self._dt(var)
+        if dt not in ("float32", "float64"):
+            raise TypeError(f"optimizer kernels update float32/float64 master weights, got {dt}")
+        if self._dt(grad) != dt:
+            grad = self.cast(grad, dt)
+        if flag is None:
+            return grad, np.int32(0), var.data  # any buffer: the kernel does not read it
+        return grad, np.int32(1), flag.data
+
+    def sgd_update(self, var: CLArray, grad: CLArray, velocity: CLArray | None, lr: float,
+                   momentum: float, nesterov: bool, flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        vel = velocity.data if velocity is not None else var.data
+        self.runtime.launch(prog["sgd"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(momentum), np.int32(bool(nesterov)),
+                            np.int32(velocity is not None), use_flag, fbuf, var.data, grad.data,
+                            vel)
+
+    def rmsprop_update(self, var: CLArray, grad: CLArray, ms: CLArray, mom: CLArray | None,
+                       lr: float, rho: float, momentum: float, epsilon: float,
+                       flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        self.runtime.launch(prog["rmsprop"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(rho), np.float32(momentum), np.float32(epsilon),
+                            np.int32(mom is not None), use_flag, fbuf, var.data, grad.data,
+                            ms.data, (mom if mom is not None else ms).data)
+
+    def adam_update(self, var: CLArray, grad: CLArray, m: CLArray, v: CLArray, lr: float,
+                    beta1: float, beta2: float, epsilon: float, step: int, weight_decay: float,
+                    flag: Any) -> None:
+        grad, use_flag, fbuf = self._update_args(var, grad, flag)
+        prog = self._prog("optim.cl", ("A", self._dt(var)))
+        alpha = lr * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
+        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), np.float32(lr),
+                            np.float32(alpha), np.float32(beta1), np.float32(beta2),
+                            np.float32(epsilon), np.float32(weight_decay), use_flag, fbuf,
+                            var.data, grad.data, m.data, v.data)
