@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import train_guide_on_mnist
+from conftest import SHARED_MNIST, train_guide_on_mnist
 from mpcore_opencl import devices as cl_devices
 from mpcore_opencl.rules import INTEL_MATRIX, opencl_policy_support
 
@@ -560,7 +559,6 @@ def test_training_step_mixed_float16_on_opencl(cl: Any) -> None:
         mp.set_backend(prev.name)
 
 
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 
 
 @needs_device

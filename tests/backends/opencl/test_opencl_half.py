@@ -14,18 +14,17 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import check_close, rounded
+from conftest import REPO_ROOT, check_close, rounded
 from mpcore_opencl import OpenCLBackend
 from mpcore_opencl.half import HALF_MODES, HalfMeasurement, measure_half_variants
 
 import mpcore as mp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 INSTALL = "pip install intel-opencl-rt intel-cmplr-lib-rt"
 
 
@@ -92,8 +91,9 @@ def test_generic_float16_ops_and_gradients_with_native_half() -> None:
     """Every float16 op-forward, gradient and layer case of the backend-generic suite, plus
     the OpenCL kernel tests' float16 cases, with the native-half kernels: within the same
     float16 tolerances as the CPU backend."""
-    out = run_suite(["tests/test_ops.py", "tests/test_gradients.py", "tests/test_layers.py",
-                     "tests/test_opencl.py", "-k", "opencl and float16"])
+    out = run_suite(["tests/core/test_ops.py", "tests/core/test_gradients.py",
+                     "tests/training/test_layers.py", "tests/backends/opencl/test_opencl.py",
+                     "-k", "opencl and float16"])
     assert passed(out) >= 100, out[-2000:]
 
 
@@ -101,7 +101,7 @@ def test_generic_float16_ops_and_gradients_with_native_half() -> None:
 def test_guide_mnist_bar_with_native_half() -> None:
     """The guide's model on the shared MNIST data reaches test_opencl's bar (>= 0.88) with
     mixed_float16 and native half, as do the loss-scaled training steps."""
-    out = run_suite(["tests/test_opencl.py", "-s", "-k",
+    out = run_suite(["tests/backends/opencl/test_opencl.py", "-s", "-k",
                      "guide_mnist_accuracy_bar or training_step_mixed_float16 or "
                      "bad_label_step"])
     assert passed(out) >= 2, out[-2000:]
