@@ -5,6 +5,7 @@ cross-entropy), per policy and backend. One JSON line per configuration.
     python benchmarks/train_step.py --path fit          # through mp.Model.fit
     python benchmarks/train_step.py --quick             # tiny sizes (a smoke run)
     python benchmarks/train_step.py --interleave 8 --policy float32 mixed_float16
+    python benchmarks/train_step.py --path fit --jit     # traced steps (mp.function)
 
 ``--interleave ROUNDS`` builds every policy's trainer in one process and times them in turn,
 round after round (the order reversed every other round), so each policy's speed against
@@ -46,6 +47,8 @@ import numpy as np
 import mpcore as mp
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+#: Traced steps (``--jit``) for every trainer this process builds.
+JIT = False
 # Keras RMSprop defaults, as the guide uses them
 LR, RHO, EPSILON = 1e-3, 0.9, 1e-7
 
@@ -64,7 +67,7 @@ class LoopTrainer:
     """The guide's custom training loop, written with the core API only."""
 
     def __init__(self, backend: mp.Backend, policy: str, units: int, batch: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, jit: bool = False) -> None:
         self.backend = backend
         self.policy = mp.Policy(policy)
         self.compute = self.policy.compute_dtype
@@ -86,6 +89,7 @@ class LoopTrainer:
         self.fused = backend.kernels().get("rmsprop_update")
         self.last_loss = float("nan")
         self.skipped_steps = 0
+        self.traced = mp.function(self.loss_and_grads) if jit else self.loss_and_grads
 
     def forward(self) -> mp.Tensor:
         h = self.x
@@ -99,11 +103,18 @@ class LoopTrainer:
         per_example = mp.ops.sparse_softmax_cross_entropy(self.y, mp.ops.cast(h, "float32"))
         return mp.ops.mean(per_example)
 
-    def step(self) -> None:
+    def loss_and_grads(self, scale: mp.Tensor | None) -> tuple[mp.Tensor, list[Any]]:
+        """Forward and backward: the part ``--jit`` traces (the scale is an input, so a replay
+        uses the scale of its own step)."""
         with mp.GradientTape() as tape:
             loss = self.forward()
-            scaled = loss * self.loss_scale() if self.loss_scale is not None else loss
-        grads = tape.gradient(scaled, self.variables)
+            scaled = loss * scale if scale is not None else loss
+        return loss, tape.gradient(scaled, self.variables)
+
+    def step(self) -> None:
+        scale = (None if self.loss_scale is None
+                 else mp.constant(self.loss_scale(), backend=self.backend))
+        loss, grads = self.traced(scale)
         flag = None
         if self.loss_scale is not None:
             grads, flag = mp.ops.unscale_and_check(grads, 1.0 / self.loss_scale())
@@ -133,7 +144,7 @@ class FitTrainer:
     """The same model through ``mp.Model.fit`` (the guide's first half)."""
 
     def __init__(self, backend: mp.Backend, policy: str, units: int, batch: int, steps: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, jit: bool = False) -> None:
         mp.set_backend(backend.name)
         mp.set_global_policy(policy)
         inputs = mp.Input(shape=(784,), name="digits")
@@ -143,7 +154,7 @@ class FitTrainer:
         outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
         self.model = mp.Model(inputs=inputs, outputs=outputs)
         self.model.compile(loss="sparse_categorical_crossentropy",
-                           optimizer=mp.optimizers.RMSprop())
+                           optimizer=mp.optimizers.RMSprop(), jit_compile=jit)
         rng = np.random.default_rng(seed)
         self.batch = batch
         self.steps = steps
@@ -185,8 +196,9 @@ class Runner:
                  steps: int) -> None:
         self.backend = backend
         self.policy = policy
-        self.loop = LoopTrainer(backend, policy, units, batch) if path == "loop" else None
-        self.fit = FitTrainer(backend, policy, units, batch, steps) if path == "fit" else None
+        self.loop = LoopTrainer(backend, policy, units, batch, jit=JIT) if path == "loop" else None
+        self.fit = (FitTrainer(backend, policy, units, batch, steps, jit=JIT) if path == "fit"
+                    else None)
 
     def run(self, steps: int) -> None:
         if self.loop is not None:
@@ -235,7 +247,7 @@ def _header(backend: mp.Backend, path: str, policy: str, units: int,
             batch: int) -> dict[str, Any]:
     """The record's identity, with ``skipped`` (why) where the configuration cannot run."""
     record: dict[str, Any] = {"bench": "train_step", "path": path, "backend": backend.name,
-                              "policy": policy, "units": units, "batch": batch}
+                              "policy": policy, "units": units, "batch": batch, "jit": JIT}
     if path == "fit" and not hasattr(mp, "Model"):
         return {**record, "skipped": "mp.Model is not available yet (the training stack is "
                                      "not in this tree)"}
@@ -330,7 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="time the policies in one process, alternating for ROUNDS rounds, "
                          "and report each one's speed against float32 round by round")
+    ap.add_argument("--jit", action="store_true",
+                    help="traced steps: fit with compile(jit_compile=True); the loop's forward "
+                         "and backward through mp.function")
     a = ap.parse_args(argv)
+    global JIT
+    JIT = a.jit
     units = a.units or (32 if a.quick else 1024)
     batch = a.batch or (16 if a.quick else 1024)
     steps = a.steps or (2 if a.quick else 20)

@@ -22,6 +22,7 @@ from mpcore.backend import (
     KernelSet,
     Support,
 )
+from mpcore.function import Function, TraceError, function
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
 from mpcore.mixed_precision import set_global_policy, set_policy
@@ -69,10 +70,10 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Backend", "BackendUnavailableError", "Device", "DynamicLossScale", "FixedLossScale",
-    "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement", "Policy",
-    "Support", "Tensor",
-    "Variable", "Verdict", "backends", "check_policy", "constant", "convert_to_tensor", "dtypes",
-    "get_backend", "global_policy", "hookimpl", "ops", "plugin_errors", "policy_scope", "random",
+    "Function", "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement",
+    "Policy", "Support", "Tensor", "TraceError", "Variable", "Verdict", "backends",
+    "check_policy", "constant", "convert_to_tensor", "dtypes", "function", "get_backend",
+    "global_policy", "hookimpl", "ops", "plugin_errors", "policy_scope", "random",
     "set_backend", "set_global_policy", "set_policy",
 ]
 

@@ -145,6 +145,18 @@ KernelSetSource = Callable[["Backend", dict[str, Callable[..., Any]]], tuple[Ker
 _kernel_set_source: KernelSetSource | None = None
 
 
+KernelView = Callable[["Backend", dict[str, Callable[..., Any]]], dict[str, Callable[..., Any]]]
+_kernel_view: KernelView | None = None
+
+
+def set_kernel_view(view: KernelView | None) -> None:
+    """Route every ``Backend.kernels()`` through ``view(backend, table)`` (None: the table
+    itself). :mod:`mpcore.function` sets it while it traces a step, so the kernel calls of the
+    step are recorded whichever op makes them."""
+    global _kernel_view
+    _kernel_view = view
+
+
 def set_kernel_set_source(source: KernelSetSource | None) -> None:
     """Where backends get their plugin kernel sets when first activated (None: nowhere, so a
     backend runs its own kernels only). :mod:`mpcore.registry` sets it to the plugin manager."""
@@ -232,14 +244,15 @@ class Backend:
         if self._kernel_table is None:
             self._activate()
         assert self._kernel_table is not None
+        if _kernel_view is not None:
+            return _kernel_view(self, self._kernel_table)
         return self._kernel_table
 
     def kernel(self, name: str, default: Any = _NO_DEFAULT) -> Callable[..., Any]:
         """The kernel ``name`` of the kernel table (activating the backend on first use). One
         the table lacks raises KeyError, or gives ``default`` where one is passed, as
         ``backend.kernel("dense", None)`` for an optional fused kernel."""
-        table = self._kernel_table if self._kernel_table is not None else self.kernels()
-        found = table.get(name, default)
+        found = self.kernels().get(name, default)
         if found is _NO_DEFAULT:
             raise KeyError(f"backend {self.name!r} has no kernel {name!r}")
         return found

@@ -25,6 +25,7 @@ from typing import Any
 
 from mpcore import loss_scale as _ls
 from mpcore import ops
+from mpcore.function import kept_whole
 from mpcore.optimizers import Optimizer, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
 
@@ -97,11 +98,20 @@ class LossScaleOptimizer(Optimizer):
     # --- loss scaling -------------------------------------------------------------------
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
-        self._unscaled = False
         if callable(loss) and not isinstance(loss, Tensor):
             return lambda: self.get_scaled_loss(loss())
-        return ops.multiply(loss, self._loss_scale())
+        loss = ops.convert_to_tensor(loss)
+        return ops.multiply(loss, self._scale_of(loss))
 
+    @kept_whole
+    def _scale_of(self, loss: Tensor) -> Tensor:
+        """The current scale as a tensor of ``loss``'s dtype (exact: a power of two or the
+        user's fixed scale). A tensor, not a Python number, so that a traced step reads the
+        scale of its own step, in the product and in its gradient."""
+        self._unscaled = False
+        return ops.constant(self._loss_scale(), dtype=loss.dtype, backend=loss.backend)
+
+    @kept_whole
     def get_unscaled_gradients(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
         """``grads`` divided by the scale, in float32; None stays None. Also computes the
         "all finite" flag that ``apply_gradients`` uses (no host read here)."""
@@ -110,6 +120,7 @@ class LossScaleOptimizer(Optimizer):
         self._unscaled = True
         return out
 
+    @kept_whole
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
         """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""
         grads, variables = split_grads_and_vars(grads_and_vars)

@@ -22,6 +22,7 @@ from typing import Any
 
 from mpcore import arguments as _args
 from mpcore import ops
+from mpcore.function import kept_whole
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
 
@@ -134,6 +135,7 @@ class Optimizer:
         return cls(**config)
 
     # --- updates ------------------------------------------------------------------------
+    @kept_whole
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
                         ) -> bool | Tensor:
         """Apply one step; variables whose gradient is None are left alone.

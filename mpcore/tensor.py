@@ -9,12 +9,20 @@ never changes with training.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mpcore import dtypes as _dtypes
 
 if TYPE_CHECKING:
     from mpcore.backend import Backend
+
+
+#: Set by :mod:`mpcore.function` while it traces a step: called before every host read of a
+#: tensor (a traced step must not depend on one), and when a Variable is created or assigned.
+host_read_guard: Callable[[Tensor], None] | None = None
+variable_hook: Callable[[Variable, str], None] | None = None
 
 
 class Tensor:
@@ -61,6 +69,8 @@ class Tensor:
         return self._data
 
     def numpy(self) -> Any:
+        if host_read_guard is not None:
+            host_read_guard(self)
         return self._backend.to_host(self._data)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
@@ -190,6 +200,14 @@ class Tensor:
         return _ops.getitem(self, key)
 
 
+_live_variables: weakref.WeakSet[Variable] = weakref.WeakSet()
+
+
+def live_variables() -> list[Variable]:
+    """Every Variable that is still referenced somewhere (a traced step reads them by name)."""
+    return list(_live_variables)
+
+
 class Variable(Tensor):
     """A mutable float32 (by default) value that optimizers update."""
 
@@ -214,6 +232,9 @@ class Variable(Tensor):
         self.trainable = bool(trainable)
         self._version = 0
         self._cast_cache: tuple[Any, Tensor] | None = None
+        _live_variables.add(self)
+        if variable_hook is not None:
+            variable_hook(self, "create")
 
     def assign(self, value: Any) -> Variable:
         """Replace the value (same shape; cast to this variable's dtype)."""
@@ -228,6 +249,8 @@ class Variable(Tensor):
             data = self._backend.kernels()["copy"](data)
         self._data = data
         self.mark_updated()
+        if variable_hook is not None:
+            variable_hook(self, "assign")
         return self
 
     def assign_add(self, delta: Any) -> Variable:
@@ -238,6 +261,8 @@ class Variable(Tensor):
 
     def numpy(self) -> Any:
         """A writable host copy that the caller owns: later updates never show through."""
+        if host_read_guard is not None:
+            host_read_guard(self)
         be = self._backend
         # Of a device copy, which nothing else can reach: the backend's read-only host view of
         # it (the CPU's) may be made writable, and it keeps the backend's copy alignment.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random as _pyrandom
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from mpcore import metrics as _metrics
 from mpcore import ops
 from mpcore import optimizers as _optimizers
 from mpcore import random as _random
+from mpcore.function import function
 from mpcore.layers.base import (
     InputLayer,
     KerasTensor,
@@ -38,6 +38,7 @@ from mpcore.layers.base import (
 )
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.models import data as _data
+from mpcore.models import progress as _progress
 from mpcore.models import summary as _summary
 from mpcore.tape import GradientTape
 from mpcore.tensor import Tensor
@@ -65,6 +66,8 @@ class Model(Layer):
         self.stop_training = False
         self.history: _callbacks.History | None = None
         self._train_steps = 0
+        self.jit_compile = False
+        self._traced: dict[str, Any] = {}
         if inputs is not None or outputs is not None:
             if inputs is None or outputs is None:
                 raise ValueError("a functional Model needs both inputs= and outputs=")
@@ -162,9 +165,14 @@ class Model(Layer):
 
     # --- compile --------------------------------------------------------------------------
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
-                metrics: Sequence[Any] | None = None) -> None:
+                metrics: Sequence[Any] | None = None, jit_compile: bool = False) -> None:
         """Set the optimizer (a name or an Optimizer), the loss (a name, a Loss or a
-        function) and the metrics (names, Metrics or functions)."""
+        function) and the metrics (names, Metrics or functions). ``jit_compile=True`` runs
+        the steps of fit, evaluate and predict as traced steps (:mod:`mpcore.function`):
+        traced once per batch shape (a smaller last batch is a second trace), then replayed,
+        bit for bit the same as eagerly; metrics and counters are updated eagerly after each
+        step."""
+        jit_compile = _args.flag("jit_compile", jit_compile)
         if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
             metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
         if metrics is not None and not isinstance(metrics, (list, tuple)):
@@ -183,6 +191,7 @@ class Model(Layer):
             raise ValueError(f"metric names must be unique and not 'loss', got {names}")
         # Only a compile that fully succeeded replaces the previous one.
         self.optimizer, self.loss, self.compiled_metrics = opt, loss_obj, compiled
+        self.jit_compile, self._traced = jit_compile, {}
 
     def _require_compiled(self, need_optimizer: bool = True) -> None:
         if self.loss is None or (need_optimizer and self.optimizer is None):
@@ -194,9 +203,16 @@ class Model(Layer):
         return ["loss", *(m.name for m in self.compiled_metrics)]
 
     # --- one step -------------------------------------------------------------------------
-    def train_step(self, x: Any, y: Any) -> Any:
-        """Forward, loss, (scaled) gradients, update; updates the metrics on the device and
-        returns the (unscaled, float32) loss tensor."""
+    def _step(self, kind: str, compute: Callable[..., Any], *args: Any) -> Any:
+        """``compute(*args)``, traced and replayed under ``jit_compile``."""
+        if not self.jit_compile:
+            return compute(*args)
+        traced = self._traced.get(kind)
+        if traced is None:
+            traced = self._traced[kind] = function(compute)
+        return traced(*args)
+
+    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
         opt = self.optimizer
         scaled = isinstance(opt, LossScaleOptimizer)
         with GradientTape() as tape:
@@ -208,11 +224,24 @@ class Model(Layer):
         if scaled:
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables))
-        self._train_steps += 1
+        return loss, flatten(y_pred)[0]
+
+    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
+        y_pred = self(x, training=False)
+        return self.loss(y, y_pred), flatten(y_pred)[0]  # type: ignore[misc]
+
+    def _update_metrics(self, loss: Any, y: Any, y_pred: Any) -> None:
         n = flatten(y)[0].shape[0]
         self._loss_tracker.update_state(ops.stop_gradient(loss), sample_weight=float(n))
         for metric in self.compiled_metrics:
-            metric.update_state(y, ops.stop_gradient(flatten(y_pred)[0]))
+            metric.update_state(y, ops.stop_gradient(y_pred))
+
+    def train_step(self, x: Any, y: Any) -> Any:
+        """Forward, loss, (scaled) gradients, update; updates the metrics on the device and
+        returns the (unscaled, float32) loss tensor."""
+        loss, y_pred = self._step("train", self._train_compute, x, y)
+        self._train_steps += 1
+        self._update_metrics(loss, y, y_pred)
         return loss
 
     def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
@@ -228,12 +257,8 @@ class Model(Layer):
         return self._results(return_dict)
 
     def test_step(self, x: Any, y: Any) -> None:
-        y_pred = self(x, training=False)
-        loss = self.loss(y, y_pred)  # type: ignore[misc]
-        n = flatten(y)[0].shape[0]
-        self._loss_tracker.update_state(loss, sample_weight=float(n))
-        for metric in self.compiled_metrics:
-            metric.update_state(y, flatten(y_pred)[0])
+        loss, y_pred = self._step("test", self._test_compute, x, y)
+        self._update_metrics(loss, y, y_pred)
 
     def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
                       return_dict: bool = False) -> Any:
@@ -346,7 +371,7 @@ class Model(Layer):
                 perm = list(range(n))
                 _pyrandom.Random(_random.next_seed()).shuffle(perm)
                 order = ops.constant(perm, dtype="int64", backend=backend)
-            bar = _progress_bar(epoch, epochs, steps) if verbose == 1 else None
+            bar = _progress.progress_bar(epoch, epochs, steps) if verbose == 1 else None
             start = last_refresh = time.perf_counter()
             for step in range(steps):
                 cbs.on_train_batch_begin(step)
@@ -358,7 +383,8 @@ class Model(Layer):
                     now = time.perf_counter()
                     if now - last_refresh >= _REFRESH_S and step + 1 < steps:
                         last_refresh = now
-                        bar.set_postfix_str(_format(self._results(True)), refresh=True)
+                        bar.set_postfix_str(_progress.format_logs(self._results(True)),
+                                            refresh=True)
                 if self.stop_training:
                     break
             backend.synchronize()
@@ -370,10 +396,11 @@ class Model(Layer):
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             timing = f"{elapsed:.2f}s, {elapsed / n * 1e6:.0f}us/sample"
             if bar is not None:
-                bar.set_postfix_str(f"{_format(logs)} - {timing}", refresh=True)
+                bar.set_postfix_str(f"{_progress.format_logs(logs)} - {timing}", refresh=True)
                 bar.close()
             elif verbose == 2:
-                print(f"Epoch {epoch + 1}/{epochs} - {timing} - {_format(logs)}", flush=True)
+                print(f"Epoch {epoch + 1}/{epochs} - {timing} - "
+                      f"{_progress.format_logs(logs)}", flush=True)
             logs["time_per_sample"] = elapsed / n
             cbs.on_epoch_end(epoch, logs)
             if self.stop_training:
@@ -403,7 +430,7 @@ class Model(Layer):
         logs = self._results(True)
         if verbose:
             elapsed = time.perf_counter() - start
-            print(f"{steps}/{steps} - {elapsed:.2f}s - {_format(logs)}", flush=True)
+            print(f"{steps}/{steps} - {elapsed:.2f}s - {_progress.format_logs(logs)}", flush=True)
         if return_dict:
             return logs
         values = list(logs.values())
@@ -425,8 +452,9 @@ class Model(Layer):
         if n == 0:
             raise ValueError(f"{what} got no samples")
         start = time.perf_counter()
-        flat = [flatten(self(_data.rows(xd, lo, min(lo + batch_size, n), None),
-                             training=False)) for lo in range(0, n, batch_size)]
+        flat = [self._step("predict", self._predict_compute,
+                           _data.rows(xd, lo, min(lo + batch_size, n), None))
+                for lo in range(0, n, batch_size)]
         # A copy the caller owns, as Keras' (the backend's host view is read-only).
         joined = [ops.concat([f[i] for f in flat], axis=0).numpy().copy()
                   for i in range(len(flat[0]))]
@@ -434,6 +462,9 @@ class Model(Layer):
             steps = len(flat)
             print(f"{steps}/{steps} - {time.perf_counter() - start:.2f}s", flush=True)
         return joined[0] if len(joined) == 1 else joined
+
+    def _predict_compute(self, x: Any) -> list[Any]:
+        return flatten(self(x, training=False))
 
     # --- weights and checkpoints ------------------------------------------------------------
     def save_weights(self, filepath: str) -> None:
@@ -458,15 +489,3 @@ class Model(Layer):
         """Print the layers, their output shapes, dtype policies and parameter counts, in lines
         of ``line_length`` characters."""
         _summary.summary(self, print_fn, line_length)
-
-
-def _format(logs: dict[str, float]) -> str:
-    return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
-
-
-def _progress_bar(epoch: int, epochs: int, steps: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
-                dynamic_ncols=True, leave=True, file=sys.stderr)
-

@@ -1,0 +1,499 @@
+"""Traced steps: ``mp.function`` records the kernel calls of a step once and replays them.
+
+The first call with a new signature (input shapes and dtypes, backends, the global policy, the
+non-tensor arguments by value) runs the function eagerly while every kernel call is recorded:
+which kernel, which arrays it read (an input, a variable, the output of an earlier call, a
+captured constant) and which it produced. Later calls with the same signature replay that
+program on the new inputs: the kernels are called in the same order on the same kinds of
+operands, so a replay computes bit for bit what the eager run would, without the per-op work of
+the dispatch (promotion, categories, tape bookkeeping). A new signature traces again, as
+``tf.function`` does.
+
+Some calls are kept whole instead of being broken into kernels (:func:`kept_whole`): an
+optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer``. They
+hold Python state that changes from step to step (the learning rate of a schedule, Adam's step,
+the loss scale and its update, which reads the "all finite" flag: the one host read of a traced
+step), so a replay calls them again, eagerly, on the recorded tensors. Random ops draw a fresh
+seed from ``mp.random`` at each replay, in the order eager execution would.
+
+What a replay could not reproduce is refused while tracing, with a message that says what to
+do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``), and creating variables in
+any trace but the first (a first trace that creates variables, as a model's first call does, is
+run eagerly and not kept; the next call traces again).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpcore import backend as _backend
+from mpcore import policy as _policy
+from mpcore import random as _random
+from mpcore import tensor as _tensor
+from mpcore.tensor import Tensor, Variable
+
+#: Kernels that take a seed, and the seed's position among their arguments.
+_SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3}
+
+
+class TraceError(RuntimeError):
+    """Raised while tracing a step that a replay could not reproduce."""
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.recorder: _Recorder | None = None
+
+
+_local = _Local()
+
+
+# --- what a program is made of ----------------------------------------------------------------
+# An argument spec is ("c", value) a constant, ("s", i) slot i, ("v", variable) a variable's
+# array at that moment, ("r",) a fresh seed, or ("l"/"t", [specs]) a list or tuple of them.
+Spec = tuple[Any, ...]
+
+
+@dataclass
+class _KernelCall:
+    kernel: Callable[..., Any]
+    args: list[Spec]
+    out: Spec                       # where the result goes: ("s", i), or a list/tuple of them
+    text: str                       # one line of ``Function.graph``
+    free: tuple[int, ...] = ()      # slots read for the last time here
+
+
+@dataclass
+class _WholeCall:
+    fn: Callable[..., Any]
+    args: Spec
+    out: Spec
+    text: str
+    free: tuple[int, ...] = ()
+
+
+@dataclass
+class _Assign:
+    variable: Variable
+    value: Spec
+    text: str
+    free: tuple[int, ...] = ()
+
+
+@dataclass
+class Program:
+    """One trace: its steps, how many slots they use, where the inputs go and what comes out."""
+
+    steps: list[Any]
+    slots: int
+    inputs: list[int]
+    output: Any
+    lines: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+        self.slot_of: dict[int, int] = {}
+        self.keep: list[Any] = []              # every recorded array, so no id is reused
+        self.variable_of: dict[int, Variable] = {}
+        self.created: list[str] = []
+        self.drawn: set[int] = set()
+        self.whole_depth = 0
+        self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
+
+    # slots ---------------------------------------------------------------------------------
+    def new_slot(self, array: Any) -> int:
+        i = len(self.keep)
+        self.slot_of[id(array)] = i
+        self.keep.append(array)
+        return i
+
+    def spec(self, value: Any) -> Spec:
+        if isinstance(value, (list, tuple)):
+            return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return ("c", value)
+        slot = self.slot_of.get(id(value))
+        if slot is not None:
+            return ("s", slot)
+        variable = self.variable_of.get(id(value))
+        if variable is not None and variable._data is value:
+            return ("v", variable)
+        self.keep.append(value)                # captured from outside the step
+        return ("c", value)
+
+    def bind(self, value: Any) -> Spec:
+        """Slots for what a call returned (arrays, or lists/tuples of them)."""
+        if isinstance(value, (list, tuple)):
+            return ("l" if isinstance(value, list) else "t", [self.bind(v) for v in value])
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return ("c", value)
+        slot = self.slot_of.get(id(value))
+        return ("s", slot if slot is not None else self.new_slot(value))
+
+    # tensors in the arguments of a call kept whole --------------------------------------------
+    def tensor_spec(self, value: Any) -> Spec:
+        if isinstance(value, Variable):
+            return ("c", value)
+        if isinstance(value, Tensor):
+            return ("T", self.spec(value._data), value._backend, value._dtype)
+        if isinstance(value, dict):
+            return ("d", {k: self.tensor_spec(v) for k, v in value.items()})
+        if isinstance(value, (list, tuple)):
+            return ("l" if isinstance(value, list) else "t", [self.tensor_spec(v) for v in value])
+        return ("c", value)
+
+    def tensor_bind(self, value: Any) -> Spec:
+        if isinstance(value, Variable):
+            return ("c", value)
+        if isinstance(value, Tensor):
+            return ("T", self.bind(value._data), value._backend, value._dtype)
+        if isinstance(value, (list, tuple)):
+            return ("l" if isinstance(value, list) else "t", [self.tensor_bind(v) for v in value])
+        return ("c", value)
+
+    # the kernel table while tracing -----------------------------------------------------------
+    def table(self, backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
+        if self.whole_depth:
+            return table
+        view = self.tables.get(id(table))
+        if view is None:
+            view = {name: self._recording(backend, name, kernel) for name, kernel in table.items()}
+            self.tables[id(table)] = view
+        return view
+
+    def _recording(self, backend: Any, name: str, kernel: Callable[..., Any]) -> Any:
+        seed_at = _SEEDED.get(name)
+
+        def call(*args: Any) -> Any:
+            if self.whole_depth:
+                return kernel(*args)
+            specs = [self.spec(a) for a in args]
+            if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
+                specs[seed_at] = ("r",)
+            out = kernel(*args)
+            self.steps.append(_KernelCall(kernel, specs, self.bind(out),
+                                          _describe(backend, name, args, out)))
+            return out
+
+        return call
+
+
+def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
+    def of(x: Any) -> str:
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if shape is not None and dtype is not None:
+            return f"{dtype}{list(shape)}"
+        if isinstance(x, (list, tuple)):
+            return "(" + ", ".join(of(v) for v in x) + ")"
+        return repr(x) if isinstance(x, (int, float, bool, str, type(None))) else type(x).__name__
+
+    category = backend.categories().get(name)
+    cat = category.value if category is not None else "-"
+    return f"{name}({', '.join(of(a) for a in args)}) -> {of(out)}  [{cat}]"
+
+
+# --- running a program --------------------------------------------------------------------------
+def _value(spec: Spec, slots: list[Any]) -> Any:
+    kind = spec[0]
+    if kind == "s":
+        return slots[spec[1]]
+    if kind == "c":
+        return spec[1]
+    if kind == "v":
+        return spec[1]._data
+    if kind == "r":
+        return _random.next_seed()
+    if kind == "T":
+        return Tensor(_value(spec[1], slots), spec[2], spec[3])
+    if kind == "d":
+        return {k: _value(v, slots) for k, v in spec[1].items()}
+    items = [_value(s, slots) for s in spec[1]]
+    return items if kind == "l" else tuple(items)
+
+
+def _store(spec: Spec, value: Any, slots: list[Any]) -> None:
+    kind = spec[0]
+    if kind == "s":
+        slots[spec[1]] = value
+    elif kind == "T":
+        _store(spec[1], value._data, slots)
+    elif kind in ("l", "t"):
+        for s, v in zip(spec[1], value):
+            _store(s, v, slots)
+
+
+def _run(program: Program, inputs: list[Any]) -> Any:
+    slots: list[Any] = [None] * program.slots
+    for i, data in zip(program.inputs, inputs):
+        slots[i] = data
+    for step in program.steps:
+        if type(step) is _KernelCall:
+            _store(step.out, step.kernel(*[_value(a, slots) for a in step.args]), slots)
+        elif type(step) is _WholeCall:
+            args, kwargs = _value(step.args, slots)
+            _store(step.out, step.fn(*args, **kwargs), slots)
+        else:
+            step.variable.assign(Tensor(_value(step.value, slots), step.variable._backend,
+                                        step.variable._dtype))
+        for i in step.free:
+            slots[i] = None
+    return _value(program.output, slots)
+
+
+def _reads(spec: Spec) -> list[int]:
+    kind = spec[0]
+    if kind == "s":
+        return [spec[1]]
+    if kind == "T":
+        return _reads(spec[1])
+    if kind == "d":
+        return [i for s in spec[1].values() for i in _reads(s)]
+    if kind in ("l", "t"):
+        return [i for s in spec[1] for i in _reads(s)]
+    return []
+
+
+def _step_reads(step: Any) -> list[int]:
+    if type(step) is _KernelCall:
+        return [i for a in step.args for i in _reads(a)]
+    return _reads(step.args if type(step) is _WholeCall else step.value)
+
+
+def _plan_frees(program: Program) -> None:
+    """Release each slot after its last reader (or right after the call that wrote it, where
+    nothing reads it), so a replay holds no more memory than the eager step it stands for."""
+    last: dict[int, int] = {}
+    for n, step in enumerate(program.steps):
+        if type(step) is not _Assign:
+            for i in _reads(step.out):
+                last.setdefault(i, n)
+        for i in _step_reads(step):
+            last[i] = n
+    for i in _reads(program.output):
+        last.pop(i, None)
+    frees: dict[int, list[int]] = {}
+    for i, n in last.items():
+        frees.setdefault(n, []).append(i)
+    for n, step in enumerate(program.steps):
+        step.free = tuple(frees.get(n, ()))
+
+
+# --- tracing ------------------------------------------------------------------------------------
+def current() -> bool:
+    """Whether a step is being traced here (outside the calls kept whole)."""
+    recorder = _local.recorder
+    return recorder is not None and not recorder.whole_depth
+
+
+def kept_whole(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Record calls of ``method`` as one call that each replay makes again, eagerly (for
+    methods whose Python state changes between steps: optimizer updates, loss scaling)."""
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        recorder = _local.recorder
+        if recorder is None or recorder.whole_depth:
+            return method(*args, **kwargs)
+        # an iterator argument (zip(grads, variables)) is read once: keep what it gave
+        args = tuple(list(a) if _is_iterator(a) else a for a in args)
+        spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec(kwargs)])
+        recorder.whole_depth += 1
+        try:
+            out = method(*args, **kwargs)
+        finally:
+            recorder.whole_depth -= 1
+        recorder.steps.append(_WholeCall(method, spec, recorder.tensor_bind(out),
+                                         f"{method.__qualname__}(...)  [kept whole]"))
+        return out
+
+    return wrapper
+
+
+def _is_iterator(value: Any) -> bool:
+    return hasattr(value, "__next__") and not isinstance(value, (Tensor, str, bytes))
+
+
+_hooks_lock = threading.Lock()
+_tracing = 0
+
+
+def _kernel_view(backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
+    recorder = _local.recorder
+    return table if recorder is None else recorder.table(backend, table)
+
+
+def _next_seed_recorded() -> int:
+    seed = _draw_seed()
+    recorder = _local.recorder
+    if recorder is not None:
+        recorder.drawn.add(seed)
+    return seed
+
+
+_draw_seed = _random.next_seed
+
+
+def _install_hooks() -> None:
+    global _tracing
+    with _hooks_lock:
+        _tracing += 1
+        if _tracing == 1:
+            _backend.set_kernel_view(_kernel_view)
+            _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
+            _random.next_seed = _next_seed_recorded
+
+
+def _remove_hooks() -> None:
+    global _tracing
+    with _hooks_lock:
+        _tracing -= 1
+        if _tracing == 0:
+            _random.next_seed = _draw_seed
+            _backend.set_kernel_view(None)
+            _tensor.host_read_guard = _tensor.variable_hook = None
+
+
+def _refuse_host_read(tensor: Tensor) -> None:
+    if current():
+        raise TraceError(
+            "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), "
+            "bool(t), `if t:`): a replay would reuse the value of the first call. Keep the "
+            "decision on the device (mp.ops.where), or return the tensor from the step and "
+            "read it outside, or call the function without mp.function.")
+
+
+def _on_variable(variable: Variable, event: str) -> None:
+    recorder = _local.recorder
+    if recorder is None or recorder.whole_depth:
+        return
+    if event == "create":
+        recorder.created.append(variable.name)
+        recorder.variable_of[id(variable._data)] = variable
+        return
+    recorder.variable_of[id(variable._data)] = variable
+    recorder.steps.append(_Assign(variable, recorder.spec(variable._data),
+                                  f"assign {variable.name}"))
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def key(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return ("tensor", value._backend.name, value._dtype, value.shape,
+                    isinstance(value, Variable) and id(value))
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return ("array", str(value.dtype), tuple(value.shape))
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(key(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((k, key(v)) for k, v in sorted(value.items())))
+        try:
+            hash(value)
+        except TypeError:
+            return ("object", id(value))
+        return ("value", type(value).__name__, value)
+
+    return (_policy.global_policy().name, key(args), key(kwargs))
+
+
+class Function:
+    """A function whose calls replay a recorded kernel program (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._programs: dict[tuple[Any, ...], Program] = {}
+        self._traced_once = False
+        #: How many traces were made (a first trace that created variables counts).
+        self.tracing_count = 0
+        self._last: Program | None = None
+
+    @property
+    def graph(self) -> Program | None:
+        """The program of the latest trace (``print`` it: one line per kernel call)."""
+        return self._last
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self if instance is None else functools.partial(self.__call__, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _local.recorder is not None:   # a traced function called by another: inline it
+            return self._fn(*args, **kwargs)
+        args, kwargs = _as_tensors(args), _as_tensors(kwargs)
+        signature = _signature(args, kwargs)
+        program = self._programs.get(signature)
+        if program is not None:
+            return _run(program, [t._data for t in _tensors((args, kwargs))])
+        return self._trace(signature, args, kwargs)
+
+    def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        recorder = _Recorder()
+        for variable in _tensor.live_variables():
+            recorder.variable_of[id(variable._data)] = variable
+        inputs = [recorder.new_slot(t._data) for t in _tensors((args, kwargs))]
+        self.tracing_count += 1
+        _local.recorder = recorder
+        _install_hooks()
+        try:
+            out = self._fn(*args, **kwargs)
+            output = recorder.tensor_spec(out)
+        finally:
+            _local.recorder = None
+            _remove_hooks()
+        if recorder.created:
+            if self._traced_once:
+                raise TraceError(
+                    f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) "
+                    "after its first trace: a replay cannot create them. Create every "
+                    "variable in the first call (build the model and the optimizer first).")
+            self._traced_once = True
+            return out                      # variables were made: run eagerly, trace again
+        self._traced_once = True
+        program = Program(recorder.steps, len(recorder.keep), inputs, output,
+                          [step.text for step in recorder.steps])
+        _plan_frees(program)
+        self._programs[signature] = self._last = program
+        return out
+
+
+def _as_tensors(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value
+    if hasattr(value, "shape") and hasattr(value, "dtype"):   # a host array
+        from mpcore.ops import constant
+
+        return constant(value)
+    if isinstance(value, list):
+        return [_as_tensors(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_as_tensors(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_tensors(v) for k, v in value.items()}
+    return value
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    if isinstance(value, Variable):
+        return []                            # read through the variable, not as an input
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in _tensors(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def function(fn: Callable[..., Any] | None = None) -> Any:
+    """``@mp.function``: trace ``fn`` on its first call with each signature, replay after."""
+    if fn is None:
+        return function
+    return Function(fn)

@@ -1,0 +1,222 @@
+"""Traced steps (``mp.function``): a replay equals the eager step bit for bit (float32,
+mixed_float16 and mixed_bfloat16, dropout and loss scaling included, on every backend here),
+retraces exactly when the signature changes, refuses what a replay could not reproduce with a
+message that says what to do, replays a non-finite step as a skip, and resumes exactly from a
+checkpoint taken in the middle of traced training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import mpcore as mp
+from mpcore import layers
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+RNG = np.random.default_rng(11)
+XS = [RNG.random((32, 20), dtype=np.float32) for _ in range(5)]
+YS = [RNG.integers(0, 4, 32) for _ in range(5)]
+
+
+def build(policy: str, seed: int = 3) -> tuple[mp.Model, Any]:
+    mp.set_global_policy(policy)
+    mp.random.set_seed(seed)
+    inputs = mp.Input((20,))
+    x = layers.Dense(16, activation="relu")(inputs)
+    x = layers.Dropout(0.25)(x)
+    x = layers.Dense(4)(x)
+    model = mp.Model(inputs, layers.Activation("softmax", dtype="float32")(x))
+    opt = mp.optimizers.Adam(0.01)
+    if policy == "mixed_float16":
+        opt = mp.mixed_precision.LossScaleOptimizer(opt)
+    return model, opt
+
+
+def make_step(model: mp.Model, opt: Any) -> Any:
+    loss_fn = mp.losses.SparseCategoricalCrossentropy()
+    scaled = isinstance(opt, mp.mixed_precision.LossScaleOptimizer)
+
+    def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            target = opt.get_scaled_loss(loss) if scaled else loss
+        grads = tape.gradient(target, model.trainable_variables)
+        if scaled:
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step
+
+
+def train(policy: str, traced: bool, xs: list[np.ndarray] = XS,
+          ys: list[np.ndarray] = YS) -> tuple[list[float], list[np.ndarray], Any, Any]:
+    model, opt = build(policy)
+    step = make_step(model, opt)
+    if traced:
+        step = mp.function(step)
+    losses = [float(np.asarray(step(mp.constant(x), mp.constant(y)))) for x, y in zip(xs, ys)]
+    return losses, model.get_weights(), opt, step
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_replay_equals_eager_bit_for_bit(backend: mp.Backend, policy: str) -> None:
+    eager_losses, eager_weights, eager_opt, _ = train(policy, traced=False)
+    losses, weights, opt, step = train(policy, traced=True)
+    assert step.tracing_count == 1 and step.graph is not None   # 1 trace, 4 replays
+    assert losses == eager_losses
+    for a, b in zip(weights, eager_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    if policy == "mixed_float16":
+        assert opt.loss_scale.state_dict() == eager_opt.loss_scale.state_dict()
+
+
+def test_dropout_draws_fresh_numbers_at_each_replay() -> None:
+    mp.random.set_seed(5)
+    f = mp.function(lambda x: mp.ops.dropout(x, 0.5))
+    x = mp.ops.ones((64,))
+    first, second, third = (np.asarray(f(x)) for _ in range(3))
+    assert f.tracing_count == 1
+    assert not np.array_equal(second, third)
+    mp.random.set_seed(5)
+    eager = [np.asarray(mp.ops.dropout(x, 0.5)) for _ in range(3)]
+    for a, b in zip((first, second, third), eager):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_retraces_exactly_when_the_signature_changes() -> None:
+    mp.set_global_policy("float32")
+    f = mp.function(lambda x, scale: mp.ops.multiply(x, scale))
+    f(mp.ops.ones((2, 3)), 2.0)
+    f(mp.ops.ones((2, 3)), 2.0)
+    f(mp.ops.zeros((2, 3)), 2.0)                  # new values, same signature
+    assert f.tracing_count == 1
+    np.testing.assert_array_equal(np.asarray(f(mp.ops.full((2, 3), 3.0), 2.0)),
+                                  np.full((2, 3), 6.0))
+    f(mp.ops.ones((4, 3)), 2.0)                   # a new shape
+    assert f.tracing_count == 2
+    np.testing.assert_array_equal(np.asarray(f(mp.ops.ones((2, 3)), 5.0)), np.full((2, 3), 5.0))
+    assert f.tracing_count == 3               # a Python argument is part of the signature
+    f(mp.ops.ones((2, 3), "float16"), 2.0)        # a new dtype
+    assert f.tracing_count == 4
+    with mp.policy_scope("mixed_float16"):    # the policy in effect
+        f(mp.ops.ones((2, 3)), 2.0)
+    assert f.tracing_count == 5
+    f(mp.ops.ones((2, 3)), 2.0)
+    assert f.tracing_count == 5
+
+
+def test_the_graph_lists_each_kernel_call_with_its_category() -> None:
+    mp.set_global_policy("float32")
+    f = mp.function(lambda a, b: mp.ops.sum(mp.ops.exp(mp.ops.matmul(a, b))))
+    f(mp.ops.ones((2, 3)), mp.ops.ones((3, 4)))
+    lines = str(f.graph).splitlines()
+    assert [line.split("(")[0] for line in lines] == ["matmul", "exp", "sum"]
+    assert lines[0].endswith("[allow]") and lines[1].endswith("[deny]")
+    assert "float32[2, 3]" in lines[0] and "-> float32[2, 4]" in lines[0]
+
+
+@pytest.mark.parametrize(("body", "what"), [
+    (lambda t: float(mp.ops.sum(t)), "float(t)"),
+    (lambda t: mp.ops.sum(t).numpy(), "t.numpy()"),
+    (lambda t: t * 2 if mp.ops.sum(t) > 0 else t, "bool(t)"),
+    (lambda t: mp.ops.sum(t).item(), "float(t)"),
+])
+def test_a_host_read_is_refused_while_tracing(body: Any, what: str) -> None:
+    f = mp.function(body)
+    with pytest.raises(mp.TraceError, match="cannot read a tensor's value on the host") as err:
+        f(mp.ops.ones((3,)))
+    assert what in str(err.value) and "mp.ops.where" in str(err.value)
+    assert np.asarray(mp.ops.ones((2,))).tolist() == [1.0, 1.0]   # nothing left switched on
+
+
+def test_variables_are_made_on_the_first_call_only() -> None:
+    made: list[mp.Variable] = []
+
+    def lazy(x: mp.Tensor) -> mp.Tensor:
+        if not made:
+            made.append(mp.Variable(np.ones(3, np.float32)))
+        return mp.ops.multiply(x, made[0])
+
+    f = mp.function(lazy)
+    f(mp.ops.ones((3,)))                      # creates the variable: run eagerly, not kept
+    f(mp.ops.ones((3,)))                      # traces
+    made[0].assign(np.full(3, 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(f(mp.ops.ones((3,)))), [2.0, 2.0, 2.0])
+    assert f.tracing_count == 2
+
+    g = mp.function(lambda x: mp.ops.multiply(x, mp.Variable(np.ones(3, np.float32))))
+    g(mp.ops.ones((3,)))
+    with pytest.raises(mp.TraceError, match=r"created variables .* after its first trace"):
+        g(mp.ops.ones((3,)))
+
+
+def test_a_non_finite_step_replays_as_a_skip() -> None:
+    xs = [x.copy() for x in XS]
+    xs[3][0, 0] = np.inf
+    eager_losses, eager_weights, eager_opt, _ = train("mixed_float16", False, xs)
+    losses, weights, opt, step = train("mixed_float16", True, xs)
+    assert step.tracing_count == 1
+    assert not np.isfinite(losses[3]) and losses == [
+        v if np.isfinite(v) else losses[3] for v in eager_losses]
+    for a, b in zip(weights, eager_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert opt.loss_scale.state_dict() == eager_opt.loss_scale.state_dict()
+    assert opt.loss_scale() < 2.0 ** 15          # the skip halved the scale
+
+
+def test_a_checkpoint_in_the_middle_of_traced_training_resumes_exactly(tmp_path: Path) -> None:
+    _, full_weights, _, _ = train("mixed_float16", traced=True)
+    model, opt = build("mixed_float16")
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt)
+    step = mp.function(make_step(model, opt))
+    for x, y in zip(XS[:2], YS[:2]):
+        step(mp.constant(x), mp.constant(y))
+    path = tmp_path / "traced.mpck"
+    model.save_checkpoint(str(path))
+    mp.random.set_seed(77)
+
+    resumed, opt2 = build("mixed_float16", seed=9)
+    resumed.compile(loss="sparse_categorical_crossentropy", optimizer=opt2)
+    resumed.load_checkpoint(str(path))
+    step2 = mp.function(make_step(resumed, opt2))
+    for x, y in zip(XS[2:], YS[2:]):
+        step2(mp.constant(x), mp.constant(y))
+    for a, b in zip(resumed.get_weights(), full_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fit_evaluate_predict_with_jit_compile_equal_eager(backend: mp.Backend,
+                                                           policy: str) -> None:
+    x = np.concatenate(XS)[:150]              # 150 rows, batch 32: a smaller last batch
+    y = np.concatenate(YS)[:150]
+    runs = {}
+    for jit in (False, True):
+        model, opt = build(policy)
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=opt,
+                      metrics=["accuracy"], jit_compile=jit)
+        history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, validation_split=0.2)
+        runs[jit] = (history.history, model.get_weights(),
+                     model.evaluate(x, y, batch_size=32, verbose=0),
+                     model.predict(x, batch_size=64), model)
+    for a, b in zip(runs[False][:4], runs[True][:4], strict=True):
+        if isinstance(a, dict):
+            a = {k: v for k, v in a.items() if k != "time_per_sample"}
+            b = {k: v for k, v in b.items() if k != "time_per_sample"}
+        np.testing.assert_equal(a, b)
+    traced = runs[True][4]._traced
+    # one trace per batch shape: training on 120 rows, batches of 32 and 24; the 30
+    # validation rows, one batch of 30; evaluate on 150 rows, 32 and 22; predict, 64 and 22
+    assert traced["train"].tracing_count == 2
+    assert traced["test"].tracing_count == 3
+    assert traced["predict"].tracing_count == 2
+
+
+def test_jit_compile_is_true_or_false() -> None:
+    model, opt = build("float32")
+    with pytest.raises(ValueError, match="jit_compile must be True or False"):
+        model.compile(loss="mse", optimizer=opt, jit_compile="yes")
