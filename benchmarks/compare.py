@@ -25,6 +25,9 @@ paired figures: met, missed, not measured (no peer, say), or not applicable wher
 16-bit hardware the machine lacks (each mpcore run records whether the backend expects its
 policy to be fast here, and why).
 
+``--jit`` runs mpcore's traced steps (``Model.compile(jit_compile=True)``, and
+``mp.function`` over the loop's forward and backward).
+
 ``--peer-steps`` gives the peer fewer steps for chosen policies (torch's CPU float16 autocast is
 ~100x slower), e.g. ``--peer-steps mixed_float16=2``.
 
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                          "autocast is ~100x slower and can take minutes at full size)")
     ap.add_argument("--peer-steps", nargs="+", default=[], metavar="POLICY=STEPS",
                     help="timed steps of the peer for a policy (default: --steps)")
+    ap.add_argument("--jit", action="store_true",
+                    help="mpcore's traced steps (train_step.py --jit: fit with jit_compile=True)")
     ap.add_argument("--onednn", choices=("auto", "force", "off"), default=None,
                     help="MPCORE_ONEDNN for the mpcore runs (default: inherited)")
     a = ap.parse_args(argv)
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         p: {side: [] for side in sides} for p in a.policy}
     def run_mpcore(policy: str, round_no: int) -> None:
         for path in a.path:
-            cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy, *shape]
+            cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy, *shape,
+                   *(["--jit"] if a.jit else [])]
             if a.backend:
                 cmd += ["--backend", a.backend]
             rec = run_json(cmd, env)
@@ -275,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in judged:
         print(f"  {t['path']:<6}{t['target']:<50}{fmt(t['measured'], '7.3f')}  {t['status']}")
     print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
-                      "rounds": a.rounds, "peer_skipped": peer_problem, "summary": summary,
-                      "targets": judged, "runs": runs}))
+                      "jit": a.jit, "rounds": a.rounds, "peer_skipped": peer_problem,
+                      "summary": summary, "targets": judged, "runs": runs}))
     return 0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +103,9 @@ class _Recorder:
     def __init__(self) -> None:
         self.steps: list[Any] = []
         self.slot_of: dict[int, int] = {}
-        self.keep: list[Any] = []              # every recorded array, so no id is reused
+        self.slots = 0
+        # arrays that cannot be watched by a weak reference, held so that no id is reused
+        self.pinned: list[Any] = []
         self.variable_of: dict[int, Variable] = {}
         self.created: list[str] = []
         self.drawn: set[int] = set()
@@ -111,9 +114,16 @@ class _Recorder:
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:
-        i = len(self.keep)
-        self.slot_of[id(array)] = i
-        self.keep.append(array)
+        i = self.slots
+        self.slots += 1
+        key = id(array)
+        self.slot_of[key] = i
+        try:
+            # an array that dies during the trace is read by no later call; its id may then be
+            # reused by a new array, which must get a slot of its own
+            weakref.finalize(array, self.slot_of.pop, key, None)
+        except TypeError:
+            self.pinned.append(array)
         return i
 
     def spec(self, value: Any) -> Spec:
@@ -127,8 +137,7 @@ class _Recorder:
         variable = self.variable_of.get(id(value))
         if variable is not None and variable._data is value:
             return ("v", variable)
-        self.keep.append(value)                # captured from outside the step
-        return ("c", value)
+        return ("c", value)                    # captured from outside the step
 
     def bind(self, value: Any) -> Spec:
         """Slots for what a call returned (arrays, or lists/tuples of them)."""
@@ -457,7 +466,7 @@ class Function:
             self._traced_once = True
             return out                      # variables were made: run eagerly, trace again
         self._traced_once = True
-        program = Program(recorder.steps, len(recorder.keep), inputs, output,
+        program = Program(recorder.steps, recorder.slots, inputs, output,
                           [step.text for step in recorder.steps])
         _plan_frees(program)
         self._programs[signature] = self._last = program
