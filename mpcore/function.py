@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ class _Recorder:
         self.created: list[str] = []
         self.drawn: set[int] = set()
         self.whole_depth = 0
+        self.fallback = False
+        self.refused: str | None = None
         self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
 
     # slots ---------------------------------------------------------------------------------
@@ -370,13 +373,22 @@ def _remove_hooks() -> None:
             _tensor.host_read_guard = _tensor.variable_hook = None
 
 
+_HOST_READ = (
+    "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), bool(t), "
+    "`if t:`): a replay would reuse the value of the first call. Keep the decision on the "
+    "device (mp.ops.where), or return the tensor from the step and read it outside, or call "
+    "the function without mp.function.")
+
+
 def _refuse_host_read(tensor: Tensor) -> None:
-    if current():
-        raise TraceError(
-            "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), "
-            "bool(t), `if t:`): a replay would reuse the value of the first call. Keep the "
-            "decision on the device (mp.ops.where), or return the tensor from the step and "
-            "read it outside, or call the function without mp.function.")
+    recorder = _local.recorder
+    if recorder is None or recorder.whole_depth:
+        return
+    if not recorder.fallback:
+        raise TraceError(_HOST_READ)
+    # this call goes on eagerly, unrecorded, and the function runs eagerly from now on
+    recorder.refused = _HOST_READ
+    recorder.whole_depth += 1
 
 
 def _on_variable(variable: Variable, event: str) -> None:
@@ -415,9 +427,12 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 class Function:
     """A function whose calls replay a recorded kernel program (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], fallback: bool = False) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
+        self._fallback = fallback
+        #: Why this function runs eagerly (``fallback=True`` and a trace was refused), or None.
+        self.eager_reason: str | None = None
         self._programs: dict[tuple[Any, ...], Program] = {}
         self._traced_once = False
         #: How many traces were made (a first trace that created variables counts).
@@ -433,8 +448,8 @@ class Function:
         return self if instance is None else functools.partial(self.__call__, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _local.recorder is not None:   # a traced function called by another: inline it
-            return self._fn(*args, **kwargs)
+        if _local.recorder is not None or self.eager_reason is not None:
+            return self._fn(*args, **kwargs)   # inlined in another trace, or given up on
         args, kwargs = _as_tensors(args), _as_tensors(kwargs)
         signature = _signature(args, kwargs)
         program = self._programs.get(signature)
@@ -445,6 +460,7 @@ class Function:
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
         recorder = _Recorder()
+        recorder.fallback = self._fallback
         for variable in _tensor.live_variables():
             recorder.variable_of[id(variable._data)] = variable
         inputs = [recorder.new_slot(t._data) for t in _tensors((args, kwargs))]
@@ -457,12 +473,19 @@ class Function:
         finally:
             _local.recorder = None
             _remove_hooks()
+        if recorder.created and self._traced_once:
+            recorder.refused = (
+                f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) after "
+                "its first trace: a replay cannot create them. Create every variable in the "
+                "first call (build the model and the optimizer first).")
+            if not self._fallback:
+                raise TraceError(recorder.refused)
+        if recorder.refused is not None:
+            self.eager_reason = recorder.refused
+            warnings.warn(f"{self.__name__} runs eagerly: {recorder.refused}", RuntimeWarning,
+                          stacklevel=3)
+            return out
         if recorder.created:
-            if self._traced_once:
-                raise TraceError(
-                    f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) "
-                    "after its first trace: a replay cannot create them. Create every "
-                    "variable in the first call (build the model and the optimizer first).")
             self._traced_once = True
             return out                      # variables were made: run eagerly, trace again
         self._traced_once = True
@@ -501,8 +524,11 @@ def _tensors(value: Any) -> list[Tensor]:
     return []
 
 
-def function(fn: Callable[..., Any] | None = None) -> Any:
-    """``@mp.function``: trace ``fn`` on its first call with each signature, replay after."""
+def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False) -> Any:
+    """``@mp.function``: trace ``fn`` on its first call with each signature, replay after.
+    ``fallback=True``: where a trace is refused, warn once and run ``fn`` eagerly from then
+    on (the refused call itself is an eager run, so nothing is done twice) instead of raising
+    TraceError."""
     if fn is None:
-        return function
-    return Function(fn)
+        return functools.partial(function, fallback=fallback)
+    return Function(fn, fallback)

@@ -66,7 +66,7 @@ class Model(Layer):
         self.stop_training = False
         self.history: _callbacks.History | None = None
         self._train_steps = 0
-        self.jit_compile = False
+        self.jit_compile: bool | str = "auto"
         self._traced: dict[str, Any] = {}
         if inputs is not None or outputs is not None:
             if inputs is None or outputs is None:
@@ -165,14 +165,17 @@ class Model(Layer):
 
     # --- compile --------------------------------------------------------------------------
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
-                metrics: Sequence[Any] | None = None, jit_compile: bool = False) -> None:
+                metrics: Sequence[Any] | None = None, jit_compile: bool | str = "auto") -> None:
         """Set the optimizer (a name or an Optimizer), the loss (a name, a Loss or a
         function) and the metrics (names, Metrics or functions). ``jit_compile=True`` runs
         the steps of fit, evaluate and predict as traced steps (:mod:`mpcore.function`):
         traced once per batch shape (a smaller last batch is a second trace), then replayed,
         bit for bit the same as eagerly; metrics and counters are updated eagerly after each
-        step."""
-        jit_compile = _args.flag("jit_compile", jit_compile)
+        step. ``"auto"`` (the default, as Keras 3's) does the same, but a step that cannot be
+        traced (a loss that reads a tensor on the host, say) runs eagerly, with one warning,
+        instead of raising; False runs every step eagerly."""
+        if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
+            raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}")
         if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
             metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
         if metrics is not None and not isinstance(metrics, (list, tuple)):
@@ -209,7 +212,8 @@ class Model(Layer):
             return compute(*args)
         traced = self._traced.get(kind)
         if traced is None:
-            traced = self._traced[kind] = function(compute)
+            traced = self._traced[kind] = function(compute,
+                                                   fallback=self.jit_compile == "auto")
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:

@@ -216,7 +216,44 @@ def test_fit_evaluate_predict_with_jit_compile_equal_eager(backend: mp.Backend,
     assert traced["predict"].tracing_count == 2
 
 
-def test_jit_compile_is_true_or_false() -> None:
+def test_jit_compile_is_true_false_or_auto() -> None:
     model, opt = build("float32")
-    with pytest.raises(ValueError, match="jit_compile must be True or False"):
+    with pytest.raises(ValueError, match="jit_compile must be True, False or 'auto'"):
         model.compile(loss="mse", optimizer=opt, jit_compile="yes")
+
+
+def _host_reading_loss(y_true: Any, y_pred: Any) -> mp.Tensor:
+    loss = mp.losses.sparse_categorical_crossentropy(y_true, y_pred)
+    if float(mp.ops.max(loss)) > 1e6:         # a host read: cannot be traced
+        raise AssertionError("unreachable")
+    return loss
+
+
+def test_auto_runs_an_untraceable_step_eagerly_with_one_warning() -> None:
+    x, y = np.concatenate(XS)[:96], np.concatenate(YS)[:96]
+    weights = {}
+    for jit in ("auto", False):
+        model, opt = build("float32")
+        model.compile(loss=_host_reading_loss, optimizer=opt, jit_compile=jit)
+        if jit == "auto":
+            with pytest.warns(RuntimeWarning, match="runs eagerly: a traced step cannot read"):
+                model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+            assert model._traced["train"].eager_reason is not None
+        else:
+            model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+        weights[jit] = model.get_weights()
+    for a, b in zip(weights["auto"], weights[False], strict=True):
+        np.testing.assert_array_equal(a, b)
+    model, opt = build("float32")
+    model.compile(loss=_host_reading_loss, optimizer=opt, jit_compile=True)
+    with pytest.raises(mp.TraceError, match="cannot read a tensor's value on the host"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+
+
+def test_the_default_is_auto_and_traces() -> None:
+    model, opt = build("float32")
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt)
+    assert model.jit_compile == "auto"
+    model.fit(np.concatenate(XS)[:64], np.concatenate(YS)[:64], batch_size=32, verbose=0)
+    assert model._traced["train"].tracing_count == 1
+    assert model._traced["train"].eager_reason is None
