@@ -230,6 +230,13 @@ class Backend:
         support = self.policy_support(policy, self.device())
         return support.fast, support.reason
 
+    def compile_program(self, program: Any) -> Callable[[list[Any]], Any] | None:
+        """A faster way to run a traced step (``program``: an :class:`mpcore.program.Program`
+        of kernel calls on this backend), as ``run(input arrays) -> outputs``, or None for the
+        generic replay (``Program.compile``: one Python call per kernel). A backend may fuse
+        elementwise chains, preallocate buffers or capture a device graph here."""
+        return None
+
     def synchronize(self) -> None:
         """Wait until queued device work is done (for timing). Synchronous backends: no-op."""
 

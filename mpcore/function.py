@@ -29,13 +29,13 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from mpcore import backend as _backend
 from mpcore import policy as _policy
 from mpcore import random as _random
 from mpcore import tensor as _tensor
+from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
 
 #: Kernels that take a seed, and the seed's position among their arguments.
@@ -52,52 +52,6 @@ class _Local(threading.local):
 
 
 _local = _Local()
-
-
-# --- what a program is made of ----------------------------------------------------------------
-# An argument spec is ("c", value) a constant, ("s", i) slot i, ("v", variable) a variable's
-# array at that moment, ("r",) a fresh seed, or ("l"/"t", [specs]) a list or tuple of them.
-Spec = tuple[Any, ...]
-
-
-@dataclass
-class _KernelCall:
-    kernel: Callable[..., Any]
-    args: list[Spec]
-    out: Spec                       # where the result goes: ("s", i), or a list/tuple of them
-    text: str                       # one line of ``Function.graph``
-    free: tuple[int, ...] = ()      # slots read for the last time here
-
-
-@dataclass
-class _WholeCall:
-    fn: Callable[..., Any]
-    args: Spec
-    out: Spec
-    text: str
-    free: tuple[int, ...] = ()
-
-
-@dataclass
-class _Assign:
-    variable: Variable
-    value: Spec
-    text: str
-    free: tuple[int, ...] = ()
-
-
-@dataclass
-class Program:
-    """One trace: its steps, how many slots they use, where the inputs go and what comes out."""
-
-    steps: list[Any]
-    slots: int
-    inputs: list[int]
-    output: Any
-    lines: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines)
 
 
 class _Recorder:
@@ -192,7 +146,7 @@ class _Recorder:
             if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
                 specs[seed_at] = ("r",)
             out = kernel(*args)
-            self.steps.append(_KernelCall(kernel, specs, self.bind(out),
+            self.steps.append(KernelCall(kernel, specs, self.bind(out),
                                           _describe(backend, name, args, out)))
             return out
 
@@ -211,92 +165,6 @@ def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
     category = backend.categories().get(name)
     cat = category.value if category is not None else "-"
     return f"{name}({', '.join(of(a) for a in args)}) -> {of(out)}  [{cat}]"
-
-
-# --- running a program --------------------------------------------------------------------------
-def _value(spec: Spec, slots: list[Any]) -> Any:
-    kind = spec[0]
-    if kind == "s":
-        return slots[spec[1]]
-    if kind == "c":
-        return spec[1]
-    if kind == "v":
-        return spec[1]._data
-    if kind == "r":
-        return _random.next_seed()
-    if kind == "T":
-        return Tensor(_value(spec[1], slots), spec[2], spec[3])
-    if kind == "d":
-        return {k: _value(v, slots) for k, v in spec[1].items()}
-    items = [_value(s, slots) for s in spec[1]]
-    return items if kind == "l" else tuple(items)
-
-
-def _store(spec: Spec, value: Any, slots: list[Any]) -> None:
-    kind = spec[0]
-    if kind == "s":
-        slots[spec[1]] = value
-    elif kind == "T":
-        _store(spec[1], value._data, slots)
-    elif kind in ("l", "t"):
-        for s, v in zip(spec[1], value):
-            _store(s, v, slots)
-
-
-def _run(program: Program, inputs: list[Any]) -> Any:
-    slots: list[Any] = [None] * program.slots
-    for i, data in zip(program.inputs, inputs):
-        slots[i] = data
-    for step in program.steps:
-        if type(step) is _KernelCall:
-            _store(step.out, step.kernel(*[_value(a, slots) for a in step.args]), slots)
-        elif type(step) is _WholeCall:
-            args, kwargs = _value(step.args, slots)
-            _store(step.out, step.fn(*args, **kwargs), slots)
-        else:
-            step.variable.assign(Tensor(_value(step.value, slots), step.variable._backend,
-                                        step.variable._dtype))
-        for i in step.free:
-            slots[i] = None
-    return _value(program.output, slots)
-
-
-def _reads(spec: Spec) -> list[int]:
-    kind = spec[0]
-    if kind == "s":
-        return [spec[1]]
-    if kind == "T":
-        return _reads(spec[1])
-    if kind == "d":
-        return [i for s in spec[1].values() for i in _reads(s)]
-    if kind in ("l", "t"):
-        return [i for s in spec[1] for i in _reads(s)]
-    return []
-
-
-def _step_reads(step: Any) -> list[int]:
-    if type(step) is _KernelCall:
-        return [i for a in step.args for i in _reads(a)]
-    return _reads(step.args if type(step) is _WholeCall else step.value)
-
-
-def _plan_frees(program: Program) -> None:
-    """Release each slot after its last reader (or right after the call that wrote it, where
-    nothing reads it), so a replay holds no more memory than the eager step it stands for."""
-    last: dict[int, int] = {}
-    for n, step in enumerate(program.steps):
-        if type(step) is not _Assign:
-            for i in _reads(step.out):
-                last.setdefault(i, n)
-        for i in _step_reads(step):
-            last[i] = n
-    for i in _reads(program.output):
-        last.pop(i, None)
-    frees: dict[int, list[int]] = {}
-    for i, n in last.items():
-        frees.setdefault(n, []).append(i)
-    for n, step in enumerate(program.steps):
-        step.free = tuple(frees.get(n, ()))
 
 
 # --- tracing ------------------------------------------------------------------------------------
@@ -322,7 +190,7 @@ def kept_whole(method: Callable[..., Any]) -> Callable[..., Any]:
             out = method(*args, **kwargs)
         finally:
             recorder.whole_depth -= 1
-        recorder.steps.append(_WholeCall(method, spec, recorder.tensor_bind(out),
+        recorder.steps.append(WholeCall(method, spec, recorder.tensor_bind(out),
                                          f"{method.__qualname__}(...)  [kept whole]"))
         return out
 
@@ -400,7 +268,7 @@ def _on_variable(variable: Variable, event: str) -> None:
         recorder.variable_of[id(variable._data)] = variable
         return
     recorder.variable_of[id(variable._data)] = variable
-    recorder.steps.append(_Assign(variable, recorder.spec(variable._data),
+    recorder.steps.append(Assign(variable, recorder.spec(variable._data),
                                   f"assign {variable.name}"))
 
 
@@ -421,7 +289,12 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
             return ("object", id(value))
         return ("value", type(value).__name__, value)
 
-    return (_policy.global_policy().name, key(args), key(kwargs))
+    # which inputs are one array passed twice: a program traced with f(a, a) reads one slot
+    # for both, so f(b, a) must trace again
+    first: dict[int, int] = {}
+    aliases = tuple(first.setdefault(id(t._data), n)
+                    for n, t in enumerate(_tensors((args, kwargs))))
+    return (_policy.global_policy().name, key(args), key(kwargs), aliases)
 
 
 class Function:
@@ -434,6 +307,7 @@ class Function:
         #: Why this function runs eagerly (``fallback=True`` and a trace was refused), or None.
         self.eager_reason: str | None = None
         self._programs: dict[tuple[Any, ...], Program] = {}
+        self._runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
         self._traced_once = False
         #: How many traces were made (a first trace that created variables counts).
         self.tracing_count = 0
@@ -454,7 +328,7 @@ class Function:
         signature = _signature(args, kwargs)
         program = self._programs.get(signature)
         if program is not None:
-            return _run(program, [t._data for t in _tensors((args, kwargs))])
+            return self._runners[signature]([t._data for t in _tensors((args, kwargs))])
         return self._trace(signature, args, kwargs)
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
@@ -463,7 +337,10 @@ class Function:
         recorder.fallback = self._fallback
         for variable in _tensor.live_variables():
             recorder.variable_of[id(variable._data)] = variable
-        inputs = [recorder.new_slot(t._data) for t in _tensors((args, kwargs))]
+        inputs = []
+        for t in _tensors((args, kwargs)):
+            slot = recorder.slot_of.get(id(t._data))
+            inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
         _local.recorder = recorder
         _install_hooks()
@@ -491,7 +368,11 @@ class Function:
         self._traced_once = True
         program = Program(recorder.steps, recorder.slots, inputs, output,
                           [step.text for step in recorder.steps])
-        _plan_frees(program)
+        tensors = _tensors((args, kwargs))
+        compile_program = getattr(tensors[0]._backend if tensors else None, "compile_program",
+                                  None)
+        runner = compile_program(program) if compile_program is not None else None
+        self._runners[signature] = runner or program.compile()
         self._programs[signature] = self._last = program
         return out
 

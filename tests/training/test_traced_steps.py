@@ -109,6 +109,15 @@ def test_retraces_exactly_when_the_signature_changes() -> None:
     assert f.tracing_count == 5
 
 
+def test_one_array_passed_twice_is_its_own_signature() -> None:
+    f = mp.function(lambda a, b: mp.ops.subtract(a, b))
+    a, b = mp.constant([1.0, 2.0]), mp.constant([5.0, 7.0])
+    assert np.asarray(f(a, a)).tolist() == [0.0, 0.0]
+    assert np.asarray(f(b, a)).tolist() == [4.0, 5.0]      # traced again, not read as (a, a)
+    assert np.asarray(f(a, b)).tolist() == [-4.0, -5.0]    # replays the (b, a) trace
+    assert f.tracing_count == 2
+
+
 def test_the_graph_lists_each_kernel_call_with_its_category() -> None:
     mp.set_global_policy("float32")
     f = mp.function(lambda a, b: mp.ops.sum(mp.ops.exp(mp.ops.matmul(a, b))))
@@ -257,3 +266,37 @@ def test_the_default_is_auto_and_traces() -> None:
     model.fit(np.concatenate(XS)[:64], np.concatenate(YS)[:64], batch_size=32, verbose=0)
     assert model._traced["train"].tracing_count == 1
     assert model._traced["train"].eager_reason is None
+
+
+def test_a_backend_may_compile_the_program_its_own_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    mp.set_global_policy("float32")
+    backend = mp.get_backend("cpu")
+    seen: list[Any] = []
+
+    def compile_program(program: Any) -> Any:
+        generic = program.compile()
+        seen.append(program)
+
+        def run(inputs: list[Any]) -> Any:
+            seen.append(len(inputs))
+            return generic(inputs)
+
+        return run
+
+    monkeypatch.setattr(backend, "compile_program", compile_program)
+    f = mp.function(lambda a, b: mp.ops.add(mp.ops.multiply(a, b), 1.0))
+    a = mp.constant([1.0, 2.0], backend=backend)
+    f(a, mp.constant([5.0, 6.0], backend=backend))
+    out = f(mp.constant([3.0, 4.0], backend=backend), a)
+    assert np.asarray(out).tolist() == [4.0, 9.0]
+    assert [type(x).__name__ for x in seen] == ["Program", "int"] and seen[1] == 2
+    assert [line.split("(")[0] for line in str(seen[0]).splitlines()] == ["multiply", "add"]
+
+
+def test_the_generic_replay_is_one_python_line_per_kernel() -> None:
+    mp.set_global_policy("float32")
+    f = mp.function(lambda a: mp.ops.sum(mp.ops.exp(a)))
+    f(mp.ops.ones((3,)))
+    source = f.graph.compile().source
+    calls = [line for line in source.splitlines() if " = k" in line]
+    assert len(calls) == 2 and "return _Tensor(" in source, source

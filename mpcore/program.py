@@ -1,0 +1,193 @@
+"""A recorded program (what :mod:`mpcore.function` traces) and how it runs.
+
+A program is a list of steps over numbered slots: kernel calls (:class:`KernelCall`), calls kept
+whole (:class:`WholeCall`: an optimizer update, a loss-scaling step) and variable assignments
+(:class:`Assign`). An argument is described by a spec: ``("c", value)`` a constant, ``("s", i)``
+slot i, ``("v", variable)`` the variable's array at that moment, ``("r",)`` a fresh seed from
+``mp.random``, ``("T", spec, backend, dtype)`` a tensor around an array, and ``("l"/"t"/"d",
+...)`` lists, tuples and dicts of specs.
+
+:meth:`Program.compile` turns the steps into the source of one Python function, each slot a
+local variable and each step one line (``s7 = k3(s2, s5, c1)``), so a replay costs one call per
+kernel and nothing else. Each slot is dropped after its last reader, so a replay holds no more
+memory than the eager step it stands for (and the CPU backend's buffer pool hands the same
+buffers out again at the next replay). A backend may compile a program its own way
+(``Backend.compile_program``); this is what runs where it does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpcore import random as _random
+from mpcore.tensor import Tensor, Variable
+
+Spec = tuple[Any, ...]
+
+
+@dataclass
+class KernelCall:
+    kernel: Callable[..., Any]
+    args: list[Spec]
+    out: Spec                       # where the result goes: ("s", i), or a list/tuple of them
+    text: str                       # one line of ``Function.graph``
+    free: tuple[int, ...] = ()      # slots read for the last time here
+
+
+@dataclass
+class WholeCall:
+    fn: Callable[..., Any]
+    args: Spec                      # ("t", [positional args tuple, keyword args dict])
+    out: Spec
+    text: str
+    free: tuple[int, ...] = ()
+
+
+@dataclass
+class Assign:
+    variable: Variable
+    value: Spec
+    text: str
+    free: tuple[int, ...] = ()
+
+
+@dataclass
+class Program:
+    """One trace: its steps, how many slots they use, where the inputs go and what comes out.
+    ``print(program)`` lists the steps, one line each."""
+
+    steps: list[Any]
+    slots: int
+    inputs: list[int]
+    output: Spec
+    lines: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    def compile(self) -> Callable[[list[Any]], Any]:
+        """The program as one Python function of its inputs' arrays."""
+        plan_frees(self)
+        return _Writer(self).function()
+
+
+def reads(spec: Spec) -> list[int]:
+    """The slots ``spec`` reads."""
+    kind = spec[0]
+    if kind == "s":
+        return [spec[1]]
+    if kind == "T":
+        return reads(spec[1])
+    if kind == "d":
+        return [i for s in spec[1].values() for i in reads(s)]
+    if kind in ("l", "t"):
+        return [i for s in spec[1] for i in reads(s)]
+    return []
+
+
+def _step_reads(step: Any) -> list[int]:
+    if type(step) is KernelCall:
+        return [i for a in step.args for i in reads(a)]
+    return reads(step.args if type(step) is WholeCall else step.value)
+
+
+def plan_frees(program: Program) -> None:
+    """Release each slot after its last reader (or right after the call that wrote it, where
+    nothing reads it)."""
+    last: dict[int, int] = {}
+    for n, step in enumerate(program.steps):
+        if type(step) is not Assign:
+            for i in reads(step.out):
+                last.setdefault(i, n)
+        for i in _step_reads(step):
+            last[i] = n
+    for i in reads(program.output):
+        last.pop(i, None)
+    frees: dict[int, list[int]] = {}
+    for i, n in last.items():
+        frees.setdefault(n, []).append(i)
+    for n, step in enumerate(program.steps):
+        step.free = tuple(frees.get(n, ()))
+
+
+class _Writer:
+    """Writes a program as Python source: slots are locals, everything else a named global."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.names: dict[str, Any] = {"_Tensor": Tensor, "_random": _random}
+        self.by_id: dict[int, str] = {}
+        self.lines: list[str] = []
+
+    def name(self, prefix: str, value: Any) -> str:
+        found = self.by_id.get(id(value))
+        if found is None:
+            found = self.by_id[id(value)] = f"{prefix}{len(self.names)}"
+            self.names[found] = value
+        return found
+
+    def expr(self, spec: Spec) -> str:
+        kind = spec[0]
+        if kind == "s":
+            return f"s{spec[1]}"
+        if kind == "c":
+            value = spec[1]
+            if value is None or isinstance(value, bool) or type(value) in (int, str):
+                return repr(value)
+            return self.name("c", value)
+        if kind == "v":
+            return f"{self.name('v', spec[1])}._data"
+        if kind == "r":
+            return "_random.next_seed()"
+        if kind == "T":
+            return f"_Tensor({self.expr(spec[1])}, {self.name('b', spec[2])}, {spec[3]!r})"
+        if kind == "d":
+            return "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in spec[1].items()) + "}"
+        items = ", ".join(self.expr(s) for s in spec[1])
+        return f"[{items}]" if kind == "l" else f"({items}{',' if spec[1] else ''})"
+
+    def bind(self, spec: Spec, expr: str) -> None:
+        kind = spec[0]
+        if kind == "s":
+            self.lines.append(f"    s{spec[1]} = {expr}")
+        elif kind == "T":
+            self.bind(spec[1], f"{expr}._data")
+        elif kind in ("l", "t"):
+            for j, item in enumerate(spec[1]):
+                self.bind(item, f"{expr}[{j}]")
+
+    def function(self) -> Callable[[list[Any]], Any]:
+        program = self.program
+        for j, i in enumerate(program.inputs):
+            self.lines.append(f"    s{i} = inputs[{j}]")
+        for step in program.steps:
+            kind = type(step)
+            if kind is KernelCall:
+                call = (f"{self.name('k', step.kernel)}("
+                        f"{', '.join(self.expr(a) for a in step.args)})")
+            elif kind is WholeCall:
+                args, kwargs = step.args[1]
+                call = (f"{self.name('w', step.fn)}(*{self.expr(args)}, "
+                        f"**{self.expr(kwargs)})")
+            else:
+                var = self.name("v", step.variable)
+                self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
+                                  f"{var}._backend, {var}._dtype))")
+                call = ""
+            if call:
+                if step.out[0] == "s":
+                    self.bind(step.out, call)
+                else:
+                    self.lines.append(f"    _out = {call}")
+                    self.bind(step.out, "_out")
+            if step.free:
+                self.lines.append("    " + " = ".join(f"s{i}" for i in step.free) + " = None")
+        self.lines.append(f"    return {self.expr(program.output)}")
+        source = "def replay(inputs):\n" + "\n".join(self.lines) + "\n"
+        namespace = dict(self.names)
+        exec(compile(source, "<mpcore traced step>", "exec"), namespace)
+        replay = namespace["replay"]
+        replay.source = source
+        return replay
