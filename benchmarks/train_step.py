@@ -235,6 +235,13 @@ class Runner:
                 assert self.fit is not None
                 loss = self.fit.last_loss
             record["loss"] = round(loss, 5) if math.isfinite(loss) else None
+            if JIT:
+                # the recorded program's length: step time / ops is the replay's cost per
+                # recorded op, kernel included (compare with the same figure eagerly)
+                traced = (self.loop.traced if self.loop is not None
+                          else self.fit.model._traced.get("train"))  # type: ignore[union-attr]
+                graph = getattr(traced, "graph", None)
+                record["program_ops"] = len(graph.steps) if graph is not None else None
         finally:
             self.close()
 
@@ -274,6 +281,8 @@ def _speed(record: dict[str, Any], dt: float, batch: int, units: int, steps: int
         "max_rss_mb": round(max_rss_mb(), 1),
         "steps": steps,
     })
+    if record.get("program_ops"):
+        record["us_per_recorded_op"] = round(dt * 1e6 / record["program_ops"], 2)
 
 
 def measure(backend: mp.Backend, path: str, policy: str, units: int, batch: int, steps: int,

@@ -78,6 +78,15 @@ def test_train_step_fit_runs_or_says_why_not() -> None:
     assert "samples_per_s" in r or r["skipped"]
 
 
+def test_train_step_jit_traces_both_paths_and_reports_the_program() -> None:
+    records = run("train_step.py", "--quick", "--path", "loop", "fit", "--policy", "float32",
+                  "mixed_float16", "--jit")
+    assert len(records) == 4
+    for r in records:
+        assert r["jit"] is True and r["program_ops"] > 5, r
+        assert r["us_per_recorded_op"] > 0 and r["samples_per_s"] > 0
+
+
 def test_unknown_backend_is_reported_not_raised() -> None:
     (r,) = run("train_step.py", "--quick", "--policy", "float32", "--backend", "nonesuch")
     assert "nonesuch" in r["skipped"]
