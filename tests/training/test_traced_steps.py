@@ -300,3 +300,45 @@ def test_the_generic_replay_is_one_python_line_per_kernel() -> None:
     source = f.graph.compile().source
     calls = [line for line in source.splitlines() if " = k" in line]
     assert len(calls) == 2 and "return _Tensor(" in source, source
+
+
+DATA = {"lazy": RNG.random((64, 20), dtype=np.float32),
+        "conv": RNG.random((64, 8, 8, 2), dtype=np.float32),
+        "named_input": {"digits": RNG.random((64, 6), dtype=np.float32)}}
+LABELS = RNG.integers(0, 4, 64)
+
+
+def _model(kind: str) -> mp.Model:
+    if kind == "lazy":                        # built by its first call, inside the first step
+        return mp.Sequential([layers.Dense(8, activation="relu"), layers.Dropout(0.2),
+                              layers.Dense(4), layers.Activation("softmax", dtype="float32")])
+    if kind == "conv":
+        inputs = mp.Input((8, 8, 2))
+        x = layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        x = layers.MaxPooling2D(2)(x)
+        x = layers.LayerNormalization()(layers.Flatten()(x))
+        return mp.Model(inputs, layers.Activation("softmax", dtype="float32")(layers.Dense(4)(x)))
+    inputs = mp.Input((6,), name="digits")        # fed as a dict, matched by name
+    x = layers.Dense(8, activation="relu")(inputs)
+    return mp.Model(inputs, layers.Activation("softmax", dtype="float32")(layers.Dense(4)(x)))
+
+
+@pytest.mark.parametrize("kind", list(DATA))
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_traced_fit_of_other_models_equals_eager(kind: str, policy: str) -> None:
+    x, y = DATA[kind], LABELS
+    runs = []
+    for jit in (False, "auto"):
+        mp.set_global_policy(policy)
+        mp.random.set_seed(21)
+        model = _model(kind)
+        model.compile(loss="sparse_categorical_crossentropy", optimizer="adam",
+                      metrics=["accuracy"], jit_compile=jit)
+        history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                            validation_data=(x, y))
+        runs.append(({k: v for k, v in history.history.items() if k != "time_per_sample"},
+                     model.get_weights(), model.predict(x)))
+        if jit == "auto":
+            assert model._traced["train"].eager_reason is None
+            assert model._traced["train"].tracing_count <= 2   # 2: built inside the step
+    np.testing.assert_equal(runs[0], runs[1])
