@@ -4,7 +4,10 @@ zero, and divide the gradients by the same factor before the update.
 Semantics follow TensorFlow's ``DynamicLossScale``: the scale is a float32 value; after
 ``increment_period`` consecutive finite steps it is multiplied by ``multiplier`` (only while the
 result stays finite in float32), a non-finite step divides it (never below 1.0) and resets the
-good-step counter.
+good-step counter. Three options go beyond TF, with TF's behaviour as their defaults:
+``min_loss_scale`` (the floor, 1.0), ``max_loss_scale`` (a ceiling, none) and ``hysteresis``
+(as DeepSpeed's: back off only at the ``hysteresis``-th overflow in a row; 1 backs off at every
+overflow). A scale stuck at its floor while steps keep overflowing is warned about once.
 
 >>> ls = DynamicLossScale(initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
 >>> ls.update(True), ls.update(True), ls()
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
+import warnings
 from typing import Any
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -42,6 +46,14 @@ def _number(name: str, value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
+def _integer(value: Any) -> int:
+    """``value`` as an int (NumPy integers too); -1 for anything else (bool, float, str)."""
+    try:
+        return -1 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        return -1
 
 
 def _finite_flag(grads_finite: Any) -> bool:
@@ -109,18 +121,39 @@ class FixedLossScale(LossScale):
 class DynamicLossScale(LossScale):
     """A loss scale that grows while gradients stay finite and shrinks when they overflow."""
 
+    #: Overflows in a row at the floor before the one warning that the scale is stuck there.
+    STUCK_AT_FLOOR = 10
+
     def __init__(self, initial_loss_scale: float = 2.0**15, increment_period: int = 2000,
-                 multiplier: float = 2.0) -> None:
+                 multiplier: float = 2.0, min_loss_scale: float = 1.0,
+                 max_loss_scale: float | None = None, hysteresis: int = 1) -> None:
+        floor = _to_float32(_number("min_loss_scale", min_loss_scale))
+        if not (math.isfinite(floor) and floor > 0):
+            raise ValueError("min_loss_scale must be a number > 0 that is finite in float32, "
+                             f"got {min_loss_scale!r}")
+        ceiling = None
+        if max_loss_scale is not None:
+            ceiling = _to_float32(_number("max_loss_scale", max_loss_scale))
+            if not (math.isfinite(ceiling) and ceiling >= floor):
+                raise ValueError(f"max_loss_scale must be None or a finite float32 number >= "
+                                 f"min_loss_scale ({floor!r}), got {max_loss_scale!r}")
+        top = FLOAT32_MAX if ceiling is None else ceiling
         initial = _to_float32(_number("initial_loss_scale", initial_loss_scale))
-        if not (math.isfinite(initial) and initial >= 1.0):
-            raise ValueError("initial_loss_scale must be a finite number in [1, float32 max], "
-                             f"got {initial_loss_scale!r}")
-        try:
-            period = -1 if isinstance(increment_period, bool) else operator.index(increment_period)
-        except TypeError:
-            period = -1
+        if not (math.isfinite(initial) and floor <= initial <= top):
+            raise ValueError(f"initial_loss_scale must be a finite number in [min_loss_scale, "
+                             f"max_loss_scale] = [{floor!r}, {top!r}], got "
+                             f"{initial_loss_scale!r}")
+        period = _integer(increment_period)
         if period < 1:
             raise ValueError(f"increment_period must be an integer >= 1, got {increment_period!r}")
+        patience = _integer(hysteresis)
+        if patience < 1:
+            raise ValueError(f"hysteresis must be an integer >= 1 (1: back off at every "
+                             f"overflow), got {hysteresis!r}")
+        self._floor, self._ceiling, self._hysteresis = floor, ceiling, patience
+        self._overflows = 0          # overflows in a row, for the hysteresis
+        self._stuck = 0              # overflows in a row at the floor, for the warning
+        self._warned = False
         mult = _number("multiplier", multiplier)
         # TF multiplies the float32 scale by the multiplier as a float32 tensor.
         self._multiplier32 = _to_float32(mult)
@@ -151,46 +184,78 @@ class DynamicLossScale(LossScale):
     def __call__(self) -> float:
         return self._scale
 
+    @property
+    def min_loss_scale(self) -> float:
+        return self._floor
+
+    @property
+    def max_loss_scale(self) -> float | None:
+        return self._ceiling
+
+    @property
+    def hysteresis(self) -> int:
+        return self._hysteresis
+
     def update(self, grads_finite: Any) -> bool:
         finite = _finite_flag(grads_finite)
         if finite:
+            self._overflows = self._stuck = 0
             self._good_steps += 1
             if self._good_steps >= self._period:
                 # exact in float64 (24-bit significands), so one rounding, as in float32
                 grown = _to_float32(self._scale * self._multiplier32)
                 if math.isfinite(grown):
-                    self._scale = grown
+                    self._scale = grown if self._ceiling is None else min(grown, self._ceiling)
                 self._good_steps = 0
-        else:
+            return True
+        self._good_steps = 0
+        self._overflows += 1
+        if self._overflows >= self._hysteresis:
+            self._overflows = 0
+            at_floor = self._scale <= self._floor
             # float64 division then float32 rounding is correctly rounded (53 >= 2*24 + 2)
-            self._scale = max(_to_float32(self._scale / self._multiplier32), 1.0)
-            self._good_steps = 0
-        return finite
+            self._scale = max(_to_float32(self._scale / self._multiplier32), self._floor)
+            self._stuck = self._stuck + 1 if at_floor else 0
+            if self._stuck >= self.STUCK_AT_FLOOR and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"the loss scale has been at its floor ({self._floor!r}) for "
+                    f"{self._stuck} overflowing steps in a row: the gradients overflow even "
+                    "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
+                    "or mp.debugging.inspect_numerics to find the op that overflows.",
+                    RuntimeWarning, stacklevel=2)
+        return False
 
     def get_config(self) -> dict[str, Any]:
         return {"initial_loss_scale": self._initial, "increment_period": self._period,
-                "multiplier": self._multiplier}
+                "multiplier": self._multiplier, "min_loss_scale": self._floor,
+                "max_loss_scale": self._ceiling, "hysteresis": self._hysteresis}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
+        state = {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
+        if self._hysteresis > 1:  # with hysteresis 1 no overflow is carried to the next step
+            state["overflows_in_a_row"] = self._overflows
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = {"current_loss_scale", "num_good_steps"}
-        if set(state) != expected:
-            raise ValueError(f"DynamicLossScale state needs keys {sorted(expected)}, "
-                             f"got {sorted(state)}")
+        if not expected <= set(state) <= expected | {"overflows_in_a_row"}:
+            raise ValueError(f"DynamicLossScale state needs keys {sorted(expected)} (and "
+                             f"'overflows_in_a_row' with hysteresis), got {sorted(state)}")
         scale = _to_float32(_number("current_loss_scale", state["current_loss_scale"]))
-        raw = state["num_good_steps"]
-        try:
-            steps = -1 if isinstance(raw, bool) else operator.index(raw)
-        except TypeError:
-            steps = -1
-        if not (math.isfinite(scale) and scale >= 1.0):
-            raise ValueError("current_loss_scale must be finite in float32 and >= 1, got "
+        steps = _integer(state["num_good_steps"])
+        overflows = _integer(state.get("overflows_in_a_row", 0))
+        if not (math.isfinite(scale) and scale >= self._floor):
+            raise ValueError(f"current_loss_scale must be finite in float32 and >= "
+                             f"min_loss_scale ({self._floor!r}), got "
                              f"{state['current_loss_scale']!r}")
         if steps < 0:
-            raise ValueError(f"num_good_steps must be an integer >= 0, got {raw!r}")
-        self._scale, self._good_steps = scale, steps
+            raise ValueError("num_good_steps must be an integer >= 0, got "
+                             f"{state['num_good_steps']!r}")
+        if not 0 <= overflows < self._hysteresis:
+            raise ValueError(f"overflows_in_a_row must be an integer in [0, hysteresis), got "
+                             f"{state.get('overflows_in_a_row')!r}")
+        self._scale, self._good_steps, self._overflows = scale, steps, overflows
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.get_config(), "state": self.state_dict()}
@@ -200,9 +265,13 @@ class DynamicLossScale(LossScale):
         self.load_state_dict(data["state"])
 
     def __repr__(self) -> str:
+        options = "".join(
+            f", {name}={value!r}" for name, value, default in (
+                ("min_loss_scale", self._floor, 1.0), ("max_loss_scale", self._ceiling, None),
+                ("hysteresis", self._hysteresis, 1)) if value != default)
         return (f"DynamicLossScale(current_loss_scale={self._scale!r}, "
                 f"num_good_steps={self._good_steps}, initial_loss_scale={self._initial!r}, "
-                f"increment_period={self._period}, multiplier={self._multiplier!r})")
+                f"increment_period={self._period}, multiplier={self._multiplier!r}{options})")
 
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -240,9 +241,11 @@ class DynamicLossScaleMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 200))
     def many_overflows(self, n: int) -> None:
-        for _ in range(n):
-            assert self.ls.update(False) is False
-            self.ref.update(False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # stuck at the floor: tested apart
+            for _ in range(n):
+                assert self.ls.update(False) is False
+                self.ref.update(False)
 
     @rule()
     def checkpoint_and_restore(self) -> None:
@@ -273,3 +276,128 @@ def test_one_overflow_then_growth(initial: float, multiplier: float) -> None:
         ls.update(ok)
         ref.update(ok)
         assert ls() == float(ref.scale)
+
+
+# --- the options beyond TF: floor, ceiling, hysteresis (DeepSpeed's) ----------------------
+class ReferenceWithOptions(Reference):
+    """The reference above, with a floor, a ceiling and DeepSpeed-style hysteresis: back off
+    only at the ``hysteresis``-th overflow in a row."""
+
+    def __init__(self, initial: float, period: int, multiplier: float, floor: float,
+                 ceiling: float | None, hysteresis: int) -> None:
+        super().__init__(initial, period, multiplier)
+        self.floor, self.hysteresis, self.overflows = np.float32(floor), hysteresis, 0
+        self.ceiling = None if ceiling is None else np.float32(ceiling)
+
+    def update(self, finite: bool) -> bool:
+        with np.errstate(over="ignore"):
+            if finite:
+                self.overflows = 0
+                if self.counter + 1 >= self.period:
+                    grown = self.scale * self.multiplier
+                    if np.isfinite(grown):
+                        self.scale = grown if self.ceiling is None else min(grown, self.ceiling)
+                    self.counter = 0
+                else:
+                    self.counter += 1
+                return True
+            self.counter = 0
+            self.overflows += 1
+            if self.overflows == self.hysteresis:
+                self.overflows = 0
+                self.scale = np.maximum(self.scale / self.multiplier, self.floor)
+        return False
+
+
+class DynamicLossScaleOptionsMachine(RuleBasedStateMachine):
+    @initialize(floor_exp=st.integers(-4, 10), span=st.one_of(st.none(), st.integers(0, 12)),
+                start=st.integers(0, 12), period=st.integers(1, 3),
+                multiplier=st.sampled_from([2.0, 4.0, 1.5]), hysteresis=st.integers(1, 4))
+    def start(self, floor_exp: int, span: int | None, start: int, period: int,
+              multiplier: float, hysteresis: int) -> None:
+        floor = 2.0**floor_exp
+        ceiling = None if span is None else 2.0 ** (floor_exp + span)
+        initial = 2.0 ** (floor_exp + (start if span is None else min(start, span)))
+        args = (initial, period, multiplier)
+        self.ls = mp.DynamicLossScale(*args, min_loss_scale=floor, max_loss_scale=ceiling,
+                                      hysteresis=hysteresis)
+        self.ref = ReferenceWithOptions(*args, floor, ceiling, hysteresis)
+
+    @rule(finite=st.booleans())
+    def step(self, finite: bool) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # stuck at the floor: tested apart
+            assert self.ls.update(finite) is self.ref.update(finite)
+
+    @rule(n=st.integers(1, 12))
+    def many_finite_steps(self, n: int) -> None:
+        for _ in range(n):
+            assert self.ls.update(True) is self.ref.update(True)
+
+    @rule()
+    def checkpoint_and_restore(self) -> None:
+        restored = mp.DynamicLossScale.from_config(self.ls.get_config())
+        restored.load_state_dict(self.ls.state_dict())
+        assert restored == self.ls
+        self.ls = pickle.loads(pickle.dumps(restored))
+
+    @precondition(lambda self: hasattr(self, "ls"))
+    @invariant()
+    def matches_reference(self) -> None:
+        assert self.ls() == float(self.ref.scale)
+        assert self.ls.num_good_steps == self.ref.counter
+        ceiling = self.ls.max_loss_scale
+        assert self.ls.min_loss_scale <= self.ls() <= (F32_MAX if ceiling is None else ceiling)
+
+
+TestDynamicLossScaleOptionsMachine = DynamicLossScaleOptionsMachine.TestCase
+TestDynamicLossScaleOptionsMachine.settings = settings(max_examples=60, stateful_step_count=30,
+                                                       deadline=None)
+
+
+def test_hysteresis_floor_and_ceiling_by_hand() -> None:
+    ls = mp.DynamicLossScale(8.0, increment_period=1, min_loss_scale=2.0, max_loss_scale=16.0,
+                             hysteresis=2)
+    seen = []
+    for ok in (True, True, False, True, False, False, False, False, False, False):
+        ls.update(ok)
+        seen.append(ls())
+    # grows to the ceiling; one overflow alone is tolerated; a second in a row backs off
+    assert seen == [16.0, 16.0, 16.0, 16.0, 16.0, 8.0, 8.0, 4.0, 4.0, 2.0]
+    assert repr(ls).endswith("min_loss_scale=2.0, max_loss_scale=16.0, hysteresis=2)")
+    assert ls.state_dict() == {"current_loss_scale": 2.0, "num_good_steps": 0,
+                               "overflows_in_a_row": 0}
+
+
+def test_a_scale_stuck_at_its_floor_is_warned_about_once() -> None:
+    ls = mp.DynamicLossScale(4.0)
+    with pytest.warns(RuntimeWarning, match="at its floor .* mixed_bfloat16") as record:
+        for _ in range(40):
+            ls.update(False)
+    assert len(record) == 1 and ls() == 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"min_loss_scale": 0.0}, "min_loss_scale must be a number > 0"),
+    ({"min_loss_scale": -1.0}, "min_loss_scale must be a number > 0"),
+    ({"min_loss_scale": 64.0, "max_loss_scale": 32.0}, "max_loss_scale must be None or"),
+    ({"max_loss_scale": float("inf")}, "max_loss_scale must be None or"),
+    ({"initial_loss_scale": 1024.0, "max_loss_scale": 512.0},
+     r"initial_loss_scale must be a finite number in \[min_loss_scale, max_loss_scale\]"),
+    ({"initial_loss_scale": 2.0, "min_loss_scale": 4.0}, r"\[4.0, 3.40"),
+    ({"hysteresis": 0}, r"hysteresis must be an integer >= 1"),
+    ({"hysteresis": 1.5}, r"hysteresis must be an integer >= 1"),
+    ({"hysteresis": True}, r"hysteresis must be an integer >= 1"),
+])
+def test_bad_options_name_the_valid_range(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        mp.DynamicLossScale(**kwargs)  # type: ignore[arg-type]
+
+
+def test_states_from_before_the_options_still_load() -> None:
+    ls = mp.DynamicLossScale(hysteresis=3)
+    ls.load_state_dict({"current_loss_scale": 8.0, "num_good_steps": 2})
+    assert (ls(), ls.num_good_steps, ls.state_dict()["overflows_in_a_row"]) == (8.0, 2, 0)
+    with pytest.raises(ValueError, match="overflows_in_a_row must be an integer in"):
+        ls.load_state_dict({"current_loss_scale": 8.0, "num_good_steps": 2,
+                            "overflows_in_a_row": 3})
