@@ -222,7 +222,7 @@ class DynamicLossScale(LossScale):
                     f"the loss scale has been at its floor ({self._floor!r}) for "
                     f"{self._stuck} overflowing steps in a row: the gradients overflow even "
                     "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
-                    "or mp.debugging.inspect_numerics to find the op that overflows.",
+                    "or keep the layer that overflows in float32 (dtype='float32').",
                     RuntimeWarning, stacklevel=2)
         return False
 
