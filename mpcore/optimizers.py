@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mpcore import arguments as _args
+from mpcore import clipping as _clipping
 from mpcore import ops
 from mpcore.function import kept_whole
 from mpcore.naming import by_name
@@ -45,8 +46,12 @@ class Optimizer:
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
 
-    def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None) -> None:
+    def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
+                 clipnorm: float | None = None, clipvalue: float | None = None,
+                 global_clipnorm: float | None = None) -> None:
         self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
+        #: (option, threshold) of the gradient clipping (:mod:`mpcore.clipping`), or None.
+        self.clipping = _clipping.check(clipnorm, clipvalue, global_clipnorm)
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
@@ -128,7 +133,10 @@ class Optimizer:
 
     def get_config(self) -> dict[str, Any]:
         lr = self._learning_rate
-        return {"name": self.name, "learning_rate": lr}
+        config: dict[str, Any] = {"name": self.name, "learning_rate": lr}
+        if self.clipping is not None:
+            config[self.clipping[0]] = self.clipping[1]
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Optimizer:
@@ -162,12 +170,13 @@ class Optimizer:
         self.build(variables)
         lr = self.learning_rate
         step = self.iterations + 1
+        cast = []
         for grad, var in zip(grads, variables):
             if grad.shape != var.shape:
                 raise ValueError(f"gradient of shape {grad.shape} for variable {var.name!r} of "
                                  f"shape {var.shape}")
-            if grad.dtype != var.dtype:
-                grad = ops.cast(grad, var.dtype)
+            cast.append(grad if grad.dtype == var.dtype else ops.cast(grad, var.dtype))
+        for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
         self.iterations += 1
 
@@ -199,8 +208,9 @@ class SGD(Optimizer):
     ``var -= lr*g`` without momentum."""
 
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
-                 nesterov: bool = False, name: str | None = None) -> None:
-        super().__init__(learning_rate, name)
+                 nesterov: bool = False, name: str | None = None,
+                 **clipping: float | None) -> None:
+        super().__init__(learning_rate, name, **clipping)
         self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
         self.nesterov = _args.flag("nesterov", nesterov)
 
@@ -221,8 +231,9 @@ class RMSprop(Optimizer):
     ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
-                 momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None) -> None:
-        super().__init__(learning_rate, name)
+                 momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,
+                 **clipping: float | None) -> None:
+        super().__init__(learning_rate, name, **clipping)
         self.rho = _args.number("rho", rho, 0.0, 1.0, high_open=True)
         self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
         # 0 would divide 0 by 0 where a weight's gradients have all been 0
@@ -249,8 +260,8 @@ class Adam(Optimizer):
 
     def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
-                 name: str | None = None) -> None:
-        super().__init__(learning_rate, name)
+                 name: str | None = None, **clipping: float | None) -> None:
+        super().__init__(learning_rate, name, **clipping)
         self.beta_1 = _args.number("beta_1", beta_1, 0.0, 1.0, high_open=True)
         self.beta_2 = _args.number("beta_2", beta_2, 0.0, 1.0, high_open=True)
         # 0 would divide 0 by 0 where a weight's gradients have all been 0
@@ -276,10 +287,10 @@ class AdamW(Adam):
 
     def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
-                 name: str | None = None) -> None:
+                 name: str | None = None, **clipping: float | None) -> None:
         # None (no decay) is Adam's, as in Keras
         weight_decay = _args.number("weight_decay", weight_decay, 0.0)
-        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name)
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name, **clipping)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "weight_decay": self.weight_decay}
