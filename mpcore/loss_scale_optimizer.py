@@ -138,7 +138,9 @@ class LossScaleOptimizer(Optimizer):
         if flag is None:  # nothing to update
             self._inner.iterations += 1
             return True
-        self._inner._apply(grads, variables, flag)
+        updated, flag = self._inner._apply(grads, variables, flag)
+        if not updated:  # a micro-step: the loss scale moves once per real step
+            return True
         applied = self._loss_scale.update(flag)
         if not applied:
             self.skipped_steps += 1

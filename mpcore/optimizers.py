@@ -48,10 +48,19 @@ class Optimizer:
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
-                 global_clipnorm: float | None = None) -> None:
+                 global_clipnorm: float | None = None,
+                 gradient_accumulation_steps: int | None = None) -> None:
         self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
         #: (option, threshold) of the gradient clipping (:mod:`mpcore.clipping`), or None.
         self.clipping = _clipping.check(clipnorm, clipvalue, global_clipnorm)
+        #: Update every this many calls, with the mean of their gradients (None or 1: every
+        #: call). ``iterations`` counts the updates, so N micro-batches of B train as one batch
+        #: of N*B (Keras 3 counts the calls; its Adam and schedules then see micro-steps).
+        self.gradient_accumulation_steps = (
+            None if gradient_accumulation_steps is None
+            else _args.integer("gradient_accumulation_steps", gradient_accumulation_steps, 1))
+        self._accumulators: dict[int, Variable] = {}
+        self._micro_steps = 0
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
@@ -112,7 +121,13 @@ class Optimizer:
         slots = []
         for var in var_list:
             slots.append({name: slot.numpy() for name, slot in self._slots[id(var)].items()})
-        return {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
+        state = {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
+        if (self.gradient_accumulation_steps or 1) > 1:
+            state["micro_steps"] = self._micro_steps
+            state["accumulators"] = [
+                None if id(v) not in self._accumulators else self._accumulators[id(v)].numpy()
+                for v in var_list]
+        return state
 
     def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
         if state.get("class") != type(self).__name__:
@@ -130,12 +145,18 @@ class Optimizer:
             for name, value in entry.items():
                 slots[name].assign(value)
         self.iterations = int(state["iterations"])
+        self._micro_steps = int(state.get("micro_steps", 0))
+        for var, value in zip(var_list, state.get("accumulators") or []):
+            if value is not None:
+                self._accumulator(var).assign(value)
 
     def get_config(self) -> dict[str, Any]:
         lr = self._learning_rate
         config: dict[str, Any] = {"name": self.name, "learning_rate": lr}
         if self.clipping is not None:
             config[self.clipping[0]] = self.clipping[1]
+        if self.gradient_accumulation_steps is not None:
+            config["gradient_accumulation_steps"] = self.gradient_accumulation_steps
         return config
 
     @classmethod
@@ -166,19 +187,55 @@ class Optimizer:
         return self.apply_gradients(zip(tape.gradient(value, list(var_list)), var_list))
 
     def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
-               flag: Tensor | None) -> None:
+               flag: Tensor | None) -> tuple[bool, Tensor | None]:
+        """Update the variables (where ``flag`` allows); returns whether this call was an
+        update (not a micro-step that only accumulated) and the flag that gated it."""
         self.build(variables)
-        lr = self.learning_rate
-        step = self.iterations + 1
         cast = []
         for grad, var in zip(grads, variables):
             if grad.shape != var.shape:
                 raise ValueError(f"gradient of shape {grad.shape} for variable {var.name!r} of "
                                  f"shape {var.shape}")
             cast.append(grad if grad.dtype == var.dtype else ops.cast(grad, var.dtype))
+        if (self.gradient_accumulation_steps or 1) > 1:
+            done = self._accumulate(cast, variables)
+            if done is None:
+                return False, None
+            cast, flag = done
+        lr = self.learning_rate
+        step = self.iterations + 1
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
         self.iterations += 1
+        return True, flag
+
+    def _accumulate(self, grads: list[Tensor], variables: Sequence[Variable]
+                    ) -> tuple[list[Tensor], Tensor] | None:
+        """Add ``grads`` to the accumulators; at the last micro-step, their mean and its "all
+        finite" flag (a non-finite micro-step leaves a non-finite sum: the whole step is
+        skipped), the accumulators emptied for the next step."""
+        steps = self.gradient_accumulation_steps or 1
+        totals = [ops.add(self._accumulator(var).current_value(), grad)
+                  for grad, var in zip(grads, variables)]
+        self._micro_steps += 1
+        if self._micro_steps < steps:
+            for var, total in zip(variables, totals):
+                self._accumulators[id(var)].assign(total)
+            return None
+        self._micro_steps = 0
+        means = [ops.divide(total, float(steps)) for total in totals]
+        for var in variables:
+            acc = self._accumulators[id(var)]
+            acc.assign(ops.zeros(acc.shape, acc.dtype, acc.backend))
+        return means, ops.all_finite(means)
+
+    def _accumulator(self, var: Variable) -> Variable:
+        acc = self._accumulators.get(id(var))
+        if acc is None:
+            acc = self._accumulators[id(var)] = Variable(
+                ops.zeros(var.shape, var.dtype, var.backend), dtype=var.dtype, trainable=False,
+                name=f"{var.name}/accumulator")
+        return acc
 
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
                          lr: float, step: int, flag: Tensor | None) -> None:
@@ -209,8 +266,8 @@ class SGD(Optimizer):
 
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None,
-                 **clipping: float | None) -> None:
-        super().__init__(learning_rate, name, **clipping)
+                 **options: Any) -> None:
+        super().__init__(learning_rate, name, **options)
         self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
         self.nesterov = _args.flag("nesterov", nesterov)
 
@@ -232,8 +289,8 @@ class RMSprop(Optimizer):
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,
-                 **clipping: float | None) -> None:
-        super().__init__(learning_rate, name, **clipping)
+                 **options: Any) -> None:
+        super().__init__(learning_rate, name, **options)
         self.rho = _args.number("rho", rho, 0.0, 1.0, high_open=True)
         self.momentum = _args.number("momentum", momentum, 0.0, 1.0)
         # 0 would divide 0 by 0 where a weight's gradients have all been 0
@@ -260,8 +317,8 @@ class Adam(Optimizer):
 
     def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
-                 name: str | None = None, **clipping: float | None) -> None:
-        super().__init__(learning_rate, name, **clipping)
+                 name: str | None = None, **options: Any) -> None:
+        super().__init__(learning_rate, name, **options)
         self.beta_1 = _args.number("beta_1", beta_1, 0.0, 1.0, high_open=True)
         self.beta_2 = _args.number("beta_2", beta_2, 0.0, 1.0, high_open=True)
         # 0 would divide 0 by 0 where a weight's gradients have all been 0
@@ -287,10 +344,10 @@ class AdamW(Adam):
 
     def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
-                 name: str | None = None, **clipping: float | None) -> None:
+                 name: str | None = None, **options: Any) -> None:
         # None (no decay) is Adam's, as in Keras
         weight_decay = _args.number("weight_decay", weight_decay, 0.0)
-        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name, **clipping)
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, name, **options)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "weight_decay": self.weight_decay}
