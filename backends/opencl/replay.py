@@ -32,6 +32,8 @@ from .arrays import CLArray
 
 #: Argument specs a frozen call may take (slots, variables, constants, and lists of them).
 _FROZEN_SPECS = frozenset("svclt")
+#: The runtime methods a recorder wraps while a kernel call runs.
+_WATCHED = ("launch", "launch_nd", "allocate", "upload", "read", "finish")
 
 
 class _RefusedError(Exception):
@@ -75,11 +77,14 @@ class _Launches:
     def __enter__(self) -> _Launches:
         rt, orig_nd, orig_alloc = self.rt, self.rt.launch_nd, self.rt.allocate
 
-        def launch_nd(kernel: Any, gsize: tuple[int, ...], lsize: Any, *args: Any) -> None:
+        def record(kernel: Any, gsize: Any, lsize: Any, args: tuple[Any, ...]) -> None:
             placed = tuple((1, self.place(a)) if isinstance(a, cl.MemoryObjectHolder)
                            else (0, a) for a in args)
             self.frozen.events.append(("launch", kernel, tuple(gsize),
                                        None if lsize is None else tuple(lsize), placed))
+
+        def launch_nd(kernel: Any, gsize: tuple[int, ...], lsize: Any, *args: Any) -> None:
+            record(kernel, gsize, lsize, args)
             orig_nd(kernel, gsize, lsize, *args)
 
         class _Kernel:   # what Runtime.launch calls: the launch it computed, recorded
@@ -87,7 +92,8 @@ class _Launches:
                 self.kernel, self.function_name = kernel, kernel.function_name
 
             def __call__(self, queue: Any, gsize: Any, lsize: Any, *args: Any) -> None:
-                launch_nd(self.kernel, gsize, lsize, *args)
+                record(self.kernel, gsize, lsize, args)
+                self.kernel(queue, gsize, lsize, *args)
 
         orig_launch = rt.launch
 
@@ -109,13 +115,15 @@ class _Launches:
                 return orig(*args)
             return call
 
+        self.saved = {name: rt.__dict__[name] for name in _WATCHED if name in rt.__dict__}
         rt.launch, rt.launch_nd, rt.allocate = launch, launch_nd, allocate
         rt.upload, rt.read, rt.finish = host("upload"), host("read"), host("finish")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for name in ("launch", "launch_nd", "allocate", "upload", "read", "finish"):
+        for name in _WATCHED:         # what was there before (another watcher's) comes back
             self.rt.__dict__.pop(name, None)
+        self.rt.__dict__.update(self.saved)
 
 
 def _leaves(spec: Spec, value: Any, out: list[tuple[Spec, Any]]) -> None:
