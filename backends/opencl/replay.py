@@ -60,6 +60,7 @@ class _Launches:
         self.frozen = _Frozen()
         self.refused: str | None = None
         self.allocated = 0
+        self.made: list[Any] = []         # held until the call ends: no id is reused meanwhile
 
     def place(self, arg: Any) -> Any:
         if not isinstance(arg, cl.MemoryObjectHolder):
@@ -102,6 +103,7 @@ class _Launches:
 
         def allocate(nbytes: int) -> Any:
             buf = orig_alloc(nbytes)
+            self.made.append(buf)
             self.places[id(buf)] = ("alloc", self.allocated)
             self.frozen.events.append(("alloc", self.allocated, nbytes))
             self.allocated += 1
