@@ -173,6 +173,25 @@ def test_calls_that_touch_the_host_stay_calls_and_stay_correct(cl: Any) -> None:
     assert runner.frozen
 
 
+def test_constants_identity_results_empty_arrays_and_one_array_twice(cl: Any) -> None:
+    mp.set_global_policy("float32")
+    c = mp.constant(np.arange(3, dtype=np.float32))     # a captured constant: its own buffer
+
+    def step(a: mp.Tensor, b: mp.Tensor) -> tuple[mp.Tensor, ...]:
+        empty = mp.ops.zeros((0, 3))
+        return (mp.ops.exp(a * b + c), mp.ops.concat([a, b, a], 0), mp.ops.cast(a, "float32"),
+                mp.ops.sum(empty))
+
+    f = mp.function(step)
+    for i in range(5):
+        x = mp.constant(RNG.random(3, dtype=np.float32))
+        y = x if i % 2 else mp.constant(RNG.random(3, dtype=np.float32))
+        for got, want in zip(f(x, y), step(x, y), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert len(cl.runners) == 2                          # x twice is a signature of its own
+    assert all(len(r.frozen) == 6 and not r.refused for r in cl.runners)
+
+
 def test_every_launch_goes_through_the_runtime() -> None:
     """The recorder sees launches through Runtime.launch and launch_nd only: a kernel module
     that used the queue itself would be left out of a replay."""
@@ -201,4 +220,4 @@ def test_on_the_other_opencl_devices(index: str | None) -> None:
                            str(Path(__file__).relative_to(REPO_ROOT)), "-k", "not other"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b5 passed", proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"\b6 passed", proc.stdout), proc.stdout[-2000:]
