@@ -68,6 +68,8 @@ class _Recorder:
         self.fallback = False
         self.refused: str | None = None
         self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
+        #: the backends whose kernels the trace called (their compile_program may run it)
+        self.backends: dict[int, Any] = {}
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:
@@ -146,6 +148,7 @@ class _Recorder:
             if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
                 specs[seed_at] = ("r",)
             out = kernel(*args)
+            self.backends.setdefault(id(backend), backend)
             self.steps.append(KernelCall(kernel, specs, self.bind(out),
                                           _describe(backend, name, args, out)))
             return out
@@ -368,9 +371,11 @@ class Function:
         self._traced_once = True
         program = Program(recorder.steps, recorder.slots, inputs, output,
                           [step.text for step in recorder.steps])
-        tensors = _tensors((args, kwargs))
-        compile_program = getattr(tensors[0]._backend if tensors else None, "compile_program",
-                                  None)
+        # the backend whose kernels the program calls compiles it (with no tensor input too:
+        # a step on variables alone); kernels of several backends: the generic replay
+        backends = list(recorder.backends.values())
+        compile_program = getattr(backends[0] if len(backends) == 1 else None,
+                                  "compile_program", None)
         runner = compile_program(program) if compile_program is not None else None
         self._runners[signature] = runner or program.compile()
         self._programs[signature] = self._last = program

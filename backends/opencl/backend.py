@@ -119,6 +119,12 @@ class OpenCLBackend(CreationKernels, ElementwiseKernels, ReduceKernels, LinalgKe
             self._half = choose_half(self)
         return self._half
 
+    def compile_program(self, program: Any) -> Any:
+        """A traced step as its recorded launches (:mod:`mpcore_opencl.replay`)."""
+        from .replay import compile_program
+
+        return compile_program(self.runtime, program)
+
     def synchronize(self) -> None:
         if self._rt is not None:
             self._rt.finish()

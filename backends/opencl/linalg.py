@@ -77,10 +77,10 @@ class LinalgKernels(KernelFamily):
                           native=native)
         name = "gemm_" + ("t" if transpose_a else "n") + ("t" if transpose_b else "n")
         wx, wy = shape.group
-        prog[name](self.runtime.queue, (-(-n // shape.tile_n) * wx, -(-m // shape.tile_m) * wy,
-                                        nb), (wx, wy, 1),
-                   np.int32(m), np.int32(n), np.int32(k), np.int64(m * k), np.int64(k * n),
-                   np.int64(m * n), a.data, b.data, out.data)
+        self.runtime.launch_nd(prog[name], (-(-n // shape.tile_n) * wx,
+                                            -(-m // shape.tile_m) * wy, nb), (wx, wy, 1),
+                               np.int32(m), np.int32(n), np.int32(k), np.int64(m * k),
+                               np.int64(k * n), np.int64(m * n), a.data, b.data, out.data)
 
     def _gemm_packed(self, a: CLArray, b: CLArray, transpose_a: bool, transpose_b: bool, m: int,
                      n: int, k: int, nb: int, out: CLArray, native: bool | None = None) -> None:
@@ -109,5 +109,5 @@ class LinalgKernels(KernelFamily):
                       src.data, dst.data)
         prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"),
                           native=native)
-        prog["gemm_packed"](rt.queue, (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
-                            np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)
+        rt.launch_nd(prog["gemm_packed"], (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
+                     np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)

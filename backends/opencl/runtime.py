@@ -293,6 +293,12 @@ class Runtime:
         local = self.local
         kernel(self.queue, ((n + local - 1) // local * local,), (local,), *args)
 
+    def launch_nd(self, kernel: cl.Kernel, global_size: tuple[int, ...],
+                  local_size: tuple[int, ...], *args: Any) -> None:
+        """Run ``kernel`` over an explicit N-D range. Every launch goes through :meth:`launch`
+        or this (a traced step's replay records them here: :mod:`mpcore_opencl.replay`)."""
+        kernel(self.queue, global_size, local_size, *args)
+
     def empty(self, shape: tuple[int, ...], dtype: str) -> CLArray:
         return CLArray(self, shape, NP_DTYPES[dtype])
 
