@@ -70,7 +70,7 @@ class Program:
     def compile(self) -> Callable[[list[Any]], Any]:
         """The program as one Python function of its inputs' arrays."""
         plan_frees(self)
-        return _Writer(self).function()
+        return ProgramWriter(self).function()
 
 
 def reads(spec: Spec) -> list[int]:
@@ -112,8 +112,10 @@ def plan_frees(program: Program) -> None:
         step.free = tuple(frees.get(n, ()))
 
 
-class _Writer:
-    """Writes a program as Python source: slots are locals, everything else a named global."""
+class ProgramWriter:
+    """Writes a program as Python source: slots are locals, everything else a named global.
+    A backend's ``compile_program`` may subclass it to write some steps its own way (the
+    OpenCL backend writes recorded kernel launches)."""
 
     def __init__(self, program: Program) -> None:
         self.program = program

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, _Writer, plan_frees
+from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, ProgramWriter, plan_frees
 from mpcore.tensor import Tensor
 
 from .arrays import CLArray
@@ -248,7 +248,7 @@ class _Recorder:
         return out
 
 
-class _FastWriter(_Writer):
+class _FastWriter(ProgramWriter):
     """The generic replay's writer, with each frozen kernel call written as its launches."""
 
     def __init__(self, program: Program, rt: Any, frozen: dict[int, _Frozen]) -> None:
