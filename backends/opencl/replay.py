@@ -25,7 +25,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, ProgramWriter, plan_frees
+from mpcore.program import Assign, KernelCall, Program, ProgramWriter, Spec, WholeCall, plan_frees
 from mpcore.tensor import Tensor
 
 from .arrays import CLArray
