@@ -35,6 +35,7 @@ from mpcore import backend as _backend
 from mpcore import policy as _policy
 from mpcore import random as _random
 from mpcore import tensor as _tensor
+from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
 
@@ -325,8 +326,10 @@ class Function:
         return self if instance is None else functools.partial(self.__call__, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _local.recorder is not None or self.eager_reason is not None:
-            return self._fn(*args, **kwargs)   # inlined in another trace, or given up on
+        if (_local.recorder is not None or self.eager_reason is not None
+                or _dispatch.numerics_check is not None):
+            # inlined in another trace, given up on, or every op is being checked
+            return self._fn(*args, **kwargs)
         args, kwargs = _as_tensors(args), _as_tensors(kwargs)
         signature = _signature(args, kwargs)
         program = self._programs.get(signature)

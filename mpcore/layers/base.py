@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from mpcore import debugging as _debugging
 from mpcore import dtypes as _dtypes
 from mpcore import ops
 from mpcore import policy as _policy
@@ -309,6 +310,9 @@ class Layer:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training
+        if _debugging.check_numerics_enabled():
+            with _debugging.layer_scope(self.name):
+                return self.call(inputs, **kwargs)
         return self.call(inputs, **kwargs)
 
     def _symbolic_call(self, inputs: Any, **kwargs: Any) -> Any:

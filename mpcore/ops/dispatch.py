@@ -92,9 +92,15 @@ def finish(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str,
     """The op's output tensor, recorded on every active tape (``attrs`` and ``saved`` are what
     its gradient needs besides inputs and output)."""
     out = Tensor(data, be, dtype)
+    if numerics_check is not None:
+        numerics_check(op, inputs, out)
     if _tapes.tapes:
         record(op, inputs, out, attrs, saved)
     return out
+
+
+#: Set by ``mp.debugging.enable_check_numerics``: called with every op's inputs and output.
+numerics_check: Callable[[str, tuple[Any, ...], Tensor], None] | None = None
 
 
 def recording() -> bool:

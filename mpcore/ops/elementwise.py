@@ -59,6 +59,8 @@ def _make_binary(op: str, result: str | None = None, float_only: bool = False) -
             b = cast(b, dt)
         data = be.kernels()[op](a._data if ta else a, b._data if tb else b)
         out = Tensor(data, be, result or dt)
+        if _d.numerics_check is not None:
+            _d.numerics_check(op, (a, b), out)
         if _tapes.tapes and result is None:
             record(op, (a, b), out, None, None)
         return out
@@ -79,6 +81,8 @@ def _make_unary(op: str, result: str | None = None, float_only: bool = False) ->
         if dt != x._dtype:
             x = cast(x, dt)
         out = Tensor(be.kernels()[op](x._data), be, result or dt)
+        if _d.numerics_check is not None:
+            _d.numerics_check(op, (x,), out)
         if _tapes.tapes and result is None:
             record(op, (x,), out, None, None)
         return out

@@ -1,0 +1,84 @@
+"""Numerics debugging: ``enable_check_numerics()`` (TF's name) makes every op check its output
+and raise at the first op whose output holds Inf or NaN, naming the op, the layer it ran in and
+the ranges of its inputs, and saying whether it produced the value or was handed it. Off by
+default; when off it costs one ``is None`` test per op. While it is on, traced functions run
+eagerly (a replay has no ops to check) and every op reads its result on the host, so it is for
+finding a problem, not for training."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+from mpcore import dtypes as _dtypes
+from mpcore import ops
+from mpcore.ops import dispatch as _dispatch
+from mpcore.tensor import Tensor
+
+_layers: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("mpcore_layers",
+                                                                          default=())
+_checking = contextvars.ContextVar("mpcore_checking", default=False)
+
+
+class NumericsError(FloatingPointError):
+    """Raised by an op whose output holds Inf or NaN while ``enable_check_numerics`` is on."""
+
+
+def enable_check_numerics() -> None:
+    _dispatch.numerics_check = _check
+
+
+def disable_check_numerics() -> None:
+    _dispatch.numerics_check = None
+
+
+def check_numerics_enabled() -> bool:
+    return _dispatch.numerics_check is not None
+
+
+@contextlib.contextmanager
+def layer_scope(name: str) -> Iterator[None]:
+    """Name the layer whose ops run inside (layers enter it only while checking is on)."""
+    token = _layers.set((*_layers.get(), name))
+    try:
+        yield
+    finally:
+        _layers.reset(token)
+
+
+def _host(t: Tensor) -> Any:
+    return t._backend.to_host(t._data)   # not t.numpy(): this read is not the step's own
+
+
+def _finite(t: Tensor) -> bool:
+    return bool(_host(ops.all_finite([t])))
+
+
+def _range(t: Tensor) -> str:
+    low, high = float(_host(ops.min(t))), float(_host(ops.max(t)))
+    return f"{t.dtype}{list(t.shape)} in [{low:.6g}, {high:.6g}]"
+
+
+def _check(op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
+    if _checking.get() or not _dtypes.is_floating(out._dtype) or out.size == 0:
+        return
+    token = _checking.set(True)           # the check's own ops are not checked
+    try:
+        if _finite(out):
+            return
+        tensors = [t for t in inputs if isinstance(t, Tensor) and _dtypes.is_floating(t._dtype)
+                   and t.size]
+        handed = [t for t in tensors if not _finite(t)]
+        where = " > ".join(_layers.get()) or "no layer (a loss, a gradient or your own code)"
+        ranges = "; ".join(_range(t) for t in tensors) or "no floating inputs"
+        cause = ("its inputs already held Inf/NaN: it passed them on" if handed else
+                 "its inputs were finite: this op produced them")
+        hint = (" A 16-bit overflow: keep that layer in float32 (dtype='float32'), or use "
+                "mixed_bfloat16." if out._dtype in _dtypes.LOW_PRECISION and not handed else "")
+        raise NumericsError(
+            f"check_numerics: {op} gave Inf/NaN in its {out.dtype}{list(out.shape)} output, "
+            f"in {where}; {cause}. Input ranges: {ranges}.{hint}")
+    finally:
+        _checking.reset(token)
