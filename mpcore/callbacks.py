@@ -1,5 +1,5 @@
 """Callbacks for ``Model.fit``: History, ModelCheckpoint, EarlyStopping, LambdaCallback,
-LossScaleHistory.
+LossScaleHistory, LossScaleMonitor.
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
 their own except where they say so. ``fit`` lists the keys its epoch logs will hold in
@@ -81,12 +81,15 @@ class CallbackList(Callback):
 
 
 class History(Callback):
-    """``history.history``: metric name -> one value per epoch; ``history.epoch``."""
+    """``history.history``: metric name -> one value per epoch; ``history.epoch``;
+    ``history.steps``: series with one value per training step, from callbacks that record
+    them (:class:`LossScaleMonitor`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.history: dict[str, list[float]] = {}
         self.epoch: list[int] = []
+        self.steps: dict[str, list[Any]] = {}
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         self.epoch.append(epoch)
@@ -114,6 +117,33 @@ class LossScaleHistory(Callback):
             self.skipped.append(self._step)
         self._last_skipped = skipped
         self._step += 1
+
+
+class LossScaleMonitor(LossScaleHistory):
+    """Per training step: the loss scale after the step (``scales``), whether the step was
+    applied (``applied``) and, for a skipped step, the variables whose gradients held Inf or
+    NaN (``nonfinite``: a list per step, empty where it was applied; found only for skipped
+    steps, one host read per variable). At the end of training the History carries them as
+    ``history.steps["loss_scale"]``, ``["applied"]`` and ``["nonfinite"]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[bool] = []
+        self.nonfinite: list[list[str]] = []
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        before = len(self.skipped)
+        super().on_train_batch_end(batch, logs)
+        skipped = len(self.skipped) > before
+        self.applied.append(not skipped)
+        opt = getattr(self.model, "optimizer", None)
+        self.nonfinite.append(list(getattr(opt, "last_nonfinite", [])) if skipped else [])
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        history = getattr(self.model, "history", None)
+        if history is not None:
+            history.steps.update({"loss_scale": list(self.scales), "applied": list(self.applied),
+                                  "nonfinite": [list(n) for n in self.nonfinite]})
 
 
 class LambdaCallback(Callback):

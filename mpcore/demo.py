@@ -155,7 +155,7 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         verbose: int = 1, out: Callable[[str], Any] = print) -> dict[str, Any]:
     """Run the demo; returns {"runs": {policy: {...}}, "units", "batch_size", "split"}."""
     import mpcore as mp
-    from mpcore.callbacks import LossScaleHistory
+    from mpcore.callbacks import LossScaleMonitor
     from mpcore.datasets import mnist
     from mpcore.registry import detection_note
     from mpcore.verdict import check_policy, compatibility_message
@@ -214,7 +214,7 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
             model = build_model(units)
         model.compile(loss="sparse_categorical_crossentropy",
                       optimizer=mp.optimizers.RMSprop(), metrics=["accuracy"])
-        scales = LossScaleHistory()
+        scales = LossScaleMonitor()
         history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
                             validation_split=VALIDATION_SPLIT, verbose=verbose,
                             callbacks=[scales])
@@ -224,6 +224,8 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         runs[name] = {"test_accuracy": accuracy, "test_loss": loss,
                       "time_per_sample": sum(steady) / len(steady),
                       "history": history.history, "loss_scales": scales.scales,
+                      "skipped_at": scales.skipped,
+                      "nonfinite": sorted({n for names in scales.nonfinite for n in names}),
                       "skipped_steps": getattr(model.optimizer, "skipped_steps", 0),
                       "dense_dtype": model.get_layer("dense_1").compute_dtype,
                       "output_dtype": model.outputs[0].dtype}
@@ -243,8 +245,10 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
             "with one epoch the speed ratio is not a steady-state figure; use --epochs 2 or "
             "more")
     if policy == "mixed_float16":
-        out(f"mixed_float16 skipped {runs[policy]['skipped_steps']} step(s) with Inf/NaN "
-            f"gradients; final loss scale {runs[policy]['loss_scales'][-1]:g}")
+        r = runs[policy]
+        where = f" (in the gradients of {', '.join(r['nonfinite'])})" if r["nonfinite"] else ""
+        out(f"mixed_float16 skipped {r['skipped_steps']} step(s) with Inf/NaN gradients{where}; "
+            f"final loss scale {r['loss_scales'][-1]:g}")
     if not verdict.fast:
         out(f"Note: {policy} is not fast here: {verdict.reason}")
     result = {"runs": runs, "units": units, "batch_size": batch_size, "split": data.split,
@@ -285,6 +289,11 @@ def _plot(result: dict[str, Any], path: str) -> None:
     scales = runs[mixed]["loss_scales"]
     if mixed == "mixed_float16":
         ax_scale.plot(range(1, len(scales) + 1), scales)
+        skipped = runs[mixed]["skipped_at"]
+        if skipped:
+            ax_scale.plot([i + 1 for i in skipped], [scales[i] for i in skipped], "rx",
+                          label="skipped step (Inf/NaN gradients)")
+            ax_scale.legend(fontsize=8)
         ax_scale.set_yscale("log", base=2)
         ax_scale.set(title=f"loss scale per step ({mixed})", xlabel="step", ylabel="loss scale")
     else:

@@ -48,6 +48,8 @@ class LossScaleOptimizer(Optimizer):
         self._inner = inner_optimizer
         self._loss_scale = scale
         self.skipped_steps = 0
+        #: The variables whose gradients held Inf/NaN in the last step, if it was skipped.
+        self.last_nonfinite: list[str] = []
         self._flag: Tensor | None = None
         self._unscaled = False
         self._warned = False
@@ -142,8 +144,13 @@ class LossScaleOptimizer(Optimizer):
         if not updated:  # a micro-step: the loss scale moves once per real step
             return True
         applied = self._loss_scale.update(flag)
+        self.last_nonfinite = []
         if not applied:
             self.skipped_steps += 1
+            # only on a skipped step: one host read per variable, to say where it went wrong
+            used = self._inner.last_gradients or grads
+            self.last_nonfinite = [v.name for v, g in zip(variables, used)
+                                   if not bool(ops.all_finite([g]))]
         return applied
 
     # --- state --------------------------------------------------------------------------

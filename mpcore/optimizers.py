@@ -61,6 +61,9 @@ class Optimizer:
             else _args.integer("gradient_accumulation_steps", gradient_accumulation_steps, 1))
         self._accumulators: dict[int, Variable] = {}
         self._micro_steps = 0
+        #: The gradients of the last update, unclipped (a LossScaleOptimizer names the
+        #: variables whose gradients were not finite from them).
+        self.last_gradients: list[Tensor] = []
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
@@ -202,6 +205,7 @@ class Optimizer:
             if done is None:
                 return False, None
             cast, flag = done
+        self.last_gradients = cast
         lr = self.learning_rate
         step = self.iterations + 1
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
