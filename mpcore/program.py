@@ -160,36 +160,41 @@ class ProgramWriter:
             for j, item in enumerate(spec[1]):
                 self.bind(item, f"{expr}[{j}]")
 
+    #: The file name the compiled function reports in tracebacks.
+    title = "<mpcore traced step>"
+
+    def write_step(self, n: int, step: Any) -> None:
+        """The lines of step ``n`` (a subclass may write some steps its own way)."""
+        kind = type(step)
+        if kind is Assign:
+            var = self.name("v", step.variable)
+            self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
+                              f"{var}._backend, {var}._dtype))")
+            return
+        if kind is KernelCall:
+            call = (f"{self.name('k', step.kernel)}("
+                    f"{', '.join(self.expr(a) for a in step.args)})")
+        else:
+            args, kwargs = step.args[1]
+            call = f"{self.name('w', step.fn)}(*{self.expr(args)}, **{self.expr(kwargs)})"
+        if step.out[0] == "s":
+            self.bind(step.out, call)
+        else:
+            self.lines.append(f"    _out = {call}")
+            self.bind(step.out, "_out")
+
     def function(self) -> Callable[[list[Any]], Any]:
         program = self.program
         for j, i in enumerate(program.inputs):
             self.lines.append(f"    s{i} = inputs[{j}]")
-        for step in program.steps:
-            kind = type(step)
-            if kind is KernelCall:
-                call = (f"{self.name('k', step.kernel)}("
-                        f"{', '.join(self.expr(a) for a in step.args)})")
-            elif kind is WholeCall:
-                args, kwargs = step.args[1]
-                call = (f"{self.name('w', step.fn)}(*{self.expr(args)}, "
-                        f"**{self.expr(kwargs)})")
-            else:
-                var = self.name("v", step.variable)
-                self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
-                                  f"{var}._backend, {var}._dtype))")
-                call = ""
-            if call:
-                if step.out[0] == "s":
-                    self.bind(step.out, call)
-                else:
-                    self.lines.append(f"    _out = {call}")
-                    self.bind(step.out, "_out")
+        for n, step in enumerate(program.steps):
+            self.write_step(n, step)
             if step.free:
                 self.lines.append("    " + " = ".join(f"s{i}" for i in step.free) + " = None")
         self.lines.append(f"    return {self.expr(program.output)}")
         source = "def replay(inputs):\n" + "\n".join(self.lines) + "\n"
         namespace = dict(self.names)
-        exec(compile(source, "<mpcore traced step>", "exec"), namespace)
+        exec(compile(source, self.title, "exec"), namespace)
         replay = namespace["replay"]
         replay.source = source
         return replay

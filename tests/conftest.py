@@ -127,3 +127,41 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
                           np.ascontiguousarray(want).view(bits)[~nan])
     assert np.isnan(got[nan]).all()
     assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+
+
+def mlp_and_optimizer(policy: str, seed: int = 3, hidden: int = 1) -> tuple[Any, Any]:
+    """A small softmax MLP (20 inputs, Dropout, 4 classes) under ``policy``, and Adam, wrapped
+    in a LossScaleOptimizer for mixed_float16: the model of the traced-step tests."""
+    from mpcore import layers
+
+    mp.set_global_policy(policy)
+    mp.random.set_seed(seed)
+    inputs = mp.Input((20,))
+    x = layers.Dense(16, activation="relu")(inputs)
+    x = layers.Dropout(0.25)(x)
+    for _ in range(hidden - 1):
+        x = layers.Dense(16, activation="relu")(x)
+    x = layers.Dense(4)(x)
+    model = mp.Model(inputs, layers.Activation("softmax", dtype="float32")(x))
+    opt = mp.optimizers.Adam(0.01)
+    if policy == "mixed_float16":
+        opt = mp.mixed_precision.LossScaleOptimizer(opt)
+    return model, opt
+
+
+def custom_training_step(model: Any, opt: Any) -> Callable[[Any, Any], Any]:
+    """The guide's custom training step (tape, loss scaling where ``opt`` does it, update)."""
+    loss_fn = mp.losses.SparseCategoricalCrossentropy()
+    scaled = isinstance(opt, mp.mixed_precision.LossScaleOptimizer)
+
+    def step(x: Any, y: Any) -> Any:
+        with mp.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            target = opt.get_scaled_loss(loss) if scaled else loss
+        grads = tape.gradient(target, model.trainable_variables)
+        if scaled:
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step

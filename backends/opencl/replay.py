@@ -299,42 +299,13 @@ class _FastWriter(ProgramWriter):
         if allocs:
             self.lines.append("    " + " = ".join(allocs) + " = None")
 
-    def function(self) -> Callable[[list[Any]], Any]:
-        program = self.program
-        for j, i in enumerate(program.inputs):
-            self.lines.append(f"    s{i} = inputs[{j}]")
-        for n, step in enumerate(program.steps):
-            kind = type(step)
-            if kind is KernelCall and n in self.frozen:
-                self.frozen_lines(step, self.frozen[n])
-                call = ""
-            elif kind is KernelCall:
-                call = (f"{self.name('k', step.kernel)}("
-                        f"{', '.join(self.expr(a) for a in step.args)})")
-            elif kind is WholeCall:
-                args, kwargs = step.args[1]
-                call = (f"{self.name('w', step.fn)}(*{self.expr(args)}, "
-                        f"**{self.expr(kwargs)})")
-            else:
-                var = self.name("v", step.variable)
-                self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
-                                  f"{var}._backend, {var}._dtype))")
-                call = ""
-            if call:
-                if step.out[0] == "s":
-                    self.bind(step.out, call)
-                else:
-                    self.lines.append(f"    _out = {call}")
-                    self.bind(step.out, "_out")
-            if step.free:
-                self.lines.append("    " + " = ".join(f"s{i}" for i in step.free) + " = None")
-        self.lines.append(f"    return {self.expr(program.output)}")
-        source = "def replay(inputs):\n" + "\n".join(self.lines) + "\n"
-        namespace = dict(self.names)
-        exec(compile(source, "<mpcore traced step (OpenCL launches)>", "exec"), namespace)
-        replay = namespace["replay"]
-        replay.source = source
-        return replay
+    title = "<mpcore traced step (OpenCL launches)>"
+
+    def write_step(self, n: int, step: Any) -> None:
+        if type(step) is KernelCall and n in self.frozen:
+            self.frozen_lines(step, self.frozen[n])
+        else:
+            super().write_step(n, step)
 
 
 def _operand_specs(step: KernelCall) -> list[Spec]:

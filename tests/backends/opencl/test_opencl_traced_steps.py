@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, backend_problem
+from conftest import REPO_ROOT, backend_problem, custom_training_step, mlp_and_optimizer
 
 import mpcore as mp
-from mpcore import layers, registry
+from mpcore import registry
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 RNG = np.random.default_rng(17)
@@ -52,35 +52,10 @@ def cl(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def build(policy: str) -> tuple[mp.Model, Any]:
-    mp.set_global_policy(policy)
-    mp.random.set_seed(3)
-    inputs = mp.Input((20,))
-    x = layers.Dense(16, activation="relu")(inputs)
-    x = layers.Dropout(0.25)(x)
-    x = layers.Dense(16, activation="relu")(x)
-    x = layers.Dense(4)(x)
-    model = mp.Model(inputs, layers.Activation("softmax", dtype="float32")(x))
-    opt = mp.optimizers.Adam(0.01)
-    if policy == "mixed_float16":
-        opt = mp.mixed_precision.LossScaleOptimizer(opt)
-    return model, opt
+    return mlp_and_optimizer(policy, hidden=2)
 
 
-def make_step(model: mp.Model, opt: Any) -> Any:
-    loss_fn = mp.losses.SparseCategoricalCrossentropy()
-    scaled = isinstance(opt, mp.mixed_precision.LossScaleOptimizer)
-
-    def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
-        with mp.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-            target = opt.get_scaled_loss(loss) if scaled else loss
-        grads = tape.gradient(target, model.trainable_variables)
-        if scaled:
-            grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return step
+make_step = custom_training_step
 
 
 class LaunchCount:
