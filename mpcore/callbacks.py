@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import arguments as _args
+from mpcore import ops as _ops
 
 
 class Callback:
@@ -131,13 +132,31 @@ class LossScaleMonitor(LossScaleHistory):
         self.applied: list[bool] = []
         self.nonfinite: list[list[str]] = []
 
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        # one fit's steps per History
+        self.scales, self.skipped, self.applied, self.nonfinite = [], [], [], []
+        self._step = 0
+        self._last_skipped = getattr(getattr(self.model, "optimizer", None), "skipped_steps", 0)
+
     def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         before = len(self.skipped)
         super().on_train_batch_end(batch, logs)
-        skipped = len(self.skipped) > before
-        self.applied.append(not skipped)
         opt = getattr(self.model, "optimizer", None)
-        self.nonfinite.append(list(getattr(opt, "last_nonfinite", [])) if skipped else [])
+        if hasattr(opt, "loss_scale"):
+            skipped = len(self.skipped) > before
+            names = list(getattr(opt, "last_nonfinite", [])) if skipped else []
+        else:
+            # no loss scaling: the optimizer's own finite check, one host read per step
+            flag = getattr(opt, "last_flag", None)
+            skipped = flag is not None and not bool(flag)
+            names = []
+            if skipped:
+                self.skipped.append(len(self.scales) - 1)
+                pairs = zip(getattr(opt, "last_variables", []),
+                            getattr(opt, "last_gradients", []))
+                names = [v.name for v, g in pairs if not bool(_ops.all_finite([g]))]
+        self.applied.append(not skipped)
+        self.nonfinite.append(names)
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
         history = getattr(self.model, "history", None)

@@ -34,6 +34,7 @@ from typing import Any
 from mpcore import backend as _backend
 from mpcore import policy as _policy
 from mpcore import random as _random
+from mpcore import tape as _tape
 from mpcore import tensor as _tensor
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
@@ -50,6 +51,7 @@ class TraceError(RuntimeError):
 class _Local(threading.local):
     def __init__(self) -> None:
         self.recorder: _Recorder | None = None
+        self.replaying = 0
 
 
 _local = _Local()
@@ -178,6 +180,12 @@ def current() -> bool:
     return recorder is not None and not recorder.whole_depth
 
 
+def in_traced_step() -> bool:
+    """Whether a traced step is being recorded or replayed here. A call kept whole returns
+    device values then, not Python ones: a Python value would be the first call's forever."""
+    return _local.recorder is not None or _local.replaying > 0
+
+
 def kept_whole(method: Callable[..., Any]) -> Callable[..., Any]:
     """Record calls of ``method`` as one call that each replay makes again, eagerly (for
     methods whose Python state changes between steps: optimizer updates, loss scaling)."""
@@ -276,6 +284,33 @@ def _on_variable(variable: Variable, event: str) -> None:
                                   f"assign {variable.name}"))
 
 
+_BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
+
+
+class _Identity:
+    """An object in a signature, compared by identity (a method's ``self`` whose ``__eq__``
+    says two instances are equal must not share a program) through a weak reference where it
+    can (a cached program does not keep the object alive)."""
+
+    __slots__ = ("_hash", "_ref")
+
+    def __init__(self, value: Any) -> None:
+        try:
+            self._ref: Callable[[], Any] = weakref.ref(value)
+        except TypeError:
+            self._ref = lambda: value
+        self._hash = id(value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Identity):
+            return False
+        mine = self._ref()
+        return mine is not None and mine is other._ref()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     def key(value: Any) -> Any:
         if isinstance(value, Tensor):
@@ -286,12 +321,11 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
         if isinstance(value, (list, tuple)):
             return (type(value).__name__, tuple(key(v) for v in value))
         if isinstance(value, dict):
-            return ("dict", tuple((k, key(v)) for k, v in sorted(value.items())))
-        try:
-            hash(value)
-        except TypeError:
-            return ("object", id(value))
-        return ("value", type(value).__name__, value)
+            return ("dict", tuple((_Identity(k) if not isinstance(k, _BY_VALUE) else k,
+                                   key(v)) for k, v in value.items()))
+        if isinstance(value, _BY_VALUE):
+            return ("value", type(value).__name__, value)
+        return ("object", _Identity(value))
 
     # which inputs are one array passed twice: a program traced with f(a, a) reads one slot
     # for both, so f(b, a) must trace again
@@ -304,10 +338,13 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 class Function:
     """A function whose calls replay a recorded kernel program (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., Any], fallback: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], fallback: bool = False,
+                 key: Callable[[], Any] | None = None) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._fallback = fallback
+        #: More of the signature, computed at each call (a model: its trainable variables).
+        self._key = key
         #: Why this function runs eagerly (``fallback=True`` and a trace was refused), or None.
         self.eager_reason: str | None = None
         self._programs: dict[tuple[Any, ...], Program] = {}
@@ -327,14 +364,21 @@ class Function:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (_local.recorder is not None or self.eager_reason is not None
-                or _dispatch.numerics_check is not None):
-            # inlined in another trace, given up on, or every op is being checked
+                or _dispatch.numerics_check is not None or _tape.state.tapes):
+            # inlined in another trace, given up on, every op being checked, or called under
+            # a GradientTape (a replay is not recorded on tapes: gradients must flow)
             return self._fn(*args, **kwargs)
         args, kwargs = _as_tensors(args), _as_tensors(kwargs)
         signature = _signature(args, kwargs)
+        if self._key is not None:
+            signature = (*signature, self._key())
         program = self._programs.get(signature)
         if program is not None:
-            return self._runners[signature]([t._data for t in _tensors((args, kwargs))])
+            _local.replaying += 1
+            try:
+                return self._runners[signature]([t._data for t in _tensors((args, kwargs))])
+            finally:
+                _local.replaying -= 1
         return self._trace(signature, args, kwargs)
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
@@ -407,17 +451,19 @@ def _tensors(value: Any) -> list[Tensor]:
     if isinstance(value, Tensor):
         return [value]
     if isinstance(value, dict):
-        return [t for k in sorted(value) for t in _tensors(value[k])]
+        return [t for v in value.values() for t in _tensors(v)]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
 
 
-def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False) -> Any:
+def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False,
+             key: Callable[[], Any] | None = None) -> Any:
     """``@mp.function``: trace ``fn`` on its first call with each signature, replay after.
     ``fallback=True``: where a trace is refused, warn once and run ``fn`` eagerly from then
     on (the refused call itself is an eager run, so nothing is done twice) instead of raising
-    TraceError."""
+    TraceError. ``key()``, called at each call, is part of the signature too (what the
+    function reads that its arguments do not show, e.g. which variables are trainable)."""
     if fn is None:
-        return functools.partial(function, fallback=fallback)
-    return Function(fn, fallback)
+        return functools.partial(function, fallback=fallback, key=key)
+    return Function(fn, fallback, key)

@@ -209,21 +209,20 @@ class DynamicLossScale(LossScale):
                 self._good_steps = 0
             return True
         self._good_steps = 0
+        self._stuck = self._stuck + 1 if self._scale <= self._floor else 0
         self._overflows += 1
         if self._overflows >= self._hysteresis:
             self._overflows = 0
-            at_floor = self._scale <= self._floor
             # float64 division then float32 rounding is correctly rounded (53 >= 2*24 + 2)
             self._scale = max(_to_float32(self._scale / self._multiplier32), self._floor)
-            self._stuck = self._stuck + 1 if at_floor else 0
-            if self._stuck >= self.STUCK_AT_FLOOR and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"the loss scale has been at its floor ({self._floor!r}) for "
-                    f"{self._stuck} overflowing steps in a row: the gradients overflow even "
-                    "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
-                    "or keep the layer that overflows in float32 (dtype='float32').",
-                    RuntimeWarning, stacklevel=2)
+        if self._stuck >= self.STUCK_AT_FLOOR and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the loss scale has been at its floor ({self._floor!r}) for "
+                f"{self._stuck} overflowing steps in a row: the gradients overflow even "
+                "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
+                "or keep the layer that overflows in float32 (dtype='float32').",
+                RuntimeWarning, stacklevel=2)
         return False
 
     def get_config(self) -> dict[str, Any]:
@@ -245,10 +244,11 @@ class DynamicLossScale(LossScale):
         scale = _to_float32(_number("current_loss_scale", state["current_loss_scale"]))
         steps = _integer(state["num_good_steps"])
         overflows = _integer(state.get("overflows_in_a_row", 0))
-        if not (math.isfinite(scale) and scale >= self._floor):
-            raise ValueError(f"current_loss_scale must be finite in float32 and >= "
-                             f"min_loss_scale ({self._floor!r}), got "
-                             f"{state['current_loss_scale']!r}")
+        top = FLOAT32_MAX if self._ceiling is None else self._ceiling
+        if not (math.isfinite(scale) and self._floor <= scale <= top):
+            raise ValueError(f"current_loss_scale must be finite in float32 and in "
+                             f"[min_loss_scale, max_loss_scale] = [{self._floor!r}, {top!r}], "
+                             f"got {state['current_loss_scale']!r}")
         if steps < 0:
             raise ValueError("num_good_steps must be an integer >= 0, got "
                              f"{state['num_good_steps']!r}")

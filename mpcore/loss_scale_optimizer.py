@@ -25,7 +25,7 @@ from typing import Any
 
 from mpcore import loss_scale as _ls
 from mpcore import ops
-from mpcore.function import kept_whole
+from mpcore.function import in_traced_step, kept_whole
 from mpcore.optimizers import Optimizer, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
 
@@ -139,19 +139,27 @@ class LossScaleOptimizer(Optimizer):
         self._unscaled = False
         if flag is None:  # nothing to update
             self._inner.iterations += 1
-            return True
+            return self._result(True, None)
         updated, flag = self._inner._apply(grads, variables, flag)
         if not updated:  # a micro-step: the loss scale moves once per real step
-            return True
+            return self._result(True, None)
         applied = self._loss_scale.update(flag)
         self.last_nonfinite = []
         if not applied:
             self.skipped_steps += 1
             # only on a skipped step: one host read per variable, to say where it went wrong
-            used = self._inner.last_gradients or grads
-            self.last_nonfinite = [v.name for v, g in zip(variables, used)
+            inner = self._inner
+            self.last_nonfinite = [v.name for v, g in zip(inner.last_variables,
+                                                          inner.last_gradients)
                                    if not bool(ops.all_finite([g]))]
-        return applied
+        return self._result(applied, flag)
+
+    def _result(self, applied: bool, flag: Tensor | None) -> Any:
+        """``applied``; in a traced step the device flag that says it (a Python bool would
+        be the first call's at every replay)."""
+        if not in_traced_step():
+            return applied
+        return flag if flag is not None else ops.constant(applied)
 
     # --- state --------------------------------------------------------------------------
     def get_state(self, var_list: Sequence[Variable]) -> dict[str, Any]:
@@ -173,6 +181,14 @@ class LossScaleOptimizer(Optimizer):
         return {"inner_optimizer": {"class_name": type(self._inner).__name__,
                                     "config": self._inner.get_config()},
                 "loss_scale": _ls.serialize(self._loss_scale)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LossScaleOptimizer:  # type: ignore[override]
+        from mpcore.optimizers import by_class_name
+
+        inner = config["inner_optimizer"]
+        return cls(by_class_name(inner["class_name"]).from_config(inner["config"]),
+                   _ls.deserialize(config["loss_scale"]))
 
     def __repr__(self) -> str:
         return f"<mp.LossScaleOptimizer {self._inner!r} loss_scale={self._loss_scale!r}>"

@@ -64,6 +64,8 @@ class Optimizer:
         #: The gradients of the last update, unclipped (a LossScaleOptimizer names the
         #: variables whose gradients were not finite from them).
         self.last_gradients: list[Tensor] = []
+        self.last_variables: list[Variable] = []
+        self.last_flag: Tensor | None = None
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
@@ -179,7 +181,10 @@ class Optimizer:
         read), or True when there was nothing to check."""
         grads, variables = split_grads_and_vars(grads_and_vars)
         flag = ops.all_finite(grads) if grads else None
-        self._apply(grads, variables, flag)
+        updated, used = self._apply(grads, variables, flag)
+        #: The device flag that gated the last update (None: nothing to check, or a
+        #: micro-step of an accumulation); LossScaleMonitor reads it.
+        self.last_flag = used if updated else None
         return True if flag is None else flag
 
     def minimize(self, loss: Callable[[], Tensor], var_list: Sequence[Variable]) -> bool:
@@ -201,11 +206,11 @@ class Optimizer:
                                  f"shape {var.shape}")
             cast.append(grad if grad.dtype == var.dtype else ops.cast(grad, var.dtype))
         if (self.gradient_accumulation_steps or 1) > 1:
-            done = self._accumulate(cast, variables)
+            done = self._accumulate(cast, list(variables))
             if done is None:
                 return False, None
-            cast, flag = done
-        self.last_gradients = cast
+            cast, flag, variables = done
+        self.last_gradients, self.last_variables = cast, list(variables)
         lr = self.learning_rate
         step = self.iterations + 1
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
@@ -213,11 +218,12 @@ class Optimizer:
         self.iterations += 1
         return True, flag
 
-    def _accumulate(self, grads: list[Tensor], variables: Sequence[Variable]
-                    ) -> tuple[list[Tensor], Tensor] | None:
-        """Add ``grads`` to the accumulators; at the last micro-step, their mean and its "all
-        finite" flag (a non-finite micro-step leaves a non-finite sum: the whole step is
-        skipped), the accumulators emptied for the next step."""
+    def _accumulate(self, grads: list[Tensor], variables: list[Variable]
+                    ) -> tuple[list[Tensor], Tensor, list[Variable]] | None:
+        """Add ``grads`` to the accumulators; at the last micro-step, the mean of every
+        accumulator (a variable without a gradient in this call too), its "all finite" flag
+        (a non-finite micro-step leaves a non-finite sum: the whole step is skipped) and the
+        variables, the accumulators emptied for the next step."""
         steps = self.gradient_accumulation_steps or 1
         totals = [ops.add(self._accumulator(var).current_value(), grad)
                   for grad, var in zip(grads, variables)]
@@ -227,11 +233,17 @@ class Optimizer:
                 self._accumulators[id(var)].assign(total)
             return None
         self._micro_steps = 0
+        given = {id(v) for v in variables}
+        for var in self._var_list:          # accumulated earlier, no gradient this time
+            acc = self._accumulators.get(id(var))
+            if acc is not None and id(var) not in given:
+                variables.append(var)
+                totals.append(acc.current_value())
         means = [ops.divide(total, float(steps)) for total in totals]
         for var in variables:
             acc = self._accumulators[id(var)]
             acc.assign(ops.zeros(acc.shape, acc.dtype, acc.backend))
-        return means, ops.all_finite(means)
+        return means, ops.all_finite(means), variables
 
     def _accumulator(self, var: Variable) -> Variable:
         acc = self._accumulators.get(id(var))
@@ -359,6 +371,14 @@ class AdamW(Adam):
 
 _BY_NAME: dict[str, type[Optimizer]] = {"sgd": SGD, "rmsprop": RMSprop, "adam": Adam,
                                         "adamw": AdamW}
+
+
+def by_class_name(name: str) -> type[Optimizer]:
+    """The optimizer class called ``name`` ("Adam" ...), as a config names it."""
+    classes = {cls.__name__: cls for cls in _BY_NAME.values()}
+    if name not in classes:
+        raise ValueError(f"unknown optimizer class {name!r}; valid: {', '.join(classes)}")
+    return classes[name]
 
 
 def get(identifier: Any) -> Optimizer:

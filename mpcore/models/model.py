@@ -212,8 +212,11 @@ class Model(Layer):
             return compute(*args)
         traced = self._traced.get(kind)
         if traced is None:
-            traced = self._traced[kind] = function(compute,
-                                                   fallback=self.jit_compile == "auto")
+            # which variables train is read inside the step: a change retraces
+            traced = self._traced[kind] = function(
+                compute, fallback=self.jit_compile == "auto",
+                key=lambda: tuple(id(v) for v in self.trainable_variables))
+            traced.__name__ = f"the {kind} step of model {self.name!r}"
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:

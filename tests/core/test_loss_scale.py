@@ -366,3 +366,18 @@ def test_states_from_before_the_options_still_load() -> None:
     with pytest.raises(ValueError, match="overflows_in_a_row must be an integer in"):
         ls.load_state_dict({"current_loss_scale": 8.0, "num_good_steps": 2,
                             "overflows_in_a_row": 3})
+
+
+def test_a_state_above_the_ceiling_is_refused() -> None:
+    ls = mp.DynamicLossScale(initial_loss_scale=8, max_loss_scale=64)
+    with pytest.raises(ValueError, match=r"in \[min_loss_scale, max_loss_scale\] = \[1.0, 64.0\]"):
+        ls.load_state_dict({"current_loss_scale": 1e6, "num_good_steps": 0})
+    assert ls() == 8.0
+
+
+def test_the_floor_warning_counts_overflows_under_hysteresis() -> None:
+    ls = mp.DynamicLossScale(initial_loss_scale=1, hysteresis=3)
+    with pytest.warns(RuntimeWarning, match="for 10 overflowing steps in a row") as record:
+        for _ in range(10):
+            ls.update(False)
+    assert len(record) == 1

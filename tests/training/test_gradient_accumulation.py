@@ -105,3 +105,22 @@ def test_one_step_is_no_accumulation_and_the_config_keeps_it() -> None:
     opt = mp.optimizers.RMSprop(gradient_accumulation_steps=4, clipnorm=1.0)
     again = mp.optimizers.RMSprop.from_config(opt.get_config())
     assert again.gradient_accumulation_steps == 4 and again.clipping == ("clipnorm", 1.0)
+
+
+def test_a_variable_without_a_gradient_in_the_last_micro_step_is_still_updated() -> None:
+    a, b, g = mp.Variable([0.0]), mp.Variable([0.0]), mp.constant([1.0])
+    opt = mp.optimizers.SGD(1.0, gradient_accumulation_steps=2)
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a), (None, b)])
+    assert b.numpy().tolist() == [-0.5]               # its mean over the step: (1 + 0) / 2
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a), (g, b)])
+    assert b.numpy().tolist() == [-1.5]               # nothing left over from the first step
+
+
+def test_a_loss_scale_optimizer_round_trips_its_config() -> None:
+    lso = mp.mixed_precision.LossScaleOptimizer(
+        mp.optimizers.Adam(clipnorm=1.0, gradient_accumulation_steps=2),
+        mp.DynamicLossScale(hysteresis=2))
+    again = mp.mixed_precision.LossScaleOptimizer.from_config(lso.get_config())
+    assert again.get_config() == lso.get_config()

@@ -42,3 +42,18 @@ def test_without_loss_scaling_every_step_is_applied() -> None:
                         verbose=0, callbacks=[monitor])
     assert monitor.applied == [True, True] and monitor.scales == [1.0, 1.0]
     assert history.steps["nonfinite"] == [[], []]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the Inf fed on purpose
+def test_without_loss_scaling_a_skipped_step_is_reported_too() -> None:
+    mp.set_global_policy("float32")
+    x = np.ones((8, 4), np.float32)
+    x[0, 0] = np.inf
+    model = mp.Sequential([mp.Input((4,)), layers.Dense(2, name="only")])
+    model.compile(optimizer="sgd", loss="mse")
+    monitor = mp.callbacks.LossScaleMonitor()
+    for _ in range(2):                                   # one monitor, two fits
+        history = model.fit(x, np.zeros((8, 2), np.float32), batch_size=8, verbose=0,
+                            callbacks=[monitor])
+        assert history.steps["applied"] == [False]
+        assert "only/kernel" in history.steps["nonfinite"][0]

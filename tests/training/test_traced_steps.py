@@ -319,3 +319,57 @@ def test_traced_fit_of_other_models_equals_eager(kind: str, policy: str) -> None
             assert model._traced["train"].eager_reason is None
             assert model._traced["train"].tracing_count <= 2   # 2: built inside the step
     np.testing.assert_equal(runs[0], runs[1])
+
+
+# --- defects a new user found (each was silently wrong) ------------------------------------
+def test_gradients_flow_through_a_traced_function_called_under_a_tape() -> None:
+    w = mp.Variable([2.0])
+    f = mp.function(lambda x: x * w)
+    for _ in range(3):
+        with mp.GradientTape() as tape:
+            y = f(mp.constant([3.0]))
+        assert np.asarray(tape.gradient(y, w)).tolist() == [3.0]
+
+
+def test_a_loss_scale_optimizer_step_says_at_each_replay_whether_it_applied() -> None:
+    opt = mp.mixed_precision.LossScaleOptimizer(mp.optimizers.SGD(0.1))
+    w = mp.Variable([1.0])
+    step = mp.function(lambda g: opt.apply_gradients([(opt.get_unscaled_gradients([g])[0], w)]))
+    results = [bool(step(mp.constant([v]))) for v in (1.0, np.inf, 1.0, np.nan)]
+    assert results == [True, False, True, False] and step.tracing_count == 1
+
+
+def test_freezing_a_layer_after_a_traced_fit_takes_effect() -> None:
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    model = mp.Sequential([mp.Input((4,)), layers.Dense(3), layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    model.fit(x, y, verbose=0)
+    model.layers[0].trainable = False
+    before = model.layers[0].weights[0].numpy()
+    model.fit(x, y, verbose=0)
+    np.testing.assert_array_equal(model.layers[0].weights[0].numpy(), before)
+
+
+def test_instances_that_compare_equal_do_not_share_a_method_trace() -> None:
+    class Scaler:
+        def __init__(self, name: str, k: float) -> None:
+            self.name, self.k = name, mp.Variable(k)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Scaler) and self.name == other.name
+
+        def __hash__(self) -> int:
+            return hash(self.name)
+
+        @mp.function
+        def go(self, x: mp.Tensor) -> mp.Tensor:
+            return x * self.k
+
+    assert float(np.asarray(Scaler("s", 2.0).go(mp.constant(1.0)))) == 2.0
+    assert float(np.asarray(Scaler("s", 3.0).go(mp.constant(1.0)))) == 3.0
+
+
+def test_dict_arguments_with_keys_of_several_types() -> None:
+    f = mp.function(lambda d: d[1] + d["a"])
+    assert float(np.asarray(f({1: mp.constant(1.0), "a": mp.constant(2.0)}))) == 3.0
+    assert float(np.asarray(f({1: mp.constant(5.0), "a": mp.constant(2.0)}))) == 7.0
