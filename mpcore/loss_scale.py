@@ -40,7 +40,7 @@ def _to_float32(value: float) -> float:
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):  # "2" is not silently a number
         raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         return float(value)

@@ -381,3 +381,10 @@ def test_the_floor_warning_counts_overflows_under_hysteresis() -> None:
         for _ in range(10):
             ls.update(False)
     assert len(record) == 1
+
+
+def test_numbers_given_as_strings_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_loss_scale must be a number, got '2'"):
+        mp.DynamicLossScale(min_loss_scale="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="current_loss_scale must be a number"):
+        mp.DynamicLossScale().load_state_dict({"current_loss_scale": "8", "num_good_steps": 0})
