@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import arguments as _args
-from mpcore import ops as _ops
 
 
 class Callback:
@@ -152,9 +151,7 @@ class LossScaleMonitor(LossScaleHistory):
             names = []
             if skipped:
                 self.skipped.append(len(self.scales) - 1)
-                pairs = zip(getattr(opt, "last_variables", []),
-                            getattr(opt, "last_gradients", []))
-                names = [v.name for v, g in pairs if not bool(_ops.all_finite([g]))]
+                names = opt.nonfinite_variables()
         self.applied.append(not skipped)
         self.nonfinite.append(names)
 

@@ -174,12 +174,6 @@ def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
 
 
 # --- tracing ------------------------------------------------------------------------------------
-def current() -> bool:
-    """Whether a step is being traced here (outside the calls kept whole)."""
-    recorder = _local.recorder
-    return recorder is not None and not recorder.whole_depth
-
-
 def in_traced_step() -> bool:
     """Whether a traced step is being recorded or replayed here. A call kept whole returns
     device values then, not Python ones: a Python value would be the first call's forever."""

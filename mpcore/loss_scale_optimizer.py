@@ -148,10 +148,7 @@ class LossScaleOptimizer(Optimizer):
         if not applied:
             self.skipped_steps += 1
             # only on a skipped step: one host read per variable, to say where it went wrong
-            inner = self._inner
-            self.last_nonfinite = [v.name for v, g in zip(inner.last_variables,
-                                                          inner.last_gradients)
-                                   if not bool(ops.all_finite([g]))]
+            self.last_nonfinite = self._inner.nonfinite_variables()
         return self._result(applied, flag)
 
     def _result(self, applied: bool, flag: Tensor | None) -> Any:

@@ -245,6 +245,12 @@ class Optimizer:
             acc.assign(ops.zeros(acc.shape, acc.dtype, acc.backend))
         return means, ops.all_finite(means), variables
 
+    def nonfinite_variables(self) -> list[str]:
+        """The variables whose gradients in the last update held Inf or NaN (one host read
+        per variable: for explaining a skipped step, not for every step)."""
+        return [v.name for v, g in zip(self.last_variables, self.last_gradients)
+                if not bool(ops.all_finite([g]))]
+
     def _accumulator(self, var: Variable) -> Variable:
         acc = self._accumulators.get(id(var))
         if acc is None:

@@ -103,12 +103,6 @@ def finish(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str,
 numerics_check: Callable[[str, tuple[Any, ...], Tensor], None] | None = None
 
 
-def recording() -> bool:
-    """Whether a tape records ops now (fused backward kernels are not differentiable, so
-    second-order gradients take the composite ops instead)."""
-    return bool(_tapes.tapes)
-
-
 def cast(x: TensorLike, dtype: Any) -> Tensor:
     """``x`` in ``dtype``; differentiable between floating dtypes."""
     x = as_tensor(x)

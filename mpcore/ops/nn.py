@@ -32,7 +32,6 @@ from mpcore.ops.dispatch import (
     compute_dtype,
     finish,
     gradient,
-    recording,
 )
 from mpcore.ops.elementwise import (
     add,
@@ -48,7 +47,7 @@ from mpcore.ops.elementwise import (
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import max, one_axis, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import expand_dims, reshape
-from mpcore.tape import Node
+from mpcore.tape import Node, recording
 from mpcore.tensor import Tensor
 
 
