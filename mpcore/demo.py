@@ -3,7 +3,8 @@
 It prints the device and the compatibility check, builds the guide's model (Dense-relu,
 Dense-relu, Dense, then a float32 softmax), trains it on MNIST with float32 and with the best
 mixed policy for the device (or ``--policy``), and prints test accuracy, time per sample and the
-speed ratio. Decisions, written out in the output too:
+speed ratio (``--inspect`` prints the numerics inspector's report on one batch instead of
+training). Decisions, written out in the output too:
 
 - Units: 4096 when the mixed policy is judged fast on an accelerator (as the guide does on a
   GPU), else 64 (the guide's CPU size); ``--units`` overrides.
@@ -259,6 +260,36 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     return result
 
 
+def inspect(units: int | None = None, policy: str | None = None,
+            batch_size: int | None = None, plot: str | None = None, seed: int = 0,
+            out: Callable[[str], Any] = print) -> Any:
+    """``mpcore demo --inspect``: instead of training, the numerics inspector's report
+    (:func:`mpcore.debugging.inspect_numerics`) on the first training batch, for the model the
+    demo would train with its mixed policy; ``--plot`` draws the report. Returns the report."""
+    import mpcore as mp
+    from mpcore.datasets import mnist
+
+    _check_arguments(units, policy, 1, batch_size, plot, 0)
+    backend = mp.get_backend()
+    if policy is None:
+        policy, _ = choose_policy(backend, backend.device())
+    units, batch_size = units or 64, batch_size or SMALL_BATCH
+    out(f"mpcore demo --inspect: the numerics of one step of the guide's model ({units} units, "
+        f"{policy}, batch {batch_size}) on {backend.name} ({backend.device().name})")
+    data = mnist.load()
+    x, y = _prepare(data.x_train[:batch_size], data.y_train[:batch_size], backend)
+    mp.random.set_seed(seed)
+    with mp.policy_scope(policy):
+        model = build_model(units)
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop())
+    report = mp.debugging.inspect_numerics(model, x, y)
+    out(str(report))
+    if plot is not None:
+        report.plot(plot)
+        out(f"Plot written to {plot}")
+    return report
+
+
 def _plot(result: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -325,6 +356,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", type=plot_file, default=None,
                         help="draw loss/accuracy per epoch and the loss scale per step "
                              f"(needs matplotlib; formats: {', '.join(PLOT_FORMATS)})")
+    parser.add_argument("--inspect", action="store_true",
+                        help="instead of training, print the numerics inspector's report on "
+                             "one batch (mp.debugging.inspect_numerics); --plot draws it")
     parser.add_argument("--seed", type=int, default=0, help="any integer (default: 0)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
@@ -340,8 +374,13 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
     try:
-        run(units=args.units, policy=args.policy, epochs=args.epochs,
-            batch_size=args.batch_size, plot=args.plot, seed=args.seed, verbose=args.verbose)
+        if args.inspect:
+            inspect(units=args.units, policy=args.policy, batch_size=args.batch_size,
+                    plot=args.plot, seed=args.seed)
+        else:
+            run(units=args.units, policy=args.policy, epochs=args.epochs,
+                batch_size=args.batch_size, plot=args.plot, seed=args.seed,
+                verbose=args.verbose)
     except (MnistUnavailableError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1

@@ -24,11 +24,11 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from mpcore import debugging as _debugging
 from mpcore import dtypes as _dtypes
 from mpcore import ops
 from mpcore import policy as _policy
 from mpcore import tape as _tape
+from mpcore.debugging import scopes as _scopes
 from mpcore.tensor import Tensor, Variable
 
 Shape = tuple[int | None, ...]
@@ -310,8 +310,8 @@ class Layer:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training
-        if _debugging.check_numerics_enabled():
-            with _debugging.layer_scope(self.name):
+        if _scopes.watching():
+            with _scopes.layer_scope(self.name):
                 return self.call(inputs, **kwargs)
         return self.call(inputs, **kwargs)
 

@@ -8,6 +8,9 @@ used more than once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 from mpcore.ops.creation import constant, ones_like
 from mpcore.ops.dispatch import GRADIENTS, cast
 from mpcore.ops.elementwise import add
@@ -39,17 +42,30 @@ def backprop(nodes: list[Node], targets: list[Tensor], seeds: list[Tensor | None
         g = grads.get(out_id) if out_id in source_ids else grads.pop(out_id, None)
         if g is None:
             continue
-        fn = GRADIENTS.get(node.op)
-        if fn is None:
-            raise NotImplementedError(f"no gradient is defined for op {node.op!r}")
-        needs = tuple(i is not None and i in relevant for i in node.input_ids)
-        for iid, need, x, gx in zip(node.input_ids, needs, node.inputs, fn(node, g, needs)):
-            if not need or gx is None:
-                continue
-            if gx._dtype != x._dtype:
-                gx = cast(gx, x._dtype)
-            _accumulate(grads, iid, gx)  # type: ignore[arg-type]
+        if node_scope is None:
+            _backward(node, g, relevant, grads)
+        else:
+            with node_scope(node):
+                _backward(node, g, relevant, grads)
     return [grads.get(id(s)) for s in sources]
+
+
+#: Set by ``mp.debugging.inspect_numerics``: a context each node's backward ops run in, so the
+#: inspector knows which forward op (and layer) a gradient op belongs to.
+node_scope: Callable[[Node], AbstractContextManager[None]] | None = None
+
+
+def _backward(node: Node, g: Tensor, relevant: set[int], grads: dict[int, Tensor]) -> None:
+    fn = GRADIENTS.get(node.op)
+    if fn is None:
+        raise NotImplementedError(f"no gradient is defined for op {node.op!r}")
+    needs = tuple(i is not None and i in relevant for i in node.input_ids)
+    for iid, need, x, gx in zip(node.input_ids, needs, node.inputs, fn(node, g, needs)):
+        if not need or gx is None:
+            continue
+        if gx._dtype != x._dtype:
+            gx = cast(gx, x._dtype)
+        _accumulate(grads, iid, gx)  # type: ignore[arg-type]
 
 
 def _accumulate(grads: dict[int, Tensor], key: int, g: Tensor) -> None:

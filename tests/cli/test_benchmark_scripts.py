@@ -194,3 +194,13 @@ def test_compare_judges_the_targets(bf16_fast: bool) -> None:
         assert why is not None
         other = compare.judge_targets(summary, runs, ["loop"], why)
         assert {t["status"] for t in other} == {f"not applicable: {why}", "not run"}
+
+
+def test_inspect_numerics_cost() -> None:
+    (record,) = run("inspect_numerics.py", "--units", "8", "--batch", "16", "--rounds", "2",
+                    "--repeat", "1", "--dtypes", "float16", "float8_e5m2")
+    assert record["dtypes"] == ["float16", "float8_e5m2"]
+    for key in ("train_step_ms", "inspect_ms"):
+        assert 0 < record[key]["min"] <= record[key]["median"] <= record[key]["max"]
+    low, high = record["inspect_vs_step_range"]
+    assert 0 < low <= record["inspect_vs_step_median"] <= high

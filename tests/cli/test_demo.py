@@ -65,3 +65,17 @@ def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as info:
             cli.main(["demo", *args])
         assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_inspect(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "numerics.png"
+    assert cli.main(["demo", "--inspect", "--policy", "mixed_float16", "--units", "16",
+                     "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "mpcore demo --inspect: the numerics of one step of the guide's model (16 units, " \
+           "mixed_float16, batch 128)" in out
+    assert "First op to produce Inf/NaN: none" in out
+    for layer in ("dense_1", "dense_2", "dense_logits"):
+        assert layer in out
+    assert "Results on" not in out              # it inspects instead of training
+    assert plot.read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,4 @@
-"""Numerics debugging: ``enable_check_numerics()`` (TF's name) makes every op check its output
+"""``enable_check_numerics()`` (TF's name) makes every op check its output
 and raise at the first op whose output holds Inf or NaN, naming the op, the layer it ran in and
 the ranges of its inputs, and saying whether it produced the value or was handed it. Off by
 default; when off it costs one ``is None`` test per op. While it is on, traced functions run
@@ -7,18 +7,15 @@ finding a problem, not for training."""
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 from mpcore import dtypes as _dtypes
 from mpcore import ops
+from mpcore.debugging.scopes import layer_path
 from mpcore.ops import dispatch as _dispatch
 from mpcore.tensor import Tensor
 
-_layers: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("mpcore_layers",
-                                                                          default=())
 _checking = contextvars.ContextVar("mpcore_checking", default=False)
 
 
@@ -35,17 +32,7 @@ def disable_check_numerics() -> None:
 
 
 def check_numerics_enabled() -> bool:
-    return _dispatch.numerics_check is not None
-
-
-@contextlib.contextmanager
-def layer_scope(name: str) -> Iterator[None]:
-    """Name the layer whose ops run inside (layers enter it only while checking is on)."""
-    token = _layers.set((*_layers.get(), name))
-    try:
-        yield
-    finally:
-        _layers.reset(token)
+    return _dispatch.numerics_check is _check
 
 
 def _host(t: Tensor) -> Any:
@@ -71,7 +58,7 @@ def _check(op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
         tensors = [t for t in inputs if isinstance(t, Tensor) and _dtypes.is_floating(t._dtype)
                    and t.size]
         handed = [t for t in tensors if not _finite(t)]
-        where = " > ".join(_layers.get()) or "no layer (a loss, a gradient or your own code)"
+        where = " > ".join(layer_path()) or "no layer (a loss, a gradient or your own code)"
         ranges = "; ".join(_range(t) for t in tensors) or "no floating inputs"
         cause = ("its inputs already held Inf/NaN: it passed them on" if handed else
                  "its inputs were finite: this op produced them")

@@ -1,0 +1,184 @@
+"""``inspect_numerics``: one float32 training step of a model, every op of its forward and
+backward pass watched and measured against the 16- and 8-bit formats a user might train in.
+
+How it watches: the same per-op hook as ``enable_check_numerics`` (dispatch calls it with every
+op's inputs and output), layers naming themselves with :func:`~mpcore.debugging.scopes.
+layer_scope`, and a scope around each recorded node's backward ops (``backprop.node_scope``), so
+a gradient op is named after the layer of the forward op it differentiates. Every op's output is
+read to the host once and reduced to a :class:`~mpcore.debugging.formats.Measurement`; no
+values are kept. The model computes in float32 for the inspection (each layer's policy is
+swapped for float32 and restored afterwards), so the figures say what *would* happen in each
+format, and the first op to produce an Inf or NaN is found in float32 itself.
+
+The step draws from the random stream (dropout runs with ``training=True``) and changes no
+weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpcore import dtypes as _dtypes
+from mpcore import losses as _losses
+from mpcore import policy as _policy
+from mpcore.categories import CLEAR
+from mpcore.debugging import formats as _formats
+from mpcore.debugging.report import NumericsReport, OpRecord
+from mpcore.debugging.scopes import layer_path
+from mpcore.ops import backprop as _backprop
+from mpcore.ops import dispatch as _dispatch
+from mpcore.ops.creation import constant
+from mpcore.tape import GradientTape, Node
+from mpcore.tensor import Tensor
+
+DEFAULT_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+#: The layer a node's backward ops are charged to, while backprop runs them.
+_backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mpcore_backward_of", default=None)
+_region: contextvars.ContextVar[str] = contextvars.ContextVar("mpcore_region", default="")
+
+
+def inspect_numerics(model: Any, x: Any, y: Any,
+                     dtypes: Sequence[str] = DEFAULT_DTYPES,
+                     loss: Any = None) -> NumericsReport:
+    """Run one forward and backward step of ``model`` on ``(x, y)`` in float32 and report, per
+    op and per layer, what each format in ``dtypes`` would do to its values, the first op that
+    produced a non-finite value, the window of safe loss scales and a suggested dtype per layer.
+
+    ``loss`` is a loss (name, function or :class:`~mpcore.losses.Loss`); by default the loss the
+    model was compiled with. ``dtypes`` are names from
+    :data:`~mpcore.debugging.formats.FORMATS`."""
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    chosen = [_formats.get(d) for d in dtypes]
+    if not chosen:
+        raise ValueError(f"inspect_numerics needs at least one dtype: choose from "
+                         f"{', '.join(_formats.FORMATS)}")
+    if len({f.name for f in chosen}) != len(chosen):
+        raise ValueError(f"inspect_numerics: dtypes {list(dtypes)} name one twice")
+    loss_fn = _loss_of(model, loss)
+    watcher = _Watcher(chosen)
+    x, y = _tensor(x), _tensor(y)
+    start = time.perf_counter()
+    with _float32(model), watcher.watching():
+        with GradientTape() as tape:
+            with _in_region("model"):
+                y_pred = model(x, training=True)
+            with _in_region("loss"):
+                value = loss_fn(y, y_pred)
+        variables = list(model.trainable_variables)
+        tape.gradient(value, variables)
+    seconds = time.perf_counter() - start
+    return NumericsReport(model=model.name, batch=int(x.shape[0]) if x.shape else 1,
+                          dtypes=tuple(f.name for f in chosen), ops=watcher.records,
+                          seconds=seconds)
+
+
+def _loss_of(model: Any, loss: Any) -> Any:
+    if loss is not None:
+        return _losses.get(loss)
+    compiled = getattr(model, "loss", None)
+    if compiled is None:
+        raise ValueError(f"inspect_numerics: model {model.name!r} has no compiled loss; pass "
+                         "loss= (a name such as 'sparse_categorical_crossentropy', a function "
+                         "or an mp.losses.Loss) or compile the model first")
+    return compiled
+
+
+def _tensor(value: Any) -> Tensor:
+    return value if isinstance(value, Tensor) else constant(value)
+
+
+@contextlib.contextmanager
+def _in_region(name: str) -> Iterator[None]:
+    token = _region.set(name)
+    try:
+        yield
+    finally:
+        _region.reset(token)
+
+
+def _all_layers(layer: Any) -> Iterator[Any]:
+    yield layer
+    for sub in layer._sublayers():
+        yield from _all_layers(sub)
+
+
+@contextlib.contextmanager
+def _float32(model: Any) -> Iterator[None]:
+    """Every layer of ``model`` computes in float32 inside (variables keep their dtype)."""
+    float32 = _policy.Policy("float32")
+    saved = [(layer, layer._dtype_policy) for layer in _all_layers(model)]
+    for layer, _ in saved:
+        layer._dtype_policy = float32
+    try:
+        yield
+    finally:
+        for layer, policy in saved:
+            layer._dtype_policy = policy
+
+
+@dataclass
+class _Watcher:
+    formats: list[_formats.Format]
+
+    def __post_init__(self) -> None:
+        self.records: list[OpRecord] = []
+        self.layer_of: dict[int, str] = {}   # id(forward output) -> its layer
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        saved = _dispatch.numerics_check, _backprop.node_scope
+        _dispatch.numerics_check, _backprop.node_scope = self.observe, self.node_scope
+        try:
+            yield
+        finally:
+            _dispatch.numerics_check, _backprop.node_scope = saved
+
+    @contextlib.contextmanager
+    def node_scope(self, node: Node) -> Iterator[None]:
+        token = _backward_of.set(self.layer_of.get(id(node.output), "other"))
+        try:
+            yield
+        finally:
+            _backward_of.reset(token)
+
+    def observe(self, op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
+        backward = _backward_of.get()
+        if backward is None:
+            path = layer_path()
+            layer = path[-1] if path else (_region.get() or "other")
+            self.layer_of[id(out)] = layer
+        else:
+            layer = backward
+        if not _dtypes.is_floating(out._dtype) or out.size == 0:
+            return
+        measured = _formats.measure(_host(out), self.formats)
+        record = OpRecord(index=len(self.records),
+                          phase="forward" if backward is None else "backward",
+                          op=op, layer=layer, dtype=out.dtype, shape=tuple(out.shape),
+                          category=out._backend.categories().get(op, CLEAR).value,
+                          measurement=measured)
+        if measured.nonfinite:
+            floats = [t for t in inputs if isinstance(t, Tensor)
+                      and _dtypes.is_floating(t._dtype) and t.size]
+            record.produced_nonfinite = all(_formats.measure(_host(t), []).nonfinite == 0
+                                            for t in floats)
+            record.input_ranges = [_describe(t) for t in floats]
+        self.records.append(record)
+
+
+def _host(t: Tensor) -> Any:
+    return t._backend.to_host(t._data)
+
+
+def _describe(t: Tensor) -> str:
+    m = _formats.measure(_host(t), [])
+    return (f"{t.dtype}{list(t.shape)}: max |x| {m.abs_max:.6g}"
+            + (f", {m.nonfinite} non-finite" if m.nonfinite else ""))
