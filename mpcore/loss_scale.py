@@ -57,9 +57,18 @@ def _integer(value: Any) -> int:
 
 
 def _finite_flag(grads_finite: Any) -> bool:
-    # A device scalar (a backend's "all finite" flag) converts through __bool__: this is the
-    # one host read a training step makes.
-    return bool(grads_finite)
+    """The "all finite" flag as a Python bool: a bool, or a one-element bool tensor or array
+    (``ops.all_finite``'s result). Anything else (a string, None, a float, a list of gradients)
+    is a TypeError, not a truth value: ``"no"`` is truthy."""
+    if isinstance(grads_finite, bool):
+        return grads_finite
+    if str(getattr(grads_finite, "dtype", "")) == "bool" and getattr(grads_finite, "size",
+                                                                       None) == 1:
+        # a device scalar converts through __bool__: the one host read a training step makes
+        return bool(grads_finite)
+    raise TypeError("update takes the 'all gradients finite' flag: a bool, or a one-element "
+                    "bool tensor such as mp.ops.all_finite(grads) returns; got "
+                    f"{type(grads_finite).__name__} {grads_finite!r}")
 
 
 class LossScale:

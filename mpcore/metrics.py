@@ -130,6 +130,19 @@ def binary_accuracy(y_true: Any, y_pred: Any, threshold: float = 0.5) -> Tensor:
                     axis=-1)
 
 
+def matched_accuracy(y_true: Any, y_pred: Any) -> Tensor:
+    """The accuracy the shapes call for, by Keras 3's rule for ``metrics=["accuracy"]`` with a
+    loss that does not name one: binary for one output column, sparse categorical for integer
+    labels (a rank lower than the predictions', or one column against several), else
+    categorical."""
+    pred, true = _tensor(y_pred), _tensor(y_true)
+    if pred.ndim and pred.shape[-1] == 1:
+        return binary_accuracy(true, pred)
+    if true.ndim < pred.ndim or (true.ndim and true.shape[-1] == 1 and pred.shape[-1] > 1):
+        return sparse_categorical_accuracy(true, pred)
+    return categorical_accuracy(true, pred)
+
+
 def accuracy(y_true: Any, y_pred: Any) -> Tensor:
     """Exact equality of predictions and labels."""
     return ops.cast(ops.equal(_tensor(y_true), _tensor(y_pred)), "float32")
@@ -172,13 +185,16 @@ def get(identifier: Any, loss: Any = None) -> Metric:
     """A Metric from a name, a Metric, or a function ``(y_true, y_pred) -> values``.
 
     ``"accuracy"``/``"acc"`` picks the accuracy that matches ``loss``, as Keras does (sparse
-    categorical for SparseCategoricalCrossentropy ...), and keeps the name the user wrote."""
+    categorical for SparseCategoricalCrossentropy ...), and keeps the name the user wrote; for
+    any other loss (a plain function, say) the shapes decide (:func:`matched_accuracy`)."""
     if isinstance(identifier, Metric):
         return identifier
     if isinstance(identifier, str):
         key = identifier.lower()
         if key in ("accuracy", "acc"):
-            cls = _ACCURACY_BY_LOSS.get(type(loss).__name__, Accuracy)
+            cls = _ACCURACY_BY_LOSS.get(type(loss).__name__)
+            if cls is None:     # a loss function, or a loss that names no accuracy
+                return MeanMetricWrapper(matched_accuracy, name=identifier)
             return cls(name=identifier)  # type: ignore[call-arg]
         return by_name("metric", _BY_NAME, identifier, also_valid=("accuracy", "acc"))()
     if callable(identifier):

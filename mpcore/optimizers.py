@@ -128,6 +128,7 @@ class Optimizer:
             slots.append({name: slot.numpy() for name, slot in self._slots[id(var)].items()})
         state = {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
         if (self.gradient_accumulation_steps or 1) > 1:
+            state["gradient_accumulation_steps"] = self.gradient_accumulation_steps
             state["micro_steps"] = self._micro_steps
             state["accumulators"] = [
                 None if id(v) not in self._accumulators else self._accumulators[id(v)].numpy()
@@ -141,6 +142,16 @@ class Optimizer:
         if len(state["slots"]) != len(var_list):
             raise ValueError(f"optimizer state has slots for {len(state['slots'])} variables, "
                              f"the model has {len(var_list)}")
+        micro_steps = int(state.get("micro_steps", 0))
+        saved_steps = state.get("gradient_accumulation_steps") or 1
+        if micro_steps and saved_steps != (self.gradient_accumulation_steps or 1):
+            # the accumulated gradients are a partial sum over saved_steps micro-steps: resuming
+            # them with another count would average the wrong number of batches
+            raise ValueError(
+                f"optimizer state was saved after micro-step {micro_steps} of "
+                f"gradient_accumulation_steps={saved_steps}; this {type(self).__name__} has "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}: create it "
+                f"with gradient_accumulation_steps={saved_steps} to resume exactly")
         self.build(var_list)
         for var, entry in zip(var_list, state["slots"]):
             slots = self._slots[id(var)]
@@ -150,7 +161,7 @@ class Optimizer:
             for name, value in entry.items():
                 slots[name].assign(value)
         self.iterations = int(state["iterations"])
-        self._micro_steps = int(state.get("micro_steps", 0))
+        self._micro_steps = micro_steps
         for var, value in zip(var_list, state.get("accumulators") or []):
             if value is not None:
                 self._accumulator(var).assign(value)

@@ -14,7 +14,8 @@ from mpcore import dtypes as _dtypes
 from mpcore import ops
 from mpcore.debugging.scopes import layer_path
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tensor import Tensor
+from mpcore.tape import VariableRead
+from mpcore.tensor import Tensor, Variable
 
 _checking = contextvars.ContextVar("mpcore_checking", default=False)
 
@@ -48,6 +49,16 @@ def _range(t: Tensor) -> str:
     return f"{t.dtype}{list(t.shape)} in [{low:.6g}, {high:.6g}]"
 
 
+def _origin(handed: list[Tensor]) -> str:
+    """Where non-finite inputs that no checked op produced come from."""
+    names = [f"variable {t.variable.name!r}" for t in handed if isinstance(t, VariableRead)]
+    names += [f"variable {t.name!r}" for t in handed if isinstance(t, Variable)]
+    if names:
+        return f"{', '.join(names)} already held them (restored, or assigned, that way?)"
+    return ("they were in the data passed in (check it with numpy.isfinite(x).all()), or were "
+            "made while checking was off")
+
+
 def _check(op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
     if _checking.get() or not _dtypes.is_floating(out._dtype) or out.size == 0:
         return
@@ -60,7 +71,8 @@ def _check(op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
         handed = [t for t in tensors if not _finite(t)]
         where = " > ".join(layer_path()) or "no layer (a loss, a gradient or your own code)"
         ranges = "; ".join(_range(t) for t in tensors) or "no floating inputs"
-        cause = ("its inputs already held Inf/NaN: it passed them on" if handed else
+        cause = (f"its inputs already held Inf/NaN: it passed them on. No checked op made "
+                 f"them: {_origin(handed)}" if handed else
                  "its inputs were finite: this op produced them")
         hint = (" A 16-bit overflow: keep that layer in float32 (dtype='float32'), or use "
                 "mixed_bfloat16." if out._dtype in _dtypes.LOW_PRECISION and not handed else "")

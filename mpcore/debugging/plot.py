@@ -8,6 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from mpcore.debugging import formats as _formats
+from mpcore.extras import install_command
 
 if TYPE_CHECKING:
     from mpcore.debugging.report import NumericsReport
@@ -17,7 +18,7 @@ def plot_report(report: NumericsReport, path: str) -> None:
     try:
         import matplotlib
     except ImportError as exc:
-        raise ImportError("report.plot needs matplotlib: pip install 'mpcore[plot]'") from exc
+        raise ImportError(f"report.plot needs matplotlib: {install_command('plot')}") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

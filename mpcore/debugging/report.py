@@ -227,7 +227,7 @@ class NumericsReport:
 
     def plot(self, path: str) -> None:
         """Draw overflow and underflow per layer and the gradients' headroom (needs
-        matplotlib: ``pip install mpcore[plot]``)."""
+        matplotlib, the ``plot`` extra)."""
         from mpcore.debugging.plot import plot_report
 
         plot_report(self, path)

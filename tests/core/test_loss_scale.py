@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import pickle
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -388,3 +389,15 @@ def test_numbers_given_as_strings_are_refused() -> None:
         mp.DynamicLossScale(min_loss_scale="2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="current_loss_scale must be a number"):
         mp.DynamicLossScale().load_state_dict({"current_loss_scale": "8", "num_good_steps": 0})
+
+
+@pytest.mark.parametrize("flag", ["no", None, 1.0, 0, [True], np.array([True, False])])
+@pytest.mark.parametrize("make", [mp.DynamicLossScale, lambda: mp.FixedLossScale(8)])
+def test_update_takes_only_a_flag(make: Any, flag: Any) -> None:
+    ls = make()
+    with pytest.raises(TypeError, match="update takes the 'all gradients finite' flag"):
+        ls.update(flag)
+    # the accepted forms: a bool, a device flag, a NumPy bool scalar
+    assert ls.update(True) is True
+    assert ls.update(mp.ops.all_finite([mp.constant([np.inf])])) is False
+    assert ls.update(np.bool_(True)) is True

@@ -45,6 +45,23 @@ def test_an_op_handed_a_nan_says_it_passed_it_on(checking: None) -> None:
         mp.ops.add(mp.constant([np.nan, 1.0]), 1.0)
 
 
+def test_non_finite_data_is_named_as_the_data(checking: None) -> None:
+    model = mp.Sequential([layers.Dense(4, input_shape=(3,)), layers.Dense(2)])
+    model.compile(loss="mse", optimizer="sgd")
+    x = np.ones((8, 3), np.float32)
+    x[2, 1] = np.nan
+    with pytest.raises(mp.debugging.NumericsError, match=r"they were in the data passed in"):
+        model.fit(x, np.ones((8, 2), np.float32), epochs=1, verbose=0)
+
+
+def test_a_non_finite_weight_is_named(checking: None) -> None:
+    model = mp.Sequential([layers.Dense(4, input_shape=(3,)), layers.Dense(2, name="head")])
+    model.layers[1].kernel.assign(np.full((4, 2), np.inf, np.float32))
+    with pytest.raises(mp.debugging.NumericsError,
+                       match=r"in .* > head; .* variable 'head/kernel' already held them"):
+        model(np.ones((8, 3), np.float32))
+
+
 def test_an_overflowing_dense_layer_is_named(checking: None) -> None:
     mp.set_global_policy("mixed_float16")
     inputs = mp.Input((4,))

@@ -25,13 +25,18 @@ def grads_of(w: mp.Variable, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -
     return tape.gradient(loss, [w])
 
 
+def train_steps(optimizer: Any, w: mp.Variable, micro: int) -> None:
+    """One pass over X in ``micro`` micro-batches."""
+    size = len(X) // micro
+    for i in range(micro):
+        rows = slice(i * size, (i + 1) * size)
+        optimizer.apply_gradients(zip(grads_of(w, X[rows], Y[rows]), [w]))
+
+
 def train(optimizer: Any, micro: int, steps: int) -> np.ndarray:
     w = mp.Variable(W0)
-    size = len(X) // micro
     for _ in range(steps):
-        for i in range(micro):
-            rows = slice(i * size, (i + 1) * size)
-            optimizer.apply_gradients(zip(grads_of(w, X[rows], Y[rows]), [w]))
+        train_steps(optimizer, w, micro)
     return w.numpy()
 
 
@@ -91,6 +96,20 @@ def test_a_checkpoint_in_the_middle_of_an_accumulation_resumes_exactly() -> None
         rows = slice((i % 4) * 8, (i % 4 + 1) * 8)
         resumed.apply_gradients(zip(grads_of(w2, X[rows], Y[rows]), [w2]))
     np.testing.assert_array_equal(w2.numpy(), expected)
+
+    # another accumulation count (or none) would average the wrong number of batches
+    for other in (None, 2):
+        with pytest.raises(ValueError, match=r"saved after micro-step 2 of "
+                           r"gradient_accumulation_steps=4; this Adam has "
+                           rf"gradient_accumulation_steps={other}: create it with "
+                           r"gradient_accumulation_steps=4 to resume exactly"):
+            mp.optimizers.Adam(0.05, gradient_accumulation_steps=other).set_state(
+                [mp.Variable(weights)], state)
+    # between steps nothing is accumulated: any optimizer of the class may take the state
+    between, w3 = mp.optimizers.Adam(0.05, gradient_accumulation_steps=2), mp.Variable(W0)
+    train_steps(between, w3, 2)
+    assert between.get_state([w3])["micro_steps"] == 0
+    mp.optimizers.Adam(0.05).set_state([mp.Variable(W0)], between.get_state([w3]))
 
 
 @pytest.mark.parametrize("value", [0, -2, 2.5, True, "4"])

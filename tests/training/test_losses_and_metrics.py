@@ -91,6 +91,16 @@ def test_loss_errors() -> None:
     assert isinstance(losses.get("mse"), losses.MeanSquaredError)
 
 
+def test_fit_with_a_loss_function_and_accuracy() -> None:
+    # was a NumPy broadcast error: "accuracy" fell back to exact equality of labels and scores
+    model = mp.Sequential([mp.layers.Dense(4, input_shape=(3,), activation="softmax")])
+    model.compile(loss=losses.sparse_categorical_crossentropy, optimizer="sgd",
+                  metrics=["accuracy"])
+    x = np.eye(4, 3, dtype=np.float32)[LABELS]
+    history = model.fit(x, LABELS, epochs=1, verbose=0)
+    assert 0.0 <= history.history["accuracy"][0] <= 1.0
+
+
 def test_accuracy_metrics() -> None:
     pred = np.eye(4, dtype=np.float32)[[0, 3, 2, 2, 3, 1]]
     m = metrics.get("accuracy", losses.SparseCategoricalCrossentropy())
@@ -104,6 +114,14 @@ def test_accuracy_metrics() -> None:
     c = metrics.get("accuracy", losses.CategoricalCrossentropy())
     c.update_state(np.eye(4)[LABELS], pred)
     assert isinstance(c, metrics.CategoricalAccuracy) and c.result() == pytest.approx(4 / 6)
+    # a loss that names no accuracy: the shapes decide, by Keras 3's rule
+    for loss in (losses.sparse_categorical_crossentropy, "mse", None):
+        shaped = metrics.get("acc", losses.get(loss) if loss else None)
+        assert shaped.name == "acc"
+        shaped.update_state(LABELS, pred)                          # sparse labels
+        shaped.update_state(np.eye(4)[LABELS], pred)               # one-hot labels
+        shaped.update_state([[1.0], [0.0], [1.0]], [[0.9], [0.2], [0.3]])   # binary
+        assert shaped.result() == pytest.approx((4 + 4 + 2) / 15)
     b = metrics.BinaryAccuracy()
     b.update_state([[1.0], [0.0], [1.0]], [[0.9], [0.2], [0.3]])
     assert b.result() == pytest.approx(2 / 3)
