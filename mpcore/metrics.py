@@ -52,25 +52,29 @@ class Mean(Metric):
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         """Add ``values``; ``sample_weight`` is a number (weights every value) or a tensor
         broadcastable to ``values``."""
+        self.accumulate(*self.contribution(values, sample_weight))
+
+    def contribution(self, values: Any, sample_weight: Any = None) -> tuple[Tensor,
+                                                                            Tensor | float]:
+        """What :meth:`update_state` adds, as ``(total, count)``, without adding it: a traced
+        step computes it on the device and :meth:`accumulate` adds it after the step."""
         v = values if isinstance(values, Tensor) else ops.constant(values)
         if v.dtype != "float32" and v.dtype != "float64":
             v = ops.cast(v, "float32")
-        count: Tensor | float
         if sample_weight is None:
-            total = ops.sum(v)
-            count = float(v.size)
-        elif isinstance(sample_weight, (int, float)):
-            total = ops.multiply(ops.sum(v), float(sample_weight))
-            count = float(v.size) * float(sample_weight)
-        else:
-            w = sample_weight if isinstance(sample_weight, Tensor) else ops.constant(
-                sample_weight, dtype=v.dtype)
-            w = ops.cast(w, v.dtype)
-            if w.shape != v.shape:
-                w = ops.broadcast_to(ops.reshape(w, w.shape + (1,) * (v.ndim - w.ndim)),
-                                     v.shape)
-            total = ops.sum(ops.multiply(v, w))
-            count = ops.sum(w)
+            return ops.sum(v), float(v.size)
+        if isinstance(sample_weight, (int, float)):
+            return (ops.multiply(ops.sum(v), float(sample_weight)),
+                    float(v.size) * float(sample_weight))
+        w = sample_weight if isinstance(sample_weight, Tensor) else ops.constant(
+            sample_weight, dtype=v.dtype)
+        w = ops.cast(w, v.dtype)
+        if w.shape != v.shape:
+            w = ops.broadcast_to(ops.reshape(w, w.shape + (1,) * (v.ndim - w.ndim)), v.shape)
+        return ops.sum(ops.multiply(v, w)), ops.sum(w)
+
+    def accumulate(self, total: Tensor, count: Tensor | float) -> None:
+        """Add a :meth:`contribution` to the running total and count."""
         self._total = total if self._total is None else ops.add(self._total, total)
         if isinstance(count, float) and isinstance(self._count, float):
             self._count += count
@@ -95,7 +99,18 @@ class MeanMetricWrapper(Mean):
 
     def update_state(self, y_true: Any, y_pred: Any,  # type: ignore[override]
                      sample_weight: Any = None) -> None:
-        super().update_state(self.fn(y_true, y_pred), sample_weight)
+        self.accumulate(*self.contribution(y_true, y_pred, sample_weight))
+
+    def contribution(self, y_true: Any, y_pred: Any,  # type: ignore[override]
+                     sample_weight: Any = None) -> tuple[Tensor, Tensor | float]:
+        return super().contribution(self.fn(y_true, y_pred), sample_weight)
+
+
+def updates_by_contribution(metric: Metric) -> bool:
+    """Whether ``metric`` updates through :meth:`Mean.contribution` (so a traced step can
+    compute its update): Mean and MeanMetricWrapper and their subclasses that keep their
+    ``update_state``, not a metric with an ``update_state`` of its own."""
+    return type(metric).update_state in (Mean.update_state, MeanMetricWrapper.update_state)
 
 
 def _tensor(x: Any) -> Tensor:

@@ -39,6 +39,7 @@ from mpcore.layers.base import (
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.models import data as _data
 from mpcore.models import progress as _progress
+from mpcore.models import step_metrics as _step_metrics
 from mpcore.models import summary as _summary
 from mpcore.tape import GradientTape
 from mpcore.tensor import Tensor
@@ -219,7 +220,7 @@ class Model(Layer):
             traced.__name__ = f"the {kind} step of model {self.name!r}"
         return traced(*args)
 
-    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
+    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
         opt = self.optimizer
         scaled = isinstance(opt, LossScaleOptimizer)
         with GradientTape() as tape:
@@ -231,24 +232,25 @@ class Model(Layer):
         if scaled:
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables))
-        return loss, flatten(y_pred)[0]
+        return loss, flatten(y_pred)[0], self._contributions(loss, y, flatten(y_pred)[0])
 
-    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
-        y_pred = self(x, training=False)
-        return self.loss(y, y_pred), flatten(y_pred)[0]  # type: ignore[misc]
+    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
+        outputs = self(x, training=False)
+        loss, y_pred = self.loss(y, outputs), flatten(outputs)[0]  # type: ignore[misc]
+        return loss, y_pred, self._contributions(loss, y, y_pred)
 
-    def _update_metrics(self, loss: Any, y: Any, y_pred: Any) -> None:
-        n = flatten(y)[0].shape[0]
-        self._loss_tracker.update_state(ops.stop_gradient(loss), sample_weight=float(n))
-        for metric in self.compiled_metrics:
-            metric.update_state(y, ops.stop_gradient(y_pred))
+    def _contributions(self, loss: Any, y: Any, y_pred: Any) -> list[Any]:
+        return _step_metrics.contributions(self._loss_tracker, self.compiled_metrics, loss, y,
+                                           y_pred)
+    def _update_metrics(self, contributions: list[Any], y: Any, y_pred: Any) -> None:
+        _step_metrics.update(self._loss_tracker, self.compiled_metrics, contributions, y, y_pred)
 
     def train_step(self, x: Any, y: Any) -> Any:
         """Forward, loss, (scaled) gradients, update; updates the metrics on the device and
         returns the (unscaled, float32) loss tensor."""
-        loss, y_pred = self._step("train", self._train_compute, x, y)
+        loss, y_pred, contributions = self._step("train", self._train_compute, x, y)
         self._train_steps += 1
-        self._update_metrics(loss, y, y_pred)
+        self._update_metrics(contributions, y, y_pred)
         return loss
 
     def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
@@ -264,8 +266,8 @@ class Model(Layer):
         return self._results(return_dict)
 
     def test_step(self, x: Any, y: Any) -> None:
-        loss, y_pred = self._step("test", self._test_compute, x, y)
-        self._update_metrics(loss, y, y_pred)
+        _, y_pred, contributions = self._step("test", self._test_compute, x, y)
+        self._update_metrics(contributions, y, y_pred)
 
     def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
                       return_dict: bool = False) -> Any:

@@ -200,6 +200,34 @@ def test_fit_evaluate_predict_with_jit_compile_equal_eager(backend: mp.Backend,
     assert traced["train"].tracing_count == 2
     assert traced["test"].tracing_count == 3
     assert traced["predict"].tracing_count == 2
+    # the metrics are computed in the replay (accuracy's argmax), only added after it
+    assert "argmax" in str(traced["train"].graph) and "argmax" in str(traced["test"].graph)
+
+
+class _CountingMetric(mp.metrics.Metric):
+    """A metric with its own update_state: updated after the traced step, eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__("rows")
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        self.rows = 0
+
+    def update_state(self, y_true: Any, y_pred: Any) -> None:
+        self.rows += y_pred.shape[0]
+
+    def result(self) -> float:
+        return float(self.rows)
+
+
+def test_a_metric_with_its_own_update_state_is_updated_after_a_traced_step() -> None:
+    x, y = np.concatenate(XS)[:96], np.concatenate(YS)[:96]
+    model, opt = build("float32")
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt,
+                  metrics=["accuracy", _CountingMetric()], jit_compile=True)
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    assert history.history["rows"] == [96.0, 96.0]
 
 
 def test_jit_compile_is_true_false_or_auto() -> None:
