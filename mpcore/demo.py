@@ -273,10 +273,10 @@ def inspect(units: int | None = None, policy: str | None = None,
     backend = mp.get_backend()
     if policy is None:
         policy, _ = choose_policy(backend, backend.device())
-    units, batch_size = units or 64, batch_size or SMALL_BATCH
+    data = mnist.load()
+    units, batch_size = units or 64, min(batch_size or SMALL_BATCH, len(data.x_train))
     out(f"mpcore demo --inspect: the numerics of one step of the guide's model ({units} units, "
         f"{policy}, batch {batch_size}) on {backend.name} ({backend.device().name})")
-    data = mnist.load()
     x, y = _prepare(data.x_train[:batch_size], data.y_train[:batch_size], backend)
     mp.random.set_seed(seed)
     with mp.policy_scope(policy):
@@ -375,6 +375,11 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.inspect:
+            ignored = [f"--{name}" for name, default in (("epochs", 5), ("verbose", 1))
+                       if getattr(args, name) != default]
+            if ignored:
+                print(f"mpcore demo: --inspect trains nothing: {' and '.join(ignored)} "
+                      "ignored", file=sys.stderr)
             inspect(units=args.units, policy=args.policy, batch_size=args.batch_size,
                     plot=args.plot, seed=args.seed)
         else:

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from mpcore.debugging.check_numerics import (
     NumericsError,
     check_numerics_enabled,
@@ -17,9 +20,26 @@ from mpcore.debugging.check_numerics import (
     enable_check_numerics,
 )
 from mpcore.debugging.formats import FORMATS
-from mpcore.debugging.inspector import DEFAULT_DTYPES, inspect_numerics
-from mpcore.debugging.report import LayerSummary, LossScaleWindow, NumericsReport, OpRecord
 from mpcore.debugging.scopes import layer_scope, watching
+
+if TYPE_CHECKING:
+    from mpcore.debugging.inspector import DEFAULT_DTYPES, inspect_numerics
+    from mpcore.debugging.report import LayerSummary, LossScaleWindow, NumericsReport, OpRecord
+
+# The inspector runs models, so it imports the layers, which import this package (for
+# scopes): its names load on first use.
+_LAZY = {"DEFAULT_DTYPES": "inspector", "inspect_numerics": "inspector",
+         "LayerSummary": "report", "LossScaleWindow": "report", "NumericsReport": "report",
+         "OpRecord": "report"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpcore.debugging' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"mpcore.debugging.{module}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = ["DEFAULT_DTYPES", "FORMATS", "LayerSummary", "LossScaleWindow", "NumericsError",
            "NumericsReport", "OpRecord", "check_numerics_enabled", "disable_check_numerics",

@@ -45,8 +45,15 @@ def _finite(t: Tensor) -> bool:
 
 
 def _range(t: Tensor) -> str:
-    low, high = float(_host(ops.min(t))), float(_host(ops.max(t)))
-    return f"{t.dtype}{list(t.shape)} in [{low:.6g}, {high:.6g}]"
+    """The tensor's finite range, and how many of its values are not finite."""
+    finite = ops.isfinite(t)
+    bad = t.size - int(_host(ops.sum(ops.cast(finite, "int32"))))
+    if bad == t.size:
+        return f"{t.dtype}{list(t.shape)}: every value Inf/NaN"
+    low = float(_host(ops.min(ops.where(finite, t, float("inf")))))
+    high = float(_host(ops.max(ops.where(finite, t, float("-inf")))))
+    extra = f", and {bad} Inf/NaN" if bad else ""
+    return f"{t.dtype}{list(t.shape)} in [{low:.6g}, {high:.6g}]{extra}"
 
 
 def _origin(handed: list[Tensor]) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +31,10 @@ from mpcore.categories import CLEAR
 from mpcore.debugging import formats as _formats
 from mpcore.debugging.report import NumericsReport, OpRecord
 from mpcore.debugging.scopes import layer_path
+from mpcore.layers.base import Layer, flatten, no_tapes
+from mpcore.models.data import count, to_device
 from mpcore.ops import backprop as _backprop
 from mpcore.ops import dispatch as _dispatch
-from mpcore.ops.creation import constant
 from mpcore.tape import GradientTape, Node
 from mpcore.tensor import Tensor
 
@@ -51,33 +53,57 @@ def inspect_numerics(model: Any, x: Any, y: Any,
     op and per layer, what each format in ``dtypes`` would do to its values, the first op that
     produced a non-finite value, the window of safe loss scales and a suggested dtype per layer.
 
-    ``loss`` is a loss (name, function or :class:`~mpcore.losses.Loss`); by default the loss the
-    model was compiled with. ``dtypes`` are names from
-    :data:`~mpcore.debugging.formats.FORMATS`."""
+    ``x`` and ``y`` are what ``fit`` takes (arrays, tensors, or lists/dicts of them for a model
+    of several inputs). ``loss`` is a loss (name, function or :class:`~mpcore.losses.Loss`); by
+    default the loss the model was compiled with. ``dtypes`` are names from
+    :data:`~mpcore.debugging.formats.FORMATS`. A model not built yet is built first, by a call
+    in its own policy that is not inspected."""
+    if not isinstance(model, Layer):
+        raise TypeError(f"inspect_numerics needs an mp.Model (or an mp.layers.Layer), got "
+                        f"{type(model).__name__}")
+    chosen = _formats_of(dtypes)
+    loss_fn = _loss_of(model, loss)
+    x, y = to_device(x), to_device(y)
+    batch = count(x, "x")
+    if batch == 0:
+        raise ValueError("inspect_numerics got no samples: x is empty")
+    if not model.built:
+        with no_tapes():
+            model(x, training=False)
+    watcher = _Watcher(chosen)
+    start = time.perf_counter()
+    with _float32(model) as pinned, watcher.watching(), warnings.catch_warnings():
+        # the arrays' own warnings about the Inf/NaN they compute: the report counts those
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with GradientTape() as tape:
+            with _in_region("model"):
+                y_pred = model(x, training=True)
+            with _in_region("loss"):
+                value = loss_fn(y, y_pred)
+        tape.gradient(value, list(model.trainable_variables))
+    seconds = time.perf_counter() - start
+    for record in watcher.records:
+        record.pinned = record.layer in pinned
+    return NumericsReport(
+        model=model.name, batch=batch, dtypes=tuple(f.name for f in chosen),
+        ops=watcher.records, seconds=seconds, pinned=sorted(pinned),
+        data_nonfinite=sum(_nonfinite(t) for t in flatten(x) if _dtypes.is_floating(t.dtype)),
+        variables_nonfinite=[v.name for v in model.weights if _nonfinite(v)])
+
+
+def _formats_of(dtypes: Any) -> list[_formats.Format]:
     if isinstance(dtypes, str):
         dtypes = (dtypes,)
+    if not isinstance(dtypes, (list, tuple)):
+        raise ValueError(f"inspect_numerics: dtypes must be a name or a tuple of names from "
+                         f"{', '.join(_formats.FORMATS)}; got {dtypes!r}")
     chosen = [_formats.get(d) for d in dtypes]
     if not chosen:
         raise ValueError(f"inspect_numerics needs at least one dtype: choose from "
                          f"{', '.join(_formats.FORMATS)}")
     if len({f.name for f in chosen}) != len(chosen):
         raise ValueError(f"inspect_numerics: dtypes {list(dtypes)} name one twice")
-    loss_fn = _loss_of(model, loss)
-    watcher = _Watcher(chosen)
-    x, y = _tensor(x), _tensor(y)
-    start = time.perf_counter()
-    with _float32(model), watcher.watching():
-        with GradientTape() as tape:
-            with _in_region("model"):
-                y_pred = model(x, training=True)
-            with _in_region("loss"):
-                value = loss_fn(y, y_pred)
-        variables = list(model.trainable_variables)
-        tape.gradient(value, variables)
-    seconds = time.perf_counter() - start
-    return NumericsReport(model=model.name, batch=int(x.shape[0]) if x.shape else 1,
-                          dtypes=tuple(f.name for f in chosen), ops=watcher.records,
-                          seconds=seconds)
+    return chosen
 
 
 def _loss_of(model: Any, loss: Any) -> Any:
@@ -89,10 +115,6 @@ def _loss_of(model: Any, loss: Any) -> Any:
                          "loss= (a name such as 'sparse_categorical_crossentropy', a function "
                          "or an mp.losses.Loss) or compile the model first")
     return compiled
-
-
-def _tensor(value: Any) -> Tensor:
-    return value if isinstance(value, Tensor) else constant(value)
 
 
 @contextlib.contextmanager
@@ -111,14 +133,19 @@ def _all_layers(layer: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _float32(model: Any) -> Iterator[None]:
-    """Every layer of ``model`` computes in float32 inside (variables keep their dtype)."""
+def _float32(model: Any) -> Iterator[set[str]]:
+    """Every layer of ``model`` computes in float32 inside (variables keep their dtype). Yields
+    the layers pinned to float32: those computing in float32 in a model where others compute
+    in 16 bits (``dtype="float32"`` under a mixed policy); in an all-float32 model none is."""
     float32 = _policy.Policy("float32")
     saved = [(layer, layer._dtype_policy) for layer in _all_layers(model)]
+    mixed = any(p.compute_dtype != "float32" for _, p in saved)
+    pinned = {layer.name for layer, p in saved if mixed and p.compute_dtype == "float32"
+              and not layer._sublayers()}
     for layer, _ in saved:
         layer._dtype_policy = float32
     try:
-        yield
+        yield pinned
     finally:
         for layer, policy in saved:
             layer._dtype_policy = policy
@@ -176,6 +203,10 @@ class _Watcher:
 
 def _host(t: Tensor) -> Any:
     return t._backend.to_host(t._data)
+
+
+def _nonfinite(t: Tensor) -> int:
+    return _formats.measure(_host(t), []).nonfinite
 
 
 def _describe(t: Tensor) -> str:

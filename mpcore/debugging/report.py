@@ -16,7 +16,10 @@ Decisions (where no peer decides for us):
   largest power of two that does not overflow (never below its floor of 1).
 - A layer is suggested float32 for a format where its 16-bit ops would overflow at all, or
   where over 1% (``KEEP_FLOAT32_UNDERFLOW``) of their non-zero forward values would underflow
-  (gradients are the loss scale's job, not a reason to keep a layer in float32).
+  (gradients are the loss scale's job, not a reason to keep a layer in float32). A layer pinned
+  to float32 (``dtype="float32"`` in a mixed model) stays so; one whose float32 values already
+  hold Inf/NaN gets no suggestion (None): no dtype cures that, and neither the loss scales
+  (no window is given when the float32 backward pass holds Inf/NaN).
 """
 
 from __future__ import annotations
@@ -50,11 +53,12 @@ class OpRecord:
     measurement: Measurement
     produced_nonfinite: bool = False
     input_ranges: list[str] = field(default_factory=list)
+    pinned: bool = False       # its layer is pinned to float32 (dtype="float32")
 
     @property
     def in_16_bits(self) -> bool:
         """Whether a mixed policy would compute this op in 16 bits."""
-        return self.category != DENY.value
+        return self.category != DENY.value and not self.pinned
 
     def describe(self) -> str:
         return (f"{self.op} (op #{self.index}, {self.phase}) in layer {self.layer!r}, output "
@@ -83,6 +87,7 @@ class LossScaleWindow:
     max_scale_log2: int | None
     settle_scale_log2: int | None
     underflow_at_settle: float
+    nonfinite: int = 0                # Inf/NaN values of the float32 backward pass
 
     @property
     def empty(self) -> bool:
@@ -94,6 +99,9 @@ class LossScaleWindow:
         return (self.min_scale_log2 or 0) > 0
 
     def describe(self) -> str:
+        if self.nonfinite:
+            return (f"none: the float32 backward pass holds {self.nonfinite} Inf/NaN values "
+                    "(find where they come from first)")
         if self.headroom_log2 is None:
             return "every gradient value is 0 or non-finite"
         if self.empty:
@@ -124,8 +132,9 @@ def loss_scale_window(fmt: _formats.Format, records: list[OpRecord]) -> LossScal
     exponents: Counter[int] = Counter()
     for r in records:
         exponents.update(r.measurement.exponents)
-    if abs_max == 0.0:
-        return LossScaleWindow(fmt.name, None, None, None, None, 0.0)
+    nonfinite = sum(r.measurement.nonfinite for r in records)
+    if abs_max == 0.0 or nonfinite:
+        return LossScaleWindow(fmt.name, None, None, None, None, 0.0, nonfinite)
     high = math.floor(math.log2(fmt.overflow_threshold / abs_max))
     if fmt.overflows(abs_max * 2.0 ** high):
         high -= 1
@@ -149,9 +158,17 @@ class NumericsReport:
     order it ran; the other attributes are derived from them."""
 
     def __init__(self, model: str, batch: int, dtypes: tuple[str, ...], ops: list[OpRecord],
-                 seconds: float) -> None:
+                 seconds: float, pinned: list[str] | None = None, data_nonfinite: int = 0,
+                 variables_nonfinite: list[str] | None = None) -> None:
         self.model, self.batch, self.dtypes, self.ops = model, batch, dtypes, ops
         self.seconds = seconds
+        #: layers pinned to float32 (``dtype="float32"`` in a mixed model): not in the 16-bit
+        #: figures, suggested float32
+        self.pinned = pinned or []
+        #: Inf/NaN values in the inputs, and the variables holding some: where non-finite
+        #: values that no op produced came from
+        self.data_nonfinite = data_nonfinite
+        self.variables_nonfinite = variables_nonfinite or []
         self.first_nonfinite: OpRecord | None = next(
             (r for r in ops if r.produced_nonfinite), None)
         self.layers = self._summaries()
@@ -179,20 +196,37 @@ class NumericsReport:
         names = sorted({s.layer for s in self.layers})
         raise KeyError(f"no {phase} ops of a layer {name!r} were inspected; layers: {names}")
 
-    def _suggest(self, name: str) -> dict[str, str]:
-        out = {}
+    def _suggest(self, name: str) -> dict[str, str | None]:
+        """Per layer: ``name``, "float32", or None where float32 itself holds Inf/NaN (no
+        dtype is the cure: find where they come from)."""
+        out: dict[str, str | None] = {}
         for summary in self.layers:
             if summary.phase != "forward":
                 continue
             f = summary.fractions[name]
-            risky = f.overflow > 0 or summary.nonfinite or f.underflow > KEEP_FLOAT32_UNDERFLOW
-            out[summary.layer] = "float32" if risky else name
+            risky = f.overflow > 0 or f.underflow > KEEP_FLOAT32_UNDERFLOW
+            out[summary.layer] = None if summary.nonfinite else "float32" if risky else name
+        out.update({layer: "float32" for layer in self.pinned})
         return out
 
     def keep_float32(self, dtype: str) -> list[str]:
-        """The layers to keep in float32 when computing in ``dtype``."""
-        return [layer for layer, dt in self.suggested_dtypes[_formats.get(dtype).name].items()
-                if dt == "float32"]
+        """The layers to keep in float32 when computing in ``dtype`` (pinned ones included)."""
+        name = _formats.get(dtype).name
+        if name not in self.suggested_dtypes:
+            raise ValueError(f"{name} was not inspected; this report has: "
+                             f"{', '.join(self.dtypes)}")
+        return [layer for layer, dt in self.suggested_dtypes[name].items() if dt == "float32"]
+
+    def nonfinite_origin(self) -> str | None:
+        """Where Inf/NaN that no op produced came from, or None when there were none."""
+        if not any(r.measurement.nonfinite for r in self.ops) or self.first_nonfinite:
+            return None
+        where = []
+        if self.data_nonfinite:
+            where.append(f"the input data ({self.data_nonfinite} Inf/NaN values)")
+        if self.variables_nonfinite:
+            where.append(f"variables {', '.join(self.variables_nonfinite)}")
+        return " and ".join(where) or "values made outside the inspected step"
 
     # --- output -------------------------------------------------------------------------
     def __str__(self) -> str:
@@ -215,6 +249,7 @@ class NumericsReport:
             "model": self.model, "batch": self.batch, "dtypes": list(self.dtypes),
             "seconds": self.seconds,
             "first_nonfinite": None if self.first_nonfinite is None else op(self.first_nonfinite),
+            "nonfinite_origin": self.nonfinite_origin(), "pinned": self.pinned,
             "layers": [asdict(s) for s in self.layers],
             "loss_scale_windows": {k: {**asdict(w), "describe": w.describe()}
                                    for k, w in self.loss_scale_windows.items()},

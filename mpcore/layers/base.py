@@ -300,6 +300,12 @@ class Layer:
     def __call__(self, inputs: Any, training: bool | None = None, **kwargs: Any) -> Any:
         if is_symbolic(inputs):
             return self._symbolic_call(inputs, **kwargs)
+        if _scopes.watching():    # the layer's input casts count as the layer's ops too
+            with _scopes.layer_scope(self.name):
+                return self._eager_call(inputs, training, **kwargs)
+        return self._eager_call(inputs, training, **kwargs)
+
+    def _eager_call(self, inputs: Any, training: bool | None, **kwargs: Any) -> Any:
         inputs = self._autocast_inputs(inputs)
         first = flatten(inputs)[0]
         shape = first.shape if isinstance(first, Tensor) else None
@@ -310,9 +316,6 @@ class Layer:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training
-        if _scopes.watching():
-            with _scopes.layer_scope(self.name):
-                return self.call(inputs, **kwargs)
         return self.call(inputs, **kwargs)
 
     def _symbolic_call(self, inputs: Any, **kwargs: Any) -> Any:

@@ -99,6 +99,15 @@ def finish(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str,
     return out
 
 
+def unrecorded(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str) -> Tensor:
+    """The output of a kernel no tape records (a fused gradient), still seen by the numerics
+    tools like every op's."""
+    out = Tensor(data, be, dtype)
+    if numerics_check is not None:
+        numerics_check(op, inputs, out)
+    return out
+
+
 #: Set by ``mp.debugging.enable_check_numerics``: called with every op's inputs and output.
 numerics_check: Callable[[str, tuple[Any, ...], Tensor], None] | None = None
 

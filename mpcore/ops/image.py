@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.ops.dispatch import Grads, as_tensor, cast_to, common, finish, gradient
+from mpcore.ops.dispatch import Grads, as_tensor, cast_to, common, finish, gradient, unrecorded
 from mpcore.ops.linalg import matmul
 from mpcore.ops.shapes import reshape
 from mpcore.tape import Node
@@ -134,4 +134,4 @@ def _max_pool2d_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grad
     g = cast_to(g, x._dtype)
     data = be.kernels()["max_pool2d_grad"](g._data, x._data, y._data, *a["window"],
                                                *a["strides"], a["pads"])
-    return (Tensor(data, be, x._dtype),)
+    return (unrecorded("max_pool2d_grad", (g, x, y), data, be, x._dtype),)

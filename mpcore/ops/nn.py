@@ -32,6 +32,7 @@ from mpcore.ops.dispatch import (
     compute_dtype,
     finish,
     gradient,
+    unrecorded,
 )
 from mpcore.ops.elementwise import (
     add,
@@ -210,7 +211,9 @@ def _sparse_xent(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     fused = be.kernels().get("sparse_softmax_cross_entropy_grad")
     if fused is not None and not recording():  # recording tapes need the composite ops
         data = fused(node.saved, labels._data, g._data)
-        return (Tensor(data, be, logits.dtype), None)
+        probs = Tensor(node.saved, be, logits.dtype)
+        return (unrecorded("sparse_softmax_cross_entropy_grad", (probs, g), data, be,
+                           logits.dtype), None)
     probs = Tensor(node.saved, be, logits.dtype)
     delta = subtract(probs, one_hot(labels, logits.shape[1], logits.dtype))
     return (multiply(delta, expand_dims(g, 1)), None)

@@ -79,3 +79,12 @@ def test_demo_inspect(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
         assert layer in out
     assert "Results on" not in out              # it inspects instead of training
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_inspect_says_what_it_ignores(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--inspect", "--units", "8", "--batch-size", "100000",
+                     "--epochs", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "batch 8000)" in captured.out       # all the offline split has, as the report says
+    assert "(batch 8000, " in captured.out
+    assert "--inspect trains nothing: --epochs ignored" in captured.err

@@ -50,8 +50,17 @@ def test_non_finite_data_is_named_as_the_data(checking: None) -> None:
     model.compile(loss="mse", optimizer="sgd")
     x = np.ones((8, 3), np.float32)
     x[2, 1] = np.nan
-    with pytest.raises(mp.debugging.NumericsError, match=r"they were in the data passed in"):
+    with pytest.raises(mp.debugging.NumericsError, match=r"they were in the data passed in"
+                       r".* float32\[8, 3\] in \[1, 1\], and 1 Inf/NaN"):
         model.fit(x, np.ones((8, 2), np.float32), epochs=1, verbose=0)
+
+
+def test_an_input_cast_is_charged_to_the_layer(checking: None) -> None:
+    mp.set_global_policy("mixed_float16")
+    model = mp.Sequential([layers.Dense(4, input_shape=(3,), name="first")])
+    with pytest.raises(mp.debugging.NumericsError, match=r"cast gave Inf/NaN .* in "
+                       r"sequential\S* > first; its inputs were finite"):
+        model(np.full((2, 3), 1e6, np.float32))        # too big for float16
 
 
 def test_a_non_finite_weight_is_named(checking: None) -> None:

@@ -198,3 +198,103 @@ def test_a_model_without_a_loss() -> None:
     report = mp.debugging.inspect_numerics(model, *batch(), dtypes="bfloat16",
                                            loss="sparse_categorical_crossentropy")
     assert isinstance(report, NumericsReport) and report.dtypes == ("bfloat16",)
+
+
+# --- found by a new-user trial --------------------------------------------------------------
+def test_an_unbuilt_mixed_model_is_built_first_and_inspected_in_float32() -> None:
+    mp.set_global_policy("mixed_float16")
+    model = mp.Sequential([mp.layers.Dense(16, activation="relu", name="hidden"),
+                           mp.layers.Dropout(0.5, name="drop"),
+                           mp.layers.LayerNormalization(name="norm"),
+                           mp.layers.Dense(10, activation="softmax", dtype="float32",
+                                       name="out")])
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
+    report = mp.debugging.inspect_numerics(model, *batch())
+    assert {r.dtype for r in report.ops} == {"float32"}
+    assert {s.layer for s in report.layers} <= {"hidden", "drop", "norm", "loss"}
+    # "out" is pinned to float32 in a mixed model: not in the 16-bit figures, kept float32
+    assert report.pinned == ["out"] and "out" in report.keep_float32("float16")
+    assert report.suggested_dtypes["float8_e4m3fn"]["out"] == "float32"
+    assert "Pinned to float32 (dtype='float32'), left out of the 16-bit figures: out" \
+        in str(report)
+
+
+def test_nan_in_the_data_is_named_as_the_origin() -> None:
+    x, y = batch()
+    x[3, 4] = np.nan
+    report = mp.debugging.inspect_numerics(guide_model(), x, y)
+    assert report.first_nonfinite is None
+    assert report.data_nonfinite == 1
+    assert report.nonfinite_origin() == "the input data (1 Inf/NaN values)"
+    assert "they came in with the input data (1 Inf/NaN values)" in str(report)
+    # no dtype is the cure: no suggestion, and no loss-scale window
+    assert report.suggested_dtypes["bfloat16"]["dense_1"] is None
+    assert report.keep_float32("bfloat16") == []
+    assert report.loss_scale_windows["float16"].describe().startswith(
+        "none: the float32 backward pass holds")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")   # NumPy's own warnings stay inside
+def test_a_float32_overflow_is_counted_everywhere() -> None:
+    model = guide_model()
+    kernel = next(v for v in model.weights if v.name == "dense_2/kernel")
+    kernel.assign(np.full(kernel.shape, 1e38, np.float32))
+    report = mp.debugging.inspect_numerics(model, *batch())
+    assert report.layer("dense_2").nonfinite > 0
+    assert report.suggested_dtypes["float16"]["dense_2"] is None
+    window = report.loss_scale_windows["float16"]
+    assert window.nonfinite > 0 and window.settle_scale_log2 is None
+    text = str(report)
+    assert "Inf/NaN" in text.splitlines()[4] and "- (Inf/NaN in float32)" in text
+
+
+def test_the_loss_gradient_is_measured_on_every_backend(backend: mp.Backend) -> None:
+    # OpenCL's fused cross-entropy gradient was invisible to the inspector
+    report = mp.debugging.inspect_numerics(guide_model(), *batch())
+    assert any(r.phase == "backward" and r.layer == "loss" and r.shape == (32, 10)
+               for r in report.ops)
+
+
+class TwoInputs(mp.Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = mp.layers.Dense(10, name="head")
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        return self.head(mp.ops.add(inputs[0], inputs[1]))
+
+
+def test_a_model_of_two_inputs_takes_what_fit_takes() -> None:
+    x, y = batch()
+    model = TwoInputs()
+    model.compile(loss=mp.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  optimizer="sgd")
+    report = mp.debugging.inspect_numerics(model, [x, x], y)
+    assert report.batch == 32 and report.layer("head").ops >= 1
+
+
+def test_columns_never_run_together() -> None:
+    model = guide_model()
+    scale_kernel(model, "dense_1", 1e6)
+    for line in str(mp.debugging.inspect_numerics(model, *batch())).splitlines():
+        assert "e-040" not in line and "e+000" not in line
+
+
+@pytest.mark.parametrize("model, match", [(None, "needs an mp.Model .* got NoneType"),
+                                          ("model", "got str"), (len, "got builtin_function")])
+def test_what_is_not_a_model(model: Any, match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        mp.debugging.inspect_numerics(model, *batch(), loss="mse")
+
+
+def test_more_bad_arguments() -> None:
+    model = guide_model()
+    with pytest.raises(ValueError, match="dtypes must be a name or a tuple of names from "
+                                         "float16, bfloat16"):
+        mp.debugging.inspect_numerics(model, *batch(), dtypes=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="got no samples"):
+        mp.debugging.inspect_numerics(model, *batch(0))
+    report = mp.debugging.inspect_numerics(model, *batch(), dtypes=("float16",))
+    with pytest.raises(ValueError, match="bfloat16 was not inspected; this report has: "
+                                         "float16"):
+        report.keep_float32("bfloat16")
