@@ -153,10 +153,17 @@ class _Recorder:
             out = kernel(*args)
             self.backends.setdefault(id(backend), backend)
             self.steps.append(KernelCall(kernel, specs, self.bind(out),
-                                          _describe(backend, name, args, out)))
+                                          _describe(backend, name, args, out), name=name,
+                                          dtype=_dtype_name(out)))
             return out
 
         return call
+
+
+def _dtype_name(out: Any) -> str:
+    first = out[0] if isinstance(out, (list, tuple)) and out else out
+    dtype = getattr(first, "dtype", None)
+    return "" if dtype is None else str(getattr(dtype, "name", dtype))
 
 
 def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
@@ -326,7 +333,38 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     first: dict[int, int] = {}
     aliases = tuple(first.setdefault(id(t._data), n)
                     for n, t in enumerate(_tensors((args, kwargs))))
-    return (_policy.global_policy().name, key(args), key(kwargs), aliases)
+    extra = None if signature_hook is None else signature_hook()
+    return (_policy.global_policy().name, key(args), key(kwargs), aliases, extra)
+
+
+#: Set by :mod:`mpcore.amp`: more of every signature (whether autocast or the mixed precision
+#: graph rewrite is on, and with which lists), so a step is not replayed under other dtypes.
+signature_hook: Callable[[], Any] | None = None
+#: Set by :mod:`mpcore.amp.rewrite` while the graph rewrite is enabled:
+#: ``trace_hook(function, signature)`` returns the rewrite's session for this trace, or None:
+#: ``begin(recorder)`` and ``end()`` bracket the traced call; ``keep()`` says whether the
+#: program is kept (False for the float32 trace that recorded the op graph); ``describe()``
+#: gives the painted ops' lines of ``Function.graph``.
+trace_hook: Callable[[Any, tuple[Any, ...]], Any] | None = None
+
+
+def set_signature_hook(hook: Callable[[], Any] | None) -> None:
+    """Install :data:`signature_hook` (``mpcore.function`` the attribute of ``mpcore`` is the
+    decorator, so other modules set hooks here rather than on the module)."""
+    global signature_hook
+    signature_hook = hook
+
+
+def set_trace_hook(hook: Callable[[Any, tuple[Any, ...]], Any] | None) -> None:
+    """Install :data:`trace_hook`."""
+    global trace_hook
+    trace_hook = hook
+
+
+def in_kept_whole() -> bool:
+    """Whether a call kept whole is running inside a trace (its ops are not the step's graph)."""
+    recorder = _local.recorder
+    return recorder is not None and recorder.whole_depth > 0
 
 
 class Function:
@@ -386,12 +424,17 @@ class Function:
             slot = recorder.slot_of.get(id(t._data))
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
+        session = None if trace_hook is None else trace_hook(self, signature)
         _local.recorder = recorder
         _install_hooks()
+        if session is not None:
+            session.begin(recorder)
         try:
             out = self._fn(*args, **kwargs)
             output = recorder.tensor_spec(out)
         finally:
+            if session is not None:
+                session.end()
             _local.recorder = None
             _remove_hooks()
         if recorder.created and self._traced_once:
@@ -410,8 +453,11 @@ class Function:
             self._traced_once = True
             return out                      # variables were made: run eagerly, trace again
         self._traced_once = True
+        if session is not None and not session.keep():
+            return out                      # the op graph was recorded: trace it painted next
+        lines = [step.text for step in recorder.steps]
         program = Program(recorder.steps, recorder.slots, inputs, output,
-                          [step.text for step in recorder.steps])
+                          lines if session is None else [*lines, *session.describe()])
         # the backend whose kernels the program calls compiles it (with no tensor input too:
         # a step on variables alone); kernels of several backends: the generic replay
         backends = list(recorder.backends.values())
