@@ -3,12 +3,22 @@ mixed precision tests (no conftest.py here: tests/conftest.py is imported as `co
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mpcore as mp
+
+#: The offline MNIST files: ../shared beside the checkout, else where MPCORE_DATA_DIR says
+#: (a git worktree's parent is not the project's).
+MNIST = next((p for p in (Path(__file__).resolve().parents[2].parent / "shared" / "data" /
+                          "mnist", Path(os.environ.get("MPCORE_DATA_DIR", "")))
+              if p.name and (p / "t10k-images-idx3-ubyte.gz").is_file()), None)
+needs_mnist = pytest.mark.skipif(MNIST is None, reason="the shared MNIST files are not here "
+                                 "(../shared/data/mnist, or MPCORE_DATA_DIR)")
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((128, 20)).astype(np.float32)
