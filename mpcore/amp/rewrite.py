@@ -111,7 +111,7 @@ class _Session:
         if self.plan is not None:
             return True
         nodes, at_step = op_graph(self.recorder.steps)
-        overrides = dict(getattr(self.backend, "category_overrides", {}) or {})
+        overrides = dict(self.backend.category_overrides)
         dtype = self.config.dtype or device_dtype(self.backend)
         self.store[self.signature] = Plan(tuple(nodes),
                                           paint(nodes, self.config.lists, overrides),
