@@ -425,6 +425,10 @@ class Function:
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
         session = None if trace_hook is None else trace_hook(self, signature)
+        # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
+        # would be captured as a constant, stale once the variable changes; the trace casts
+        # afresh, from the variable, and so does every replay
+        _tape.state.generation += 1
         _local.recorder = recorder
         _install_hooks()
         if session is not None:
@@ -437,6 +441,7 @@ class Function:
                 session.end()
             _local.recorder = None
             _remove_hooks()
+            _tape.state.generation += 1
         if recorder.created and self._traced_once:
             recorder.refused = (
                 f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) after "

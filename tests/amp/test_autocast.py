@@ -104,3 +104,24 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match=r"autocast runs float32 models.*'mixed_float16'"), \
             autocast("bfloat16"):
         pass
+
+
+def test_a_weight_cast_cached_before_a_trace_is_not_replayed_stale() -> None:
+    """A variable's cast cached eagerly (Variable.read_as) must not be captured by a trace as
+    a constant: after the variable changes, a replay casts its new value."""
+    w = mp.Variable(np.eye(4, dtype=np.float32))
+    x = mp.constant(np.ones((2, 4), np.float32))
+    step = mp.function(lambda x: mp.ops.matmul(x, w))
+    with autocast("bfloat16"):
+        mp.ops.matmul(x, w)                       # caches w in bfloat16
+        np.testing.assert_array_equal(step(x).numpy().astype(np.float32), np.ones((2, 4)))
+        w.assign(w * 2.0)
+        np.testing.assert_array_equal(step(x).numpy().astype(np.float32), np.full((2, 4), 2))
+    # the same for a mixed policy layer's weight read
+    with mp.policy_scope("mixed_bfloat16"):
+        dense = mp.layers.Dense(4, use_bias=False, kernel_initializer="ones")
+        traced = mp.function(lambda x: dense(x))
+        dense(x)
+        first = traced(x).numpy().astype(np.float32)
+        dense.kernel.assign(dense.kernel * 2.0)
+        np.testing.assert_array_equal(traced(x).numpy().astype(np.float32), 2 * first)
