@@ -117,7 +117,7 @@ def test_the_rewritten_step_paints_casts_and_keeps_float32_where_it_must() -> No
     assert "[between allow ops: downstream and upstream of allowlist ops]" in graph
 
 
-def test_the_rewritten_step_tracks_the_float32_step() -> None:
+def test_the_rewritten_step_tracks_the_float32_step(backend: mp.Backend) -> None:
     losses = {}
     for rewritten in (False, True):
         model = float32_model(seed=3)
@@ -128,6 +128,8 @@ def test_the_rewritten_step_tracks_the_float32_step() -> None:
         disable()
     np.testing.assert_allclose(losses[True], losses[False], rtol=0.03)
     assert losses[True][-1] < 0.8 * losses[True][0]
+    kernels = _train_graph(model).split("\n\n")[0]
+    assert "dense(bfloat16" in kernels or "matmul(bfloat16" in kernels
 
 
 def test_a_traced_function_is_rewritten_and_disable_traces_again() -> None:
