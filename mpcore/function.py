@@ -36,6 +36,7 @@ from mpcore import policy as _policy
 from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
+from mpcore import trace_hooks as _hooks
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
@@ -333,32 +334,9 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     first: dict[int, int] = {}
     aliases = tuple(first.setdefault(id(t._data), n)
                     for n, t in enumerate(_tensors((args, kwargs))))
-    extra = None if signature_hook is None else signature_hook()
+    extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
     return (_policy.global_policy().name, key(args), key(kwargs), aliases, extra)
 
-
-#: Set by :mod:`mpcore.amp`: more of every signature (whether autocast or the mixed precision
-#: graph rewrite is on, and with which lists), so a step is not replayed under other dtypes.
-signature_hook: Callable[[], Any] | None = None
-#: Set by :mod:`mpcore.amp.rewrite` while the graph rewrite is enabled:
-#: ``trace_hook(function, signature)`` returns the rewrite's session for this trace, or None:
-#: ``begin(recorder)`` and ``end()`` bracket the traced call; ``keep()`` says whether the
-#: program is kept (False for the float32 trace that recorded the op graph); ``describe()``
-#: gives the painted ops' lines of ``Function.graph``.
-trace_hook: Callable[[Any, tuple[Any, ...]], Any] | None = None
-
-
-def set_signature_hook(hook: Callable[[], Any] | None) -> None:
-    """Install :data:`signature_hook` (``mpcore.function`` the attribute of ``mpcore`` is the
-    decorator, so other modules set hooks here rather than on the module)."""
-    global signature_hook
-    signature_hook = hook
-
-
-def set_trace_hook(hook: Callable[[Any, tuple[Any, ...]], Any] | None) -> None:
-    """Install :data:`trace_hook`."""
-    global trace_hook
-    trace_hook = hook
 
 
 def in_kept_whole() -> bool:
@@ -424,7 +402,7 @@ class Function:
             slot = recorder.slot_of.get(id(t._data))
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
-        session = None if trace_hook is None else trace_hook(self, signature)
+        session = None if _hooks.trace_hook is None else _hooks.trace_hook(self, signature)
         # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
         # would be captured as a constant, stale once the variable changes; the trace casts
         # afresh, from the variable, and so does every replay

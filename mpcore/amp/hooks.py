@@ -15,7 +15,7 @@ import threading
 from typing import Any, Protocol
 
 from mpcore import dtypes as _dt
-from mpcore.function import set_signature_hook
+from mpcore import trace_hooks
 from mpcore.ops import dispatch as _dispatch
 
 
@@ -75,7 +75,7 @@ def release() -> None:
             _dispatch.dtype_hook = None
 
 
-set_signature_hook(_signature)
+trace_hooks.signature_hook = _signature
 
 
 def begin_session(session: Decider) -> None:

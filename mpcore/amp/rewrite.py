@@ -36,7 +36,8 @@ from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
-from mpcore.function import TraceError, in_kept_whole, in_traced_step, set_trace_hook
+from mpcore import trace_hooks
+from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.optimizers import Optimizer
 from mpcore.policy import global_policy
@@ -259,14 +260,14 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
     config = RewriteConfig(current_lists(lists), None if dtype is None else check_dtype(dtype))
     wrapped = _RewrittenOptimizer(opt, loss_scale)
     hooks.rewrite = config
-    set_trace_hook(_trace_hook)
+    trace_hooks.trace_hook = _trace_hook
     return wrapped
 
 
 def disable_mixed_precision_graph_rewrite() -> None:
     """Stop rewriting: traced steps trace again, in float32 (a no-op when not enabled)."""
     hooks.rewrite = None
-    set_trace_hook(None)
+    trace_hooks.trace_hook = None
 
 
 def is_enabled() -> bool:
