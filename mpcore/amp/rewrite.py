@@ -31,12 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore import registry
+from mpcore import registry, trace_hooks
 from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
-from mpcore import trace_hooks
 from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.optimizers import Optimizer
