@@ -264,7 +264,9 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
 
 
 def disable_mixed_precision_graph_rewrite() -> None:
-    """Stop rewriting: traced steps trace again, in float32 (a no-op when not enabled)."""
+    """Stop rewriting (a no-op when not enabled): traced steps replay their float32 programs,
+    or trace one where they have none (the rewrite's programs stay cached under its
+    signature, for when it is enabled again with the same lists and dtype)."""
     hooks.rewrite = None
     trace_hooks.trace_hook = None
 
