@@ -151,10 +151,16 @@ def _prepare(x: Any, y: Any, backend: Any) -> tuple[Any, Any]:
     return ops.divide(ops.cast(flat, "float32"), 255.0), ops.constant(y, backend=backend)
 
 
+REWRITE = "float32+rewrite"
+
+
 def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         batch_size: int | None = None, plot: str | None = None, seed: int = 0,
-        verbose: int = 1, out: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Run the demo; returns {"runs": {policy: {...}}, "units", "batch_size", "split"}."""
+        verbose: int = 1, out: Callable[[str], Any] = print,
+        rewrite: bool = False) -> dict[str, Any]:
+    """Run the demo; returns {"runs": {policy: {...}}, "units", "batch_size", "split"}.
+    ``rewrite``: a third run, the float32 model with the mixed precision graph rewrite, whose
+    painted graph (each op's dtype and the rule that decided it) is printed."""
     import mpcore as mp
     from mpcore.callbacks import LossScaleMonitor
     from mpcore.datasets import mnist
@@ -207,19 +213,29 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         out(f"Batch size: {batch_size} (--batch-size)")
 
     runs: dict[str, dict[str, Any]] = {}
-    for name in ("float32", policy):
+    painted: list[str] = []
+    for name in ("float32", policy, *([REWRITE] if rewrite else [])):
         out(f"\n== training with {name}: {epochs} epoch(s), validation_split="
             f"{VALIDATION_SPLIT} ==")
-        mp.random.set_seed(seed)  # the same initial weights and shuffles for both runs
-        with mp.policy_scope(name):
+        mp.random.set_seed(seed)  # the same initial weights and shuffles for every run
+        with mp.policy_scope("float32" if name == REWRITE else name):
             model = build_model(units)
-        model.compile(loss="sparse_categorical_crossentropy",
-                      optimizer=mp.optimizers.RMSprop(), metrics=["accuracy"])
+        optimizer: Any = mp.optimizers.RMSprop()
+        if name == REWRITE:
+            optimizer = mp.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer)
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=optimizer,
+                      metrics=["accuracy"])
         scales = LossScaleMonitor()
-        history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
-                            validation_split=VALIDATION_SPLIT, verbose=verbose,
-                            callbacks=[scales])
-        loss, accuracy = model.evaluate(x_test, y_test, batch_size=batch_size, verbose=0)
+        try:
+            history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
+                                validation_split=VALIDATION_SPLIT, verbose=verbose,
+                                callbacks=[scales])
+            loss, accuracy = model.evaluate(x_test, y_test, batch_size=batch_size, verbose=0)
+        finally:
+            mp.mixed_precision.disable_mixed_precision_graph_rewrite()
+        if name == REWRITE:
+            graph = str(model._traced["train"].graph or "")
+            painted = graph.split("\n\n", 1)[1].splitlines() if "\n\n" in graph else []
         times = history.history["time_per_sample"]
         steady = times[1:] or times
         runs[name] = {"test_accuracy": accuracy, "test_loss": loss,
@@ -245,6 +261,10 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         out("Times include warm-up (first-step allocation; kernel compilation on OpenCL/CUDA): "
             "with one epoch the speed ratio is not a steady-state figure; use --epochs 2 or "
             "more")
+    if painted:
+        out(f"\nThe {REWRITE} training step, as traced (op -> painted dtype [rule]):")
+        for line in painted:
+            out(line)
     if policy == "mixed_float16":
         r = runs[policy]
         where = f" (in the gradients of {', '.join(r['nonfinite'])})" if r["nonfinite"] else ""
@@ -359,6 +379,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inspect", action="store_true",
                         help="instead of training, print the numerics inspector's report on "
                              "one batch (mp.debugging.inspect_numerics); --plot draws it")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="also train the float32 model with the mixed precision graph "
+                             "rewrite, and print its painted training step")
     parser.add_argument("--seed", type=int, default=0, help="any integer (default: 0)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
@@ -376,7 +399,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         if args.inspect:
             ignored = [f"--{name}" for name, default in (("epochs", 5), ("verbose", 1))
-                       if getattr(args, name) != default]
+                       if getattr(args, name) != default] + (["--rewrite"] if args.rewrite
+                                                             else [])
             if ignored:
                 print(f"mpcore demo: --inspect trains nothing: {' and '.join(ignored)} "
                       "ignored", file=sys.stderr)
@@ -385,7 +409,7 @@ def _demo(args: argparse.Namespace) -> int:
         else:
             run(units=args.units, policy=args.policy, epochs=args.epochs,
                 batch_size=args.batch_size, plot=args.plot, seed=args.seed,
-                verbose=args.verbose)
+                verbose=args.verbose, rewrite=args.rewrite)
     except (MnistUnavailableError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1

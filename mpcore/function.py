@@ -36,6 +36,7 @@ from mpcore import policy as _policy
 from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
+from mpcore import trace_hooks as _hooks
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
@@ -153,10 +154,17 @@ class _Recorder:
             out = kernel(*args)
             self.backends.setdefault(id(backend), backend)
             self.steps.append(KernelCall(kernel, specs, self.bind(out),
-                                          _describe(backend, name, args, out)))
+                                          _describe(backend, name, args, out), name=name,
+                                          dtype=_dtype_name(out)))
             return out
 
         return call
+
+
+def _dtype_name(out: Any) -> str:
+    first = out[0] if isinstance(out, (list, tuple)) and out else out
+    dtype = getattr(first, "dtype", None)
+    return "" if dtype is None else str(getattr(dtype, "name", dtype))
 
 
 def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
@@ -326,7 +334,15 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     first: dict[int, int] = {}
     aliases = tuple(first.setdefault(id(t._data), n)
                     for n, t in enumerate(_tensors((args, kwargs))))
-    return (_policy.global_policy().name, key(args), key(kwargs), aliases)
+    extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
+    return (_policy.global_policy().name, key(args), key(kwargs), aliases, extra)
+
+
+
+def in_kept_whole() -> bool:
+    """Whether a call kept whole is running inside a trace (its ops are not the step's graph)."""
+    recorder = _local.recorder
+    return recorder is not None and recorder.whole_depth > 0
 
 
 class Function:
@@ -386,14 +402,24 @@ class Function:
             slot = recorder.slot_of.get(id(t._data))
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
+        session = None if _hooks.trace_hook is None else _hooks.trace_hook(self, signature)
+        # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
+        # would be captured as a constant, stale once the variable changes; the trace casts
+        # afresh, from the variable, and so does every replay
+        _tape.state.generation += 1
         _local.recorder = recorder
         _install_hooks()
+        if session is not None:
+            session.begin(recorder)
         try:
             out = self._fn(*args, **kwargs)
             output = recorder.tensor_spec(out)
         finally:
+            if session is not None:
+                session.end()
             _local.recorder = None
             _remove_hooks()
+            _tape.state.generation += 1
         if recorder.created and self._traced_once:
             recorder.refused = (
                 f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) after "
@@ -410,8 +436,11 @@ class Function:
             self._traced_once = True
             return out                      # variables were made: run eagerly, trace again
         self._traced_once = True
+        if session is not None and not session.keep():
+            return out                      # the op graph was recorded: trace it painted next
+        lines = [step.text for step in recorder.steps]
         program = Program(recorder.steps, recorder.slots, inputs, output,
-                          [step.text for step in recorder.steps])
+                          lines if session is None else [*lines, *session.describe()])
         # the backend whose kernels the program calls compiles it (with no tensor input too:
         # a step on variables alone); kernels of several backends: the generic replay
         backends = list(recorder.backends.values())

@@ -15,12 +15,25 @@ from mpcore.policy import Policy, global_policy, policy_scope, set_global
 from mpcore.verdict import check_policy, log_compatibility_once
 
 if TYPE_CHECKING:
+    from mpcore.amp.autocast import autocast
+    from mpcore.amp.lists import AutoMixedPrecisionLists
+    from mpcore.amp.rewrite import (
+        disable_mixed_precision_graph_rewrite,
+        enable_mixed_precision_graph_rewrite,
+    )
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
 
 
 def set_global_policy(policy: Policy | str | None) -> None:
     """Set the process-wide policy; None resets it to float32. A mixed policy logs the
     compatibility check of the current backend, once per policy and backend."""
+    if policy is not None and _rewrite_enabled():
+        candidate = policy if isinstance(policy, Policy) else Policy(policy)
+        if candidate.name != "float32":
+            raise ValueError(
+                f"cannot set the global policy to {candidate.name!r} while the mixed precision "
+                "graph rewrite is enabled: both would change dtypes. Call "
+                "disable_mixed_precision_graph_rewrite() first, or keep float32")
     new = set_global(policy)
     if new.is_mixed:
         log_compatibility_once(new)
@@ -29,17 +42,36 @@ def set_global_policy(policy: Policy | str | None) -> None:
 set_policy = set_global_policy
 
 
+def _rewrite_enabled() -> bool:
+    import sys
+
+    rewrite = sys.modules.get("mpcore.amp.rewrite")
+    return rewrite is not None and rewrite.is_enabled()
+
+
+#: Names that load on first use, and their modules: `import mpcore` takes set_global_policy
+#: from here and stays cheap.
+_LAZY = {
+    "LossScaleOptimizer": "mpcore.loss_scale_optimizer",
+    "enable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
+    "disable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
+    "autocast": "mpcore.amp.autocast",
+    "AutoMixedPrecisionLists": "mpcore.amp.lists",
+}
+
+
 def __getattr__(name: str) -> Any:
-    # The optimizers load on first use: `import mpcore` takes set_global_policy from here and
-    # stays cheap.
-    if name == "LossScaleOptimizer":
-        from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpcore.mixed_precision' has no attribute {name!r}")
+    import importlib
 
-        globals()[name] = LossScaleOptimizer
-        return LossScaleOptimizer
-    raise AttributeError(f"module 'mpcore.mixed_precision' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-__all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "LossScaleOptimizer", "Policy",
-           "check_policy",
+__all__ = ["AutoMixedPrecisionLists", "DynamicLossScale", "FixedLossScale", "LossScale",
+           "LossScaleOptimizer", "Policy", "autocast", "check_policy",
+           "disable_mixed_precision_graph_rewrite", "enable_mixed_precision_graph_rewrite",
            "global_policy", "policy_scope", "set_global_policy", "set_policy"]

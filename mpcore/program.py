@@ -34,6 +34,8 @@ class KernelCall:
     out: Spec                       # where the result goes: ("s", i), or a list/tuple of them
     text: str                       # one line of ``Function.graph``
     free: tuple[int, ...] = ()      # slots read for the last time here
+    name: str = ""                  # the kernel's name in ``Backend.kernels()``
+    dtype: str = ""                 # the dtype of its (first) result
 
 
 @dataclass

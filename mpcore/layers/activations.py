@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import ops
+from mpcore.amp import hooks as _amp
 from mpcore.tensor import Tensor
 
 Activation = Callable[[Tensor], Tensor]
@@ -31,7 +32,11 @@ def tanh(x: Tensor) -> Tensor:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    probs = ops.cast(ops.softmax(x, axis), x.dtype)
+    probs = ops.softmax(x, axis)
+    if not _amp.deciding():
+        # the layer's compute dtype; under automatic mixed precision the op's own decision
+        # stands (softmax is a deny op: float32), as in the float32 graph it rewrites
+        probs = ops.cast(probs, x.dtype)
     if probs.dtype == "float32" and x.ndim and axis in (-1, x.ndim - 1):
         _remember_logits(probs, x)
     return probs

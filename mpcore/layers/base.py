@@ -28,12 +28,16 @@ from mpcore import dtypes as _dtypes
 from mpcore import ops
 from mpcore import policy as _policy
 from mpcore import tape as _tape
+from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
 from mpcore.tensor import Tensor, Variable
 
 Shape = tuple[int | None, ...]
 
 _NAME_COUNTS: dict[str, int] = {}
+
+
+_LOW = _dtypes.LOW_PRECISION
 
 
 def unique_name(base: str) -> str:
@@ -291,7 +295,9 @@ class Layer:
             t = x if isinstance(x, Tensor) else ops.constant(x)
             if self._autocast:
                 target = policy.compute_dtype_for(t.dtype)
-                if target != t.dtype:
+                # under autocast or the graph rewrite, a 16-bit activation goes on to the
+                # ops, whose own decisions cast it where needed (no cast pair per layer)
+                if target != t.dtype and not (t.dtype in _LOW and _amp.deciding()):
                     t = ops.cast(t, target)
             return t
 

@@ -24,7 +24,7 @@ from mpcore import tape as _tape
 from mpcore.categories import Category
 from mpcore.ops.creation import constant
 from mpcore.tape import Node, record
-from mpcore.tensor import Tensor
+from mpcore.tensor import Tensor, Variable
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 Grads = Sequence[Tensor | None]
@@ -53,7 +53,12 @@ def gradient(*ops: str) -> Callable[[GradFn], GradFn]:
 def compute_dtype(op: str, backend: Any, dtype: str, float_only: bool = False) -> str:
     """The dtype ``op`` computes in for inputs promoted to ``dtype``: float32 for an op that
     needs a floating result of non-floating inputs, and float32 for 16-bit inputs of an op its
-    category denies 16 bits (softmax, exp, sums ...); otherwise ``dtype`` itself."""
+    category denies 16 bits (softmax, exp, sums ...); otherwise ``dtype`` itself. While
+    automatic mixed precision decides (:mod:`mpcore.amp`), its decision comes first."""
+    if dtype_hook is not None:
+        decided = dtype_hook(op, backend, dtype, float_only)
+        if decided is not None:
+            return decided
     if float_only and dtype not in _FLOATS:
         return "float32"
     if dtype in _LOW and backend.categories()[op] is _DENY:
@@ -110,6 +115,10 @@ def unrecorded(op: str, inputs: tuple[Any, ...], data: Any, be: Any, dtype: str)
 
 #: Set by ``mp.debugging.enable_check_numerics``: called with every op's inputs and output.
 numerics_check: Callable[[str, tuple[Any, ...], Tensor], None] | None = None
+#: Set by :mod:`mpcore.amp` while autocast or the graph rewrite decides dtypes:
+#: ``dtype_hook(op, backend, dtype, float_only)`` returns the compute dtype, or None to leave
+#: the decision to the category rule.
+dtype_hook: Callable[[str, Any, str, bool], str | None] | None = None
 
 
 def cast(x: TensorLike, dtype: Any) -> Tensor:
@@ -123,7 +132,11 @@ def cast(x: TensorLike, dtype: Any) -> Tensor:
 
 
 def cast_to(x: Tensor, dtype: str) -> Tensor:
-    return x if x._dtype == dtype else cast(x, dtype)
+    if x._dtype == dtype:
+        return x
+    # a variable read in another dtype (automatic mixed precision casting a float32 weight
+    # for an allow op) is cast once per value and tape, however many ops read it
+    return x.read_as(dtype) if type(x) is Variable else cast(x, dtype)
 
 
 @gradient("cast")

@@ -1,0 +1,82 @@
+"""`mpcore demo --rewrite` (the rewritten run and its painted step next to float32 and the
+mixed policy), and the choice of the 16-bit dtype from the device's verdicts (a pure
+function, tested for devices that are not here)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from amp_models import MNIST, needs_mnist, rewrite_off  # noqa: F401 - autouse
+
+import mpcore as mp
+from mpcore import cli
+from mpcore.amp import rewrite, target
+from mpcore.amp.target import choose_dtype
+from mpcore.verdict import Verdict
+
+
+@needs_mnist
+def test_demo_rewrite_prints_the_painted_step(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MPCORE_DATA_DIR", str(MNIST))
+    assert cli.main(["demo", "--rewrite", "--epochs", "1", "--units", "16", "--verbose",
+                     "0"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Results on"):].splitlines()
+    policy = out.split("Mixed policy: ")[1].split()[0]
+    assert {line.split()[0] for line in table[2:5]} == {"float32", policy, "float32+rewrite"}
+    assert "The float32+rewrite training step, as traced" in out
+    assert "dense#0() -> bfloat16  [allowlist: dense is on the allowlist]" in out
+    assert "[denylist: softmax is on the denylist]" in out
+    # the demo leaves neither the rewrite nor a policy behind
+    assert not rewrite.is_enabled() and mp.global_policy().name == "float32"
+
+
+def _verdict(policy: str, fast: bool, supported: bool = True, device: str = "dev") -> Verdict:
+    return Verdict(policy, "be", device, supported, fast, f"{policy} reason")
+
+
+@pytest.mark.parametrize("f16, bf16, expected", [
+    ((True, True), (True, True), "float16"),      # a V100/A100: fp16 tensor cores
+    ((False, True), (True, True), "bfloat16"),    # a CPU with avx512_bf16 or AMX
+    ((False, True), (False, True), "bfloat16"),   # neither fast: bfloat16, said why
+    ((False, True), (False, False), "float16"),   # only float16 runs (slowly)
+])
+def test_the_dtype_follows_the_verdicts(f16: tuple[bool, bool], bf16: tuple[bool, bool],
+                                        expected: str) -> None:
+    dtype, why = choose_dtype(_verdict("mixed_float16", *f16), _verdict("mixed_bfloat16", *bf16))
+    assert dtype == expected
+    fast = f16[0] if expected == "float16" else bf16[0]
+    assert (why is None) == fast
+    if why is not None:
+        assert "neither 16-bit dtype is fast on be (dev)" in why and "reason" in why
+
+
+def test_no_16_bit_dtype_at_all_is_an_error() -> None:
+    with pytest.raises(ValueError, match="supports neither 16-bit dtype"):
+        choose_dtype(_verdict("mixed_float16", False, False),
+                     _verdict("mixed_bfloat16", False, False))
+
+
+def test_this_cpu_gets_its_fast_dtype_and_a_slow_device_says_why_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    cpu = mp.get_backend("cpu")
+    f16, bf16 = mp.check_policy("mixed_float16", cpu), mp.check_policy("mixed_bfloat16", cpu)
+    assert target.device_dtype(cpu) == choose_dtype(f16, bf16)[0]
+    if bf16.fast:
+        assert target.device_dtype(cpu) == "bfloat16"
+
+    class Slow(type(cpu)):  # type: ignore[misc]
+        name = "slow-cpu"
+
+        def policy_support(self, policy: str, device: object) -> object:
+            support = super().policy_support(policy, device)
+            return type(support)(support.supported, False, "emulated here")
+
+    monkeypatch.setattr(target, "_chosen", {})
+    with caplog.at_level(logging.WARNING, logger="mpcore"):
+        assert target.device_dtype(Slow()) == "bfloat16"
+        assert target.device_dtype(Slow()) == "bfloat16"
+    messages = [r.getMessage() for r in caplog.records if "neither 16-bit" in r.getMessage()]
+    assert len(messages) == 1 and "emulated here" in messages[0]
