@@ -171,8 +171,8 @@ class Model(Layer):
         function) and the metrics (names, Metrics or functions). ``jit_compile=True`` runs
         the steps of fit, evaluate and predict as traced steps (:mod:`mpcore.function`):
         traced once per batch shape (a smaller last batch is a second trace), then replayed,
-        bit for bit the same as eagerly; metrics and counters are updated eagerly after each
-        step. ``"auto"`` (the default, as Keras 3's) does the same, but a step that cannot be
+        bit for bit the same as eagerly; the metrics are computed in the step and added to
+        their running values after it. ``"auto"`` (the default, as Keras 3's) does the same, but a step that cannot be
         traced (a loss that reads a tensor on the host, say) runs eagerly, with one warning,
         instead of raising; False runs every step eagerly."""
         if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
