@@ -31,13 +31,13 @@ from mpcore.layers.base import (
     InputLayer,
     KerasTensor,
     Layer,
-    Node,
     flatten,
     map_structure,
     unique_name,
 )
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.models import data as _data
+from mpcore.models import graph as _graph
 from mpcore.models import progress as _progress
 from mpcore.models import summary as _summary
 from mpcore.tape import GradientTape
@@ -85,27 +85,7 @@ class Model(Layer):
             if not isinstance(kt, KerasTensor):
                 raise TypeError(f"Model outputs must be KerasTensors (a layer called on an "
                                 f"Input), got {type(kt).__name__}")
-        input_ids = {id(kt) for kt in flat_in}
-        order: list[Node] = []
-        seen: set[int] = set()
-
-        def visit(kt: KerasTensor) -> None:
-            node = kt._node
-            assert node is not None
-            if id(node) in seen:
-                return
-            seen.add(id(node))
-            if isinstance(node.layer, InputLayer):
-                if id(kt) not in input_ids:
-                    raise ValueError(f"the outputs depend on input {kt.name!r}, which is not "
-                                     "among the model's inputs")
-                return
-            for parent in node.flat_inputs:
-                visit(parent)
-            order.append(node)
-
-        for kt in flat_out:
-            visit(kt)
+        order = _graph.ordered_nodes(flat_in, flat_out)
         self._graph_inputs, self._flat_inputs = inputs, flat_in
         self._graph_outputs, self._flat_outputs = outputs, flat_out
         self._nodes = order
