@@ -35,11 +35,11 @@ class NcclCollectives(Collectives):
             return f"CuPy is not installed: {install_command('cuda')}"
         try:
             from cupy.cuda import nccl
-
-            nccl.get_version()
-        except Exception as exc:  # CuPy without the NCCL library
-            return (f"CuPy's NCCL is not usable ({type(exc).__name__}: {exc}): pip install "
-                    "nvidia-nccl-cu12 (or -cu13)")
+        except Exception as exc:  # a CuPy that cannot load at all
+            return f"CuPy does not load: {type(exc).__name__}: {exc}"
+        if not getattr(nccl, "available", False):  # CuPy without the NCCL library
+            return ("CuPy finds no NCCL library: pip install nvidia-nccl-cu12 (or -cu13; "
+                    "cupy-cuda12x[ctk] does not install it)")
         return None
 
     def __init__(self, communicator: Any = None, timeout: float = 300.0) -> None:
