@@ -13,12 +13,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SHARED_MNIST
 
 import mpcore as mp
 from mpcore.distribution import launch
@@ -164,3 +166,14 @@ def test_ranks_with_different_variables_get_an_error_at_the_first_collective(
     assert "DistributionError: the ranks disagree on the model's variables" in proc.stderr
     assert "rank 0: variables=4, values=212" in proc.stderr
     assert "rank 1: variables=4, values=160" in proc.stderr
+
+
+@pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="the shared MNIST files are not here")
+def test_the_demo_runs_on_two_ranks() -> None:
+    env = {**launch.environment(), "MPCORE_DATA_DIR": str(SHARED_MNIST), "MPCORE_BACKEND": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "mpcore", "demo", "--ranks", "2", "--epochs",
+                           "1", "--units", "16", "--verbose", "0"], capture_output=True,
+                          text=True, timeout=DEADLINE_S, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "-m mpi4py -m mpcore demo --epochs 1" in proc.stdout
+    assert proc.stdout.count("Results on cpu") == 1  # rank 0 prints, rank 1 does not
