@@ -7,17 +7,21 @@ summary line.
     python benchmarks/data_parallel.py --rounds 7 --steps 24
     python benchmarks/data_parallel.py --quick               # tiny sizes (a smoke run)
 
-Rounds alternate (one process, then N ranks; the order reversed every other round), so each
-ratio pairs runs of the same minute on a VM whose speed drifts. Each run trains ``--epochs``
-epochs of ``--steps`` global batches on random MNIST-shaped data and times the last epoch
-(the first ones warm up). Reported per run: samples/s; under N ranks the all-reduce share of
-the step (time inside the engine's collectives: the per-step header, gradient buckets and the
-finite flag, over the epoch's time, rank 0's and the mean of the ranks); and each process's
-max RSS, and its RSS before the data and the model existed (the MPI runtime's share is the
-difference between the two configurations there). A third configuration, N independent
-processes of batch B/N run side by side with no communication, is the ceiling this machine
-allows (cores, memory bandwidth and the other workers' load), so the speedup can be read
-against it. The summary holds the medians and ranges over the rounds, ``speedup`` being the
+Rounds alternate (one process, N ranks, then N independent processes; the order reversed
+every other round), so each ratio pairs runs of the same minute on a VM whose speed drifts.
+Each run trains ``--epochs`` epochs of ``--steps`` global batches on random MNIST-shaped
+data and times the last epoch (the first ones warm up). Reported per run: samples/s; under N
+ranks, each rank's all-reduce share of the step (time inside the engine's collectives: the
+per-step header, the gradient buckets and the finite flag, over the epoch's time); each
+process's max RSS, and its RSS before the data and the model existed (the MPI runtime's share
+is the difference there); and the peak of the memory allocated through Python's allocators
+(NumPy arrays included, MPI's buffers not) during one more step (``train_on_batch`` on the
+rank's rows) under tracemalloc, after the timed epochs. The third configuration, N
+independent processes of batch B/N side by side with no communication, is the ceiling this
+machine allows (cores, memory bandwidth, the other workers' load), so the speedup can be read
+against it; a rank's peak less that process's (the same local batch) is what the gradient
+buckets add, to be read against ``gradient_mb``, the gradients' size.
+The summary holds the medians and ranges over the rounds, ``speedup`` being the
 median of the per-round ratios, and the machine's load average when it started and ended.
 """
 
@@ -31,12 +35,14 @@ import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 from typing import Any
 
 import numpy as np
 
 import mpcore as mp
 from mpcore.distribution import launch
+from mpcore.distribution.sharding import rows_of
 
 
 class TimedEngine:
@@ -97,17 +103,26 @@ def worker(args: argparse.Namespace) -> None:
         seconds.append((time.perf_counter() - start,
                         (timed.seconds - before) if timed is not None else 0.0))
     epoch_s, collective_s = seconds[-1]
+    # one step on this rank's rows of a global batch (moved to the backend before the trace)
+    lo, hi = rows_of(0, args.batch, mp.distribution.rank(), mp.distribution.world_size())
+    xb, yb = mp.constant(x[lo:hi]), mp.constant(y[lo:hi])
+    tracemalloc.start()
+    model.train_on_batch(xb, yb)
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
     mine = [epoch_s, collective_s, rss_start,
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, peak]
+    gradient_mb = sum(v.size * 4 for v in model.trainable_variables) / 2**20
     # rank 0 prints every rank's line (lines of several ranks would interleave)
     rows = timed.allgather_values(mine) if timed is not None else [mine]
     if mp.distribution.rank() != 0:
         return
-    for rank, (epoch_s, collective_s, rss_start, rss_max) in enumerate(rows):
+    for rank, (epoch_s, collective_s, rss_start, rss_max, peak) in enumerate(rows):
         print(json.dumps({"rank": rank, "ranks": len(rows), "epoch_s": epoch_s,
                           "samples_per_s": n / epoch_s,
                           "allreduce_share": collective_s / epoch_s,
-                          "rss_at_start_mb": rss_start, "max_rss_mb": rss_max}), flush=True)
+                          "rss_at_start_mb": rss_start, "max_rss_mb": rss_max,
+                          "peak_step_mb": peak, "gradient_mb": gradient_mb}), flush=True)
 
 
 def run(args: argparse.Namespace, config: str) -> list[dict[str, Any]]:
@@ -156,7 +171,7 @@ def main() -> None:
         worker(args)
         return
     load_start = os.getloadavg()
-    ratios, ceilings, shares, single_rss, rank_rss = [], [], [], [], []
+    ratios, ceilings, shares, single_rss, rank_rss, added = [], [], [], [], [], []
     for r in range(args.rounds):
         order = ("single", "ranks", "ceiling")
         results = {c: run(args, c) for c in (order if r % 2 == 0 else order[::-1])}
@@ -168,6 +183,8 @@ def main() -> None:
         shares.append(many[0]["allreduce_share"])
         single_rss.append(one["max_rss_mb"])
         rank_rss.append(max(x["max_rss_mb"] for x in many))
+        added.append(max(x["peak_step_mb"] for x in many)
+                     - max(x["peak_step_mb"] for x in results["ceiling"]))
         print(json.dumps({"round": r, "single": one, "ranks": many, "speedup": ratios[-1],
                           "ceiling": results["ceiling"], "ceiling_speedup": ceilings[-1]}),
               flush=True)
@@ -178,6 +195,7 @@ def main() -> None:
         "ceiling_speedup": summary(ceilings),
         "allreduce_share_rank0": summary(shares),
         "max_rss_mb_single": summary(single_rss), "max_rss_mb_per_rank": summary(rank_rss),
+        "bucket_peak_added_mb": summary(added), "gradient_mb": one["gradient_mb"],
         "loadavg_start": load_start, "loadavg_end": os.getloadavg()}), flush=True)
 
 

@@ -77,12 +77,14 @@ class MpiCollectives(Collectives):
         be = x.backend
         return Tensor(be.kernel("asarray")(buf, x.dtype), be, x.dtype)
 
-    def allreduce(self, x: Tensor, op: str = "sum") -> Tensor:
+    def allreduce(self, x: Tensor, op: str = "sum", scale: float | None = None) -> Tensor:
         mpi_op = self._ops[check_reduction(op)]
         if x.dtype not in REDUCIBLE:
             raise DistributionError(f"the mpi engine reduces {', '.join(REDUCIBLE)}; got a "
                                     f"{x.dtype} tensor")
         buf, own = self._host(x, "allreduce")
+        if scale is not None:
+            np.multiply(buf, buf.dtype.type(scale), out=buf)
         self.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, mpi_op),
                   f"an all-reduce ({op}) of {buf.size} {x.dtype} values")
         return self._back(x, buf, own)

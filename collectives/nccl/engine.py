@@ -62,8 +62,10 @@ class NcclCollectives(Collectives):
                 self.abort(timeout_message(self.rank, self.size, what, self.timeout))
             time.sleep(1e-5)
 
-    def allreduce(self, x: Tensor, op: str = "sum") -> Tensor:
+    def allreduce(self, x: Tensor, op: str = "sum", scale: float | None = None) -> Tensor:
         data = self.cupy.ascontiguousarray(x.data)
+        if scale is not None:
+            self.cupy.multiply(data, data.dtype.type(scale), out=data)
         stream = self.cupy.cuda.get_current_stream().ptr
         self.comm.allReduce(data.data.ptr, data.data.ptr, data.size, nccl_dtype(x.dtype),
                             nccl_op(check_reduction(op)), stream)

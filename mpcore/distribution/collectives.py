@@ -57,9 +57,9 @@ class Collectives:
         raise NotImplementedError
 
     # --- arrays -------------------------------------------------------------------------
-    def allreduce(self, x: Tensor, op: str = "sum") -> Tensor:
-        """``op`` of ``x`` over the ranks. The caller gives ``x`` up: its memory may be
-        reused for the result."""
+    def allreduce(self, x: Tensor, op: str = "sum", scale: float | None = None) -> Tensor:
+        """``op`` of ``x`` (times ``scale`` first, where given) over the ranks. The caller
+        gives ``x`` up: its memory may be reused for the result (and scaled in place)."""
         raise NotImplementedError
 
     def broadcast(self, x: Tensor, root: int = 0) -> Tensor:

@@ -81,12 +81,13 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
     weight = 1.0 / dist.world_size if fraction is None else fraction
     out: list[Tensor | None] = [None] * len(grads)
     for bucket in layout.buckets:
+        # one copy of the gradients in all: the weighted copy of a lone gradient, or the
+        # concatenation, which the engine weights in place (its memory is ours)
         if len(bucket) == 1:
-            flat = ops.multiply(grads[bucket[0]], weight)
+            total = dist.engine.allreduce(ops.multiply(grads[bucket[0]], weight), "sum")
         else:
-            flat = ops.multiply(ops.concat([ops.reshape(grads[i], (-1,)) for i in bucket]),
-                                weight)
-        total = dist.engine.allreduce(flat, "sum")
+            flat = ops.concat([ops.reshape(grads[i], (-1,)) for i in bucket])
+            total = dist.engine.allreduce(flat, "sum", scale=weight)
         if len(bucket) == 1:
             out[bucket[0]] = total
             continue

@@ -3,8 +3,8 @@ OUT``), and the model and data they share with the single-process references.
 
 Scenarios: ``train`` (fit under float32, traced float32 and mixed_float16; the guide's custom
 loop with an Inf in rank 1's shard; a checkpoint resumed; the NCCL unique-id bootstrap over
-MPI), and the faults ``raise``, ``stall`` and ``mismatch``. Each rank writes what it ended with
-to ``OUT/<name>.rank<r>.npz``.
+MPI), and the faults ``raise``, ``stall``, ``mismatch`` and ``scale``. Each rank writes what it
+ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
 from __future__ import annotations
@@ -129,8 +129,15 @@ def faults(scenario: str) -> None:
         x, y = data()
         model = build("float32", units=16 if rank == 0 else 12)
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    elif scenario == "scale":  # the same variables, another loss scale on rank 1
+        x, y = data()
+        model = build("mixed_float16")
+        model.optimizer.loss_scale.load_state_dict(
+            {"current_loss_scale": 2048.0 * (1 + rank), "num_good_steps": 0})
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     else:
-        raise ValueError(f"unknown scenario {scenario!r}; valid: train, raise, stall, mismatch")
+        raise ValueError(f"unknown scenario {scenario!r}; valid: train, raise, stall, "
+                         "mismatch, scale")
 
 
 def main() -> None:

@@ -168,6 +168,15 @@ def test_ranks_with_different_variables_get_an_error_at_the_first_collective(
     assert "rank 1: variables=4, values=160" in proc.stderr
 
 
+def test_ranks_with_different_loss_scales_get_an_error_at_the_next_step(
+        tmp_path: Path) -> None:
+    proc, elapsed = run_job("scale", tmp_path)
+    assert proc.returncode != 0 and elapsed < 30
+    assert "DistributionError: the ranks disagree on the training state" in proc.stderr
+    assert "loss_scale=2048, iterations=0" in proc.stderr
+    assert "loss_scale=4096, iterations=0" in proc.stderr
+
+
 @pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="the shared MNIST files are not here")
 def test_the_demo_runs_on_two_ranks() -> None:
     env = {**launch.environment(), "MPCORE_DATA_DIR": str(SHARED_MNIST), "MPCORE_BACKEND": "cpu"}
