@@ -143,7 +143,13 @@ def faults(scenario: str) -> None:
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     mp.set_backend("cpu")
-    mp.distribution.set_distribution(mp.distribution.DataParallel())
+    if scenario == "train":  # a communicator given (a copy of the world), the engine named
+        from mpi4py import MPI
+
+        dist = mp.distribution.DataParallel(communicator=MPI.COMM_WORLD.Dup(), engine="mpi")
+    else:  # every rank of the world, the engine chosen for the backend
+        dist = mp.distribution.DataParallel()
+    mp.distribution.set_distribution(dist)
     if scenario == "train":
         train(out)
     else:
