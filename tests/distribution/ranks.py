@@ -1,10 +1,10 @@
 """The program the 2-rank tests launch (``mpiexec -n 2 python -m mpi4py ranks.py SCENARIO
 OUT``), and the model and data they share with the single-process references.
 
-Scenarios: ``train`` (fit under float32, traced float32 and mixed_float16; the guide's custom
-loop with an Inf in rank 1's shard; a checkpoint resumed; the NCCL unique-id bootstrap over
-MPI), and the faults ``raise``, ``stall``, ``mismatch`` and ``scale``. Each rank writes what it
-ended with to ``OUT/<name>.rank<r>.npz``.
+Scenarios: ``train`` (fit under float32, traced float32, mixed_float16 and float32 with
+gradient accumulation; the guide's custom loop with an Inf in rank 1's shard; a checkpoint
+resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
+``mismatch`` and ``scale``. Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ import numpy as np
 import mpcore as mp
 
 SEED, N, FEATURES, CLASSES, BATCH, EPOCHS = 3, 64, 8, 4, 16, 2
+# name, policy, traced steps, gradient accumulation steps
+RUNS = (("fit_float32", "float32", False, None), ("fit_float32_jit", "float32", True, None),
+        ("fit_mixed_float16", "mixed_float16", False, None),
+        ("fit_float32_accumulate", "float32", False, 2))
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +32,7 @@ def data() -> tuple[np.ndarray, np.ndarray]:
             rng.integers(0, CLASSES, size=N).astype(np.int64))
 
 
-def build(policy: str, units: int = 16, jit: bool = False) -> Any:
+def build(policy: str, units: int = 16, jit: bool = False, accumulate: int | None = None) -> Any:
     mp.random.set_seed(SEED)
     with mp.policy_scope(policy):
         inputs = mp.Input(shape=(FEATURES,))
@@ -37,13 +41,16 @@ def build(policy: str, units: int = 16, jit: bool = False) -> Any:
         outputs = mp.layers.Activation("softmax", dtype="float32")(x)
         model = mp.Model(inputs=inputs, outputs=outputs)
     model.compile(loss="sparse_categorical_crossentropy", jit_compile=jit,
-                  optimizer=mp.optimizers.RMSprop(learning_rate=0.01), metrics=["accuracy"])
+                  optimizer=mp.optimizers.RMSprop(learning_rate=0.01,
+                                                  gradient_accumulation_steps=accumulate),
+                  metrics=["accuracy"])
     return model
 
 
-def fit(policy: str, jit: bool = False) -> tuple[Any, dict[str, Any]]:
+def fit(policy: str, jit: bool = False, accumulate: int | None = None
+        ) -> tuple[Any, dict[str, Any]]:
     x, y = data()
-    model = build(policy, jit=jit)
+    model = build(policy, jit=jit, accumulate=accumulate)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0)
     return model, history.history
 
@@ -75,9 +82,8 @@ def save(out: Path, name: str, arrays: list[np.ndarray], **info: Any) -> None:
 
 def train(out: Path) -> None:
     rank, size = mp.distribution.rank(), mp.distribution.world_size()
-    for policy, jit in (("float32", False), ("float32", True), ("mixed_float16", False)):
-        model, history = fit(policy, jit)
-        name = f"fit_{policy}{'_jit' if jit else ''}"
+    for name, policy, jit, accumulate in RUNS:
+        model, history = fit(policy, jit, accumulate)
         save(out, name, model.get_weights(), history=history,
              scale=getattr(model.optimizer, "loss_scale", lambda: 0.0)())
     # the guide's loop: each rank its half of each batch; an Inf in rank 1's at step 2

@@ -84,20 +84,18 @@ def _cpu() -> Any:
     mp.set_backend(previous)
 
 
-@pytest.mark.parametrize(("name", "policy", "jit", "tolerance"), [
-    ("fit_float32", "float32", False, 1e-6),
-    ("fit_float32_jit", "float32", True, 1e-6),
-    ("fit_mixed_float16", "mixed_float16", False, 2e-3),
-])
+@pytest.mark.parametrize(("name", "policy", "jit", "accumulate"),
+                         [run[:4] for run in ranks.RUNS])
 def test_two_ranks_with_half_batches_equal_one_process(trained: Path, name: str, policy: str,
-                                                      jit: bool, tolerance: float) -> None:
+                                                      jit: bool, accumulate: int | None) -> None:
+    tolerance = 2e-3 if policy == "mixed_float16" else 1e-6
     w0, info0 = load(trained, name, 0)
     w1, info1 = load(trained, name, 1)
     assert bitwise(w0, w1), "the ranks' weights differ"
     for key in ("loss", "accuracy"):  # global means: the same on both ranks
         assert info0["history"][key] == info1["history"][key]
     assert info0["scale"] == info1["scale"]
-    model, history = ranks.fit(policy, jit)
+    model, history = ranks.fit(policy, jit, accumulate)
     assert relative(w0, model.get_weights()) <= tolerance
     assert np.allclose(info0["history"]["loss"], history["loss"], rtol=tolerance)
     assert np.allclose(info0["history"]["accuracy"], history["accuracy"])
