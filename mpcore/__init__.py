@@ -43,7 +43,7 @@ _LAZY_MODULES = {
     "layers": "mpcore.layers", "models": "mpcore.models", "optimizers": "mpcore.optimizers",
     "losses": "mpcore.losses", "metrics": "mpcore.metrics", "datasets": "mpcore.datasets",
     "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",
-    "debugging": "mpcore.debugging",
+    "debugging": "mpcore.debugging", "distribution": "mpcore.distribution",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
     "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),

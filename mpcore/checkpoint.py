@@ -29,6 +29,7 @@ import struct
 from typing import Any
 
 from mpcore import random as _random
+from mpcore.distribution import api as _distribution
 
 logger = logging.getLogger("mpcore")
 
@@ -122,7 +123,17 @@ def _create_temporary(target: str) -> tuple[int, str]:
 
 def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
     """Pickle ``payload`` to ``path`` under the checksummed header, atomically (temp file +
-    fsync + os.replace); first removes temporary files that killed saves left in its folder."""
+    fsync + os.replace); first removes temporary files that killed saves left in its folder.
+    Under a distribution rank 0 writes (the ranks hold the same state) and every rank waits
+    until the file is complete, so a restore right after reads it."""
+    dist = _distribution.distribution()
+    if dist is None or dist.rank == 0:
+        _write(path, payload)
+    if dist is not None:
+        dist.engine.barrier(f"rank 0 writing {os.fspath(path)}")
+
+
+def _write(path: str | os.PathLike[str], payload: Any) -> None:
     target = os.path.abspath(os.fspath(path))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     remove_stale_temporaries(os.path.dirname(target))

@@ -15,6 +15,9 @@ training). Decisions, written out in the output too:
   8,000-image offline split leaves 6,400 training samples: 1 step), then 128; ``--batch-size``
   overrides.
 - Time per sample: the mean over epochs after the first (the first includes warm-up).
+- ``--ranks N``: the same demo as a data-parallel job (``mp.distribution.DataParallel``) of N
+  ranks started with ``mpiexec -n N python -m mpi4py -m mpcore demo ...``, each with
+  cores/N threads; the batch size is global and rank 0 prints.
 
 Every argument is checked before any work (the backend, the data, training): a number out of
 range, or a plot file that cannot be written, is an error that names the argument and what is
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -44,6 +48,7 @@ MIN_STEPS = 10
 VALIDATION_SPLIT = 0.2
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
 PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+RANKS_ENV = "MPCORE_DEMO_RANKS"  # set in the ranks of an `mpcore demo --ranks N` job
 
 
 def choose_policy(backend: Any, device: Any = None) -> tuple[str, str]:
@@ -385,32 +390,83 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="any integer (default: 0)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
+    parser.add_argument("--ranks", type=positive_int, default=1,
+                        help="train data-parallel on this many ranks under mpiexec, >= 1 "
+                             "(default: 1, this process)")
+
+
+def _job_arguments(args: argparse.Namespace) -> list[str]:
+    """The arguments that make each rank run this same demo."""
+    argv = ["--epochs", str(args.epochs), "--seed", str(args.seed), "--verbose",
+            str(args.verbose), "--ranks", str(args.ranks)]
+    for flag, value in (("--units", args.units), ("--policy", args.policy),
+                        ("--batch-size", args.batch_size), ("--plot", args.plot)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Run the demo as a job of ``args.ranks`` ranks; its exit status. Each rank's
+    collectives have the job's deadline (MPCORE_COLLECTIVE_TIMEOUT), and ``-m mpi4py``
+    aborts the job when a rank fails, so this wait ends when the job does."""
+    from mpcore.distribution import launch
+
+    try:
+        cmd = launch.command(args.ranks, ["-m", "mpcore", "demo", *_job_arguments(args)])
+    except FileNotFoundError as exc:
+        print(f"mpcore demo: {exc}", file=sys.stderr)
+        return 1
+    threads = max(1, (os.cpu_count() or 1) // args.ranks)
+    env = {**launch.environment(threads), RANKS_ENV: str(args.ranks)}
+    print(f"mpcore demo: {' '.join(cmd)}", flush=True)
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
 def _demo(args: argparse.Namespace) -> int:
     import mpcore as mp
     from mpcore.datasets.mnist import MnistUnavailableError
 
+    if args.inspect:
+        return _inspect(args)
+    if args.ranks > 1 and RANKS_ENV not in os.environ:
+        return _launch(args)
     try:
         mp.get_backend()  # a bad MPCORE_BACKEND, or no backend that works, ends the demo here
     except (ValueError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
+    out, plot = print, args.plot
+    if args.ranks > 1:
+        mp.distribution.set_distribution(mp.distribution.DataParallel())
+        if mp.distribution.rank() != 0:
+            out, plot = (lambda line: None), None
     try:
-        if args.inspect:
-            ignored = [f"--{name}" for name, default in (("epochs", 5), ("verbose", 1))
-                       if getattr(args, name) != default] + (["--rewrite"] if args.rewrite
-                                                             else [])
-            if ignored:
-                print(f"mpcore demo: --inspect trains nothing: {' and '.join(ignored)} "
-                      "ignored", file=sys.stderr)
-            inspect(units=args.units, policy=args.policy, batch_size=args.batch_size,
-                    plot=args.plot, seed=args.seed)
-        else:
-            run(units=args.units, policy=args.policy, epochs=args.epochs,
-                batch_size=args.batch_size, plot=args.plot, seed=args.seed,
-                verbose=args.verbose, rewrite=args.rewrite)
+        run(units=args.units, policy=args.policy, epochs=args.epochs,
+            batch_size=args.batch_size, plot=plot, seed=args.seed, verbose=args.verbose,
+            out=out, rewrite=args.rewrite)
     except (MnistUnavailableError, RuntimeError) as exc:
+        print(f"mpcore demo: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    """``mpcore demo --inspect``: one process, no training; says which options it ignores."""
+    import mpcore as mp
+    from mpcore.datasets.mnist import MnistUnavailableError
+
+    ignored = [f"--{name}" for name, default in (("epochs", 5), ("verbose", 1), ("ranks", 1),
+                                                 ("rewrite", False))
+               if getattr(args, name) != default]
+    if ignored:
+        print(f"mpcore demo: --inspect trains nothing: {' and '.join(ignored)} ignored",
+              file=sys.stderr)
+    try:
+        mp.get_backend()
+        inspect(units=args.units, policy=args.policy, batch_size=args.batch_size,
+                plot=args.plot, seed=args.seed)
+    except (MnistUnavailableError, ValueError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -15,6 +15,7 @@ import pluggy
 if TYPE_CHECKING:
     from mpcore.backend import Backend, KernelSet
     from mpcore.commands import Subcommands
+    from mpcore.distribution.collectives import Collectives
 
 hookspec = pluggy.HookspecMarker("mpcore")
 hookimpl = pluggy.HookimplMarker("mpcore")
@@ -39,6 +40,17 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     it to give an existing backend a faster kernel, for example a oneDNN bfloat16 matmul for
     the ``cpu`` backend, without replacing the backend. The KernelSet's ``fast_dtypes`` lets
     the backend's verdict say that a 16-bit policy now runs fast, and why.
+    """
+
+
+@hookspec
+def mpcore_collectives() -> list[type[Collectives]]:
+    """Return the collectives engines this plugin provides, as classes (subclasses of
+    :class:`mpcore.distribution.Collectives`, each with its ``name``).
+
+    Called when a ``DataParallel`` distribution is made, to choose its engine (by name, or
+    the available one of highest ``priority`` for the backend). Returning a class must be
+    cheap: the engine's library (mpi4py, NCCL) is imported when the class is instantiated.
     """
 
 

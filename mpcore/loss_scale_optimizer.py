@@ -25,6 +25,7 @@ from typing import Any
 
 from mpcore import loss_scale as _ls
 from mpcore import ops
+from mpcore.distribution import gradients as _distributed
 from mpcore.function import in_traced_step, kept_whole
 from mpcore.optimizers import Optimizer, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
@@ -140,6 +141,11 @@ class LossScaleOptimizer(Optimizer):
         if flag is None:  # nothing to update
             self._inner.iterations += 1
             return self._result(True, None)
+        # Under a distribution: the average over the ranks, each rank's gradients weighted by
+        # its share first (a sum of finite values stays finite), so the MIN of the ranks'
+        # flags is the average's flag; every rank then skips the same steps.
+        grads = _distributed.average_gradients(grads, variables, self)
+        flag = _distributed.agree_finite(flag)
         updated, flag = self._inner._apply(grads, variables, flag)
         if not updated:  # a micro-step: the loss scale moves once per real step
             return self._result(True, None)

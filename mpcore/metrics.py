@@ -81,6 +81,11 @@ class Mean(Metric):
         else:
             self._count = ops.add(self._count, count)
 
+    def totals(self) -> tuple[float, float]:
+        """The running (weighted) total and count, read on the host (to add other ranks')."""
+        total = 0.0 if self._total is None else float(self._total)
+        return total, float(self._count)
+
     def result(self) -> float:
         if self._total is None:
             return 0.0

@@ -23,6 +23,7 @@ from typing import Any
 from mpcore import arguments as _args
 from mpcore import clipping as _clipping
 from mpcore import ops
+from mpcore.distribution import gradients as _distributed
 from mpcore.function import kept_whole
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
@@ -191,7 +192,9 @@ class Optimizer:
         read. Returns that flag (truthy when the step was applied; reading it is the host
         read), or True when there was nothing to check."""
         grads, variables = split_grads_and_vars(grads_and_vars)
-        flag = ops.all_finite(grads) if grads else None
+        # under a distribution: averaged over the ranks, then checked, then agreed on
+        grads = _distributed.average_gradients(grads, variables, self)
+        flag = _distributed.agree_finite(ops.all_finite(grads)) if grads else None
         updated, used = self._apply(grads, variables, flag)
         #: The device flag that gated the last update (None: nothing to check, or a
         #: micro-step of an accumulation); LossScaleMonitor reads it.

@@ -11,7 +11,6 @@ the progress bar refreshes (at most a few times a second) and at the end of each
 
 from __future__ import annotations
 
-import math
 import random as _pyrandom
 import time
 from collections.abc import Callable, Sequence
@@ -26,18 +25,20 @@ from mpcore import metrics as _metrics
 from mpcore import ops
 from mpcore import optimizers as _optimizers
 from mpcore import random as _random
+from mpcore.distribution import results as _global
+from mpcore.distribution import sharding as _sharding
 from mpcore.function import function
 from mpcore.layers.base import (
     InputLayer,
     KerasTensor,
     Layer,
-    Node,
     flatten,
     map_structure,
     unique_name,
 )
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.models import data as _data
+from mpcore.models import graph as _graph
 from mpcore.models import progress as _progress
 from mpcore.models import step_metrics as _step_metrics
 from mpcore.models import summary as _summary
@@ -86,27 +87,7 @@ class Model(Layer):
             if not isinstance(kt, KerasTensor):
                 raise TypeError(f"Model outputs must be KerasTensors (a layer called on an "
                                 f"Input), got {type(kt).__name__}")
-        input_ids = {id(kt) for kt in flat_in}
-        order: list[Node] = []
-        seen: set[int] = set()
-
-        def visit(kt: KerasTensor) -> None:
-            node = kt._node
-            assert node is not None
-            if id(node) in seen:
-                return
-            seen.add(id(node))
-            if isinstance(node.layer, InputLayer):
-                if id(kt) not in input_ids:
-                    raise ValueError(f"the outputs depend on input {kt.name!r}, which is not "
-                                     "among the model's inputs")
-                return
-            for parent in node.flat_inputs:
-                visit(parent)
-            order.append(node)
-
-        for kt in flat_out:
-            visit(kt)
+        order = _graph.ordered_nodes(flat_in, flat_out)
         self._graph_inputs, self._flat_inputs = inputs, flat_in
         self._graph_outputs, self._flat_outputs = outputs, flat_out
         self._nodes = order
@@ -172,9 +153,9 @@ class Model(Layer):
         the steps of fit, evaluate and predict as traced steps (:mod:`mpcore.function`):
         traced once per batch shape (a smaller last batch is a second trace), then replayed,
         bit for bit the same as eagerly; the metrics are computed in the step and added to
-        their running values after it. ``"auto"`` (the default, as Keras 3's) does the same, but a step that cannot be
-        traced (a loss that reads a tensor on the host, say) runs eagerly, with one warning,
-        instead of raising; False runs every step eagerly."""
+        their running values after it. ``"auto"`` (the default, as Keras 3's) does the same,
+        but a step that cannot be traced (a loss that reads a tensor on the host, say) runs
+        eagerly, with one warning, instead of raising; False runs every step eagerly."""
         if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
             raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}")
         if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
@@ -287,9 +268,9 @@ class Model(Layer):
             metric.reset_state()
 
     def _results(self, return_dict: bool) -> Any:
-        logs = {"loss": self._loss_tracker.result()}
-        for metric in self.compiled_metrics:
-            logs[metric.name] = metric.result()
+        """The loss and metrics (under a distribution, over every rank's samples)."""
+        logs = dict(zip(self.metrics_names,
+                        _global.results([self._loss_tracker, *self.compiled_metrics])))
         if return_dict:
             return logs
         values = list(logs.values())
@@ -360,7 +341,8 @@ class Model(Layer):
         _data.validate_labels(self, xd, yd, "y")
         if val is not None:
             _data.validate_labels(self, val[0], val[1], "the validation labels")
-        steps = math.ceil(n / batch_size)
+        steps = _sharding.steps(n, batch_size, "fit")
+        verbose = _sharding.begin_fit(self, verbose)  # rank 0's weights; rank 0 prints
         history = _callbacks.History()
         cbs = _callbacks.CallbackList([history, *callbacks])
         cbs.set_model(self)
@@ -385,12 +367,14 @@ class Model(Layer):
             for step in range(steps):
                 cbs.on_train_batch_begin(step)
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
-                self.train_step(_data.rows(xd, lo, hi, order), _data.rows(yd, lo, hi, order))
+                a, b = _sharding.shard(lo, hi, train=True)  # this rank's rows of the batch
+                self.train_step(_data.rows(xd, a, b, order), _data.rows(yd, a, b, order))
                 cbs.on_train_batch_end(step, {"batch": step, "size": hi - lo})
                 if bar is not None:
                     bar.update(1)
                     now = time.perf_counter()
-                    if now - last_refresh >= _REFRESH_S and step + 1 < steps:
+                    if (now - last_refresh >= _REFRESH_S and step + 1 < steps
+                            and _sharding.world_size() == 1):  # a global read needs every rank
                         last_refresh = now
                         bar.set_postfix_str(_progress.format_logs(self._results(True)),
                                             refresh=True)
@@ -423,7 +407,7 @@ class Model(Layer):
         """The loss (and metrics) over ``x``/``y``: a float, or [loss, *metrics], or a dict."""
         self._require_compiled(need_optimizer=False)
         batch_size = _args.batch_size(batch_size)
-        verbose = _args.verbose(verbose)
+        verbose = _sharding.verbosity(_args.verbose(verbose))
         return_dict = _args.flag("return_dict", return_dict)
         xd, yd, n = self._xy(x, y, "evaluate")
         if _validate:
@@ -431,10 +415,10 @@ class Model(Layer):
         if n == 0:
             raise ValueError("evaluate got no samples")
         self.reset_metrics()
-        steps = math.ceil(n / batch_size)
+        steps = _sharding.steps(n, batch_size, "evaluate")
         start = time.perf_counter()
         for step in range(steps):
-            lo, hi = step * batch_size, min((step + 1) * batch_size, n)
+            lo, hi = _sharding.shard(step * batch_size, min((step + 1) * batch_size, n), False)
             self.test_step(_data.rows(xd, lo, hi, None), _data.rows(yd, lo, hi, None))
         logs = self._results(True)
         if verbose:

@@ -204,3 +204,13 @@ def test_inspect_numerics_cost() -> None:
         assert 0 < record[key]["min"] <= record[key]["median"] <= record[key]["max"]
     low, high = record["inspect_vs_step_range"]
     assert 0 < low <= record["inspect_vs_step_median"] <= high
+
+
+def test_data_parallel_quick() -> None:
+    pytest.importorskip("mpi4py", reason='pip install -e ".[mpi-mpich]" (in the test extra)')
+    records = run("data_parallel.py", "--quick")
+    rounds, summary = records[:-1], records[-1]
+    assert len(rounds) == 1 and len(rounds[0]["ranks"]) == 2 and len(rounds[0]["ceiling"]) == 2
+    assert summary["bench"] == "data_parallel" and summary["speedup"]["median"] > 0
+    assert 0 < summary["allreduce_share_rank0"]["median"] < 1
+    assert summary["max_rss_mb_per_rank"]["median"] > 0 and summary["gradient_mb"] > 0

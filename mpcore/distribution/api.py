@@ -1,0 +1,102 @@
+"""The distribution in force: ``set_distribution(DataParallel())``, Keras 3's names.
+
+Without one (the default) nothing changes: one process trains as before and nothing here
+imports an engine. ``DataParallel()`` joins every rank of the job (the MPI world, or the
+given communicator) through the engine chosen for the current backend, and
+``set_distribution`` makes every rank start from rank 0's ``mp.random`` state, so models
+built afterwards get the same initial weights and ``fit`` the same shuffles everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpcore import random as _random
+from mpcore.distribution import collectives as _collectives
+from mpcore.distribution import faults as _faults
+
+_MASK32 = (1 << 32) - 1
+
+
+class DataParallel:
+    """Data parallelism: every rank holds the whole model and trains on its shard of each
+    global batch; gradients are averaged with bucketed, flat all-reduces.
+
+    ``communicator``: the engine's communicator (an ``mpi4py`` ``Comm``; None: every rank of
+    the job). ``engine``: ``"mpi"``, ``"nccl"`` or another plugin's (None: the best available
+    one for the current backend). ``bucket_bytes``: gradients are packed into flat buffers of
+    about this size, one all-reduce each (a larger gradient travels alone, without a copy).
+    """
+
+    def __init__(self, communicator: Any = None, engine: str | None = None,
+                 bucket_bytes: int = 4 << 20) -> None:
+        from mpcore import arguments as _args
+        from mpcore.registry import get_backend
+
+        self.bucket_bytes = _args.integer("bucket_bytes", bucket_bytes, 1)
+        self.timeout = _faults.collective_timeout()
+        self.backend = get_backend()
+        cls = _collectives.choose(engine, self.backend)
+        self.engine: _collectives.Collectives = cls(communicator, self.timeout)
+        #: This rank's share of the current global batch, set by ``fit`` for its gradient
+        #: weight (None: 1/world_size, the custom loop's equal shards).
+        self.batch_fraction: float | None = None
+        self._layouts: dict[tuple[int, ...], Any] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.engine.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.engine.size
+
+    def synchronize_random(self) -> None:
+        """Every rank takes rank 0's ``mp.random`` state (seed and counter)."""
+        state = _random.get_state()
+        seed = state["seed"]
+        values = self.engine.broadcast_values(
+            [float(seed >> 32), float(seed & _MASK32), float(state["counter"])])
+        _random.set_state({"seed": (int(values[0]) << 32) | int(values[1]),
+                           "counter": int(values[2])})
+
+    def broadcast_variables(self, variables: Any, what: str = "the model's variables") -> None:
+        """Every rank takes rank 0's values of ``variables``, after checking that every rank
+        has the same number of them, of the same shapes and dtypes."""
+        variables = list(variables)
+        _faults.check_same_tensors(self.engine, what, variables)
+        for var in variables:
+            var.assign(self.engine.broadcast(var.current_value()))
+
+    def __repr__(self) -> str:
+        return (f"DataParallel(engine={self.engine.name!r}, rank={self.rank}, "
+                f"world_size={self.world_size})")
+
+
+_current: DataParallel | None = None
+
+
+def set_distribution(value: DataParallel | None) -> None:
+    """Train under ``value`` from now on (None: one process again)."""
+    global _current
+    if value is not None and not isinstance(value, DataParallel):
+        raise TypeError("set_distribution takes an mp.distribution.DataParallel or None, got "
+                        f"{type(value).__name__}")
+    if value is not None:
+        value.synchronize_random()
+    _current = value
+
+
+def distribution() -> DataParallel | None:
+    """The distribution in force, or None."""
+    return _current
+
+
+def rank() -> int:
+    """This process's rank (0 without a distribution)."""
+    return 0 if _current is None else _current.rank
+
+
+def world_size() -> int:
+    """The number of ranks (1 without a distribution)."""
+    return 1 if _current is None else _current.world_size

@@ -1,0 +1,131 @@
+"""Averaging gradients over the ranks, and agreeing on the "all finite" flag.
+
+The gradients are packed into buckets of about ``bucket_bytes`` (in variable order; a gradient
+that size or larger travels alone, without a copy) and each bucket is summed with one flat
+all-reduce, each rank's gradients weighted by its share of the global batch first (so a sum of
+finite values cannot overflow). Before the first bucket of every step, the ranks exchange a
+small header (the bucket layout's signature, the loss scale, the step, ``mp.random``'s
+counter): ranks that disagree get an error naming each rank's values instead of exchanging
+buffers of different sizes (which some MPIs silently corrupt) or drifting apart. A new set of
+variables also takes rank 0's values first, so every replica starts from the same weights.
+
+The "all finite" flag is then MIN-all-reduced before the loss scale reads it: every rank skips
+the same steps and keeps the same scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpcore import ops
+from mpcore import random as _random
+from mpcore.distribution import api as _api
+from mpcore.distribution import faults as _faults
+from mpcore.tensor import Tensor, Variable
+
+HEADER = ("layout", "loss_scale", "iterations", "random_counter")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which gradients share a flat buffer, and a signature of their shapes and dtypes."""
+
+    buckets: tuple[tuple[int, ...], ...]
+    count: int
+    values: int
+    signature: float   # 52 bits of a hash: exact in a float64
+
+
+def plan(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str], itemsizes: Sequence[int],
+         bucket_bytes: int) -> Layout:
+    """Buckets in order, a new one when the next gradient would overflow ``bucket_bytes`` or
+    has another dtype (a flat buffer holds one dtype)."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, (shape, itemsize) in enumerate(zip(shapes, itemsizes)):
+        nbytes = _numel(shape) * itemsize
+        if (not buckets or size + nbytes > bucket_bytes
+                or dtypes[buckets[-1][-1]] != dtypes[i]):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return Layout(tuple(tuple(b) for b in buckets), len(shapes),
+                  sum(_numel(s) for s in shapes), _faults.signature(shapes, dtypes))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
+                      optimizer: Any) -> list[Tensor]:
+    """The mean of ``grads`` over the ranks (cast to each variable's dtype), or ``grads``
+    as they are without a distribution."""
+    dist = _api.distribution()
+    if dist is None or not grads:
+        return grads
+    grads = [g if g.dtype == v.dtype else ops.cast(g, v.dtype) for g, v in zip(grads, variables)]
+    key = tuple(id(v) for v in variables)
+    layout = dist._layouts.get(key)
+    if layout is None:
+        layout = _new_layout(dist, grads, variables)
+    _check_header(dist, layout, optimizer)
+    fraction = dist.batch_fraction
+    dist.batch_fraction = None
+    weight = 1.0 / dist.world_size if fraction is None else fraction
+    out: list[Tensor | None] = [None] * len(grads)
+    for bucket in layout.buckets:
+        # one copy of the gradients in all: the weighted copy of a lone gradient, or the
+        # concatenation, which the engine weights in place (its memory is ours)
+        if len(bucket) == 1:
+            total = dist.engine.allreduce(ops.multiply(grads[bucket[0]], weight), "sum")
+        else:
+            flat = ops.concat([ops.reshape(grads[i], (-1,)) for i in bucket])
+            total = dist.engine.allreduce(flat, "sum", scale=weight)
+        if len(bucket) == 1:
+            out[bucket[0]] = total
+            continue
+        offset = 0
+        for i in bucket:
+            n = grads[i].size
+            out[i] = ops.reshape(total[offset:offset + n], grads[i].shape)
+            offset += n
+    return out  # type: ignore[return-value]
+
+
+def _new_layout(dist: Any, grads: list[Tensor], variables: Sequence[Variable]) -> Layout:
+    layout = plan([g.shape for g in grads], [g.dtype for g in grads],
+                  [_itemsize(g.dtype) for g in grads], dist.bucket_bytes)
+    dist.broadcast_variables(variables, "the variables to train")  # checks them first
+    dist._layouts[tuple(id(v) for v in variables)] = layout
+    return layout
+
+
+def _itemsize(dtype: str) -> int:
+    return 8 if dtype in ("float64", "int64") else 2 if dtype in ("float16", "bfloat16") else 4
+
+
+def _check_header(dist: Any, layout: Layout, optimizer: Any) -> None:
+    scale = getattr(optimizer, "loss_scale", None)
+    values = [layout.signature, float(scale()) if scale is not None else 0.0,
+              float(optimizer.iterations), float(_random.get_state()["counter"])]
+    error = _faults.disagreement("the training state (layout, loss scale, step, random "
+                                 "counter)", dist.engine.allgather_values(values), HEADER)
+    if error is not None:
+        raise error
+
+
+def agree_finite(flag: Tensor) -> Tensor:
+    """``flag`` ("all finite") ANDed over the ranks (a MIN all-reduce), or ``flag`` as it
+    is without a distribution."""
+    dist = _api.distribution()
+    if dist is None:
+        return flag
+    ok = dist.engine.allreduce_values([1.0 if bool(flag) else 0.0], "min")[0]
+    return ops.constant(ok > 0.5, dtype="bool", backend=flag.backend)

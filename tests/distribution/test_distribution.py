@@ -1,0 +1,190 @@
+"""mp.distribution in one process: the API without a distribution, the engine choice, the
+bucket plan, the batch split, the deadline setting, the disagreement errors, the launch line
+and the NCCL engine's bootstrap and dtype mapping (as functions: no GPU here). The jobs of
+several ranks are in test_two_ranks.py."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mpcore_nccl import bootstrap
+
+import mpcore as mp
+from mpcore.distribution import collectives, faults, gradients, launch, sharding
+
+
+def backend(name: str) -> mp.Backend:
+    return next(b for b in mp.backends() if b.name == name)
+
+
+def test_import_mpcore_imports_no_engine() -> None:
+    code = ("import sys, mpcore as mp; mp.distribution; mp.get_backend(); "
+            "print('mpi4py' in sys.modules, 'cupy.cuda.nccl' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, env=launch.environment()).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_without_a_distribution_one_process_trains_alone() -> None:
+    assert mp.distribution.distribution() is None
+    assert (mp.distribution.rank(), mp.distribution.world_size()) == (0, 1)
+    assert sharding.shard(3, 11, train=True) == (3, 11)
+    assert sharding.verbosity(2) == 2
+
+
+def test_set_distribution_takes_a_distribution_or_none() -> None:
+    with pytest.raises(TypeError, match="DataParallel or None, got str"):
+        mp.distribution.set_distribution("mpi")  # type: ignore[arg-type]
+    mp.distribution.set_distribution(None)
+    assert mp.distribution.distribution() is None
+
+
+def test_the_engines_come_from_the_hook_and_are_chosen_by_backend() -> None:
+    found = collectives.engines()
+    assert {"mpi", "nccl"} <= set(found)
+    cpu = backend("cpu")
+    if found["mpi"].unavailable_reason(cpu) is None:
+        assert collectives.choose(None, cpu).name == "mpi"  # NCCL cannot take host arrays
+    with pytest.raises(ValueError, match=r"unknown collectives engine 'gloo'; valid: .*mpi"):
+        collectives.choose("gloo", cpu)
+    with pytest.raises(mp.distribution.DistributionError,
+                       match="nccl: NCCL reduces CUDA arrays; the backend is 'cpu'"):
+        collectives.choose("nccl", cpu)
+
+
+def test_reductions_are_named() -> None:
+    assert collectives.check_reduction("min") == "min"
+    with pytest.raises(ValueError, match="unknown reduction 'mean'; valid: sum, min, max"):
+        collectives.check_reduction("mean")
+
+
+def test_buckets_follow_the_variables_and_split_at_the_size_and_dtype() -> None:
+    shapes = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]
+    layout = gradients.plan(shapes, ["float32"] * 6, [4] * 6, 4 << 20)
+    # W1+b1 fit 4 MiB; W2 (4 MiB) travels alone; the rest share one buffer
+    assert layout.buckets == ((0, 1), (2,), (3, 4, 5))
+    assert layout.count == 6 and layout.values == sum(
+        gradients._numel(s) for s in shapes)
+    mixed = gradients.plan([(2,), (2,), (2,)], ["float32", "float64", "float64"], [4, 8, 8],
+                           1 << 20)
+    assert mixed.buckets == ((0,), (1, 2))
+
+
+def test_the_layout_signature_tells_shapes_and_dtypes_apart() -> None:
+    base = faults.signature([(3, 4), (4,)], ["float32", "float32"])
+    assert base == faults.signature([(3, 4), (4,)], ["float32", "float32"])
+    assert base != faults.signature([(4, 3), (4,)], ["float32", "float32"])
+    assert base != faults.signature([(3, 4), (4,)], ["float32", "float64"])
+    assert base == int(base) and base < 2 ** 52  # exact in a float64
+
+
+@given(st.integers(0, 1000), st.integers(1, 500), st.integers(1, 8))
+def test_shards_cover_each_row_of_a_batch_once(lo: int, n: int, size: int) -> None:
+    spans = [sharding.rows_of(lo, lo + n, r, size) for r in range(size)]
+    assert spans[0][0] == lo and spans[-1][1] == lo + n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    lengths = [stop - start for start, stop in spans]
+    assert max(lengths) - min(lengths) <= 1
+
+
+def test_a_last_batch_smaller_than_the_ranks_is_left_out_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert sharding.count_batches(100, 32, 1, 0, "fit") == 4
+    assert sharding.count_batches(100, 32, 4, 0, "fit") == 4  # 4 rows left: one a rank
+    with caplog.at_level(logging.WARNING, logger="mpcore"):
+        assert sharding.count_batches(97, 32, 4, 0, "fit") == 3
+    assert "the last batch of 1 sample(s) is smaller than the number of ranks (4)" in (
+        caplog.text)
+    with pytest.raises(ValueError, match="needs batch_size and the number of samples >= 4"):
+        sharding.count_batches(3, 2, 4, 0, "fit")
+
+
+def test_the_collective_deadline_is_a_positive_number_of_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(faults.TIMEOUT_ENV, raising=False)
+    assert faults.collective_timeout() == faults.DEFAULT_TIMEOUT_S
+    monkeypatch.setenv(faults.TIMEOUT_ENV, "2.5")
+    assert faults.collective_timeout() == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(faults.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match="MPCORE_COLLECTIVE_TIMEOUT must be a number of "
+                                             "seconds > 0"):
+            faults.collective_timeout()
+
+
+def test_a_disagreement_names_every_ranks_values() -> None:
+    assert faults.disagreement("x", [[1.0, 2.0], [1.0, 2.0]], ("a", "b")) is None
+    error = faults.disagreement("the step", [[1.0, 7.0], [1.0, 8.5]], ("scale", "step"))
+    assert isinstance(error, mp.distribution.DistributionError)
+    assert str(error) == ("the ranks disagree on the step:\n  rank 0: scale=1, step=7\n"
+                          "  rank 1: scale=1, step=8.5")
+
+
+def test_the_launch_line_runs_python_under_mpi4py() -> None:
+    try:
+        cmd = launch.command(2, ["train.py", "--fast"])
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert cmd[1:] == ["-n", "2", sys.executable, "-m", "mpi4py", "train.py", "--fast"]
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="ranks must be a whole number >= 1"):
+            launch.command(bad, ["x.py"])  # type: ignore[arg-type]
+    env = launch.environment(threads=1)
+    assert env["OMP_NUM_THREADS"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+
+
+def test_nccl_dtypes_and_reductions_are_the_nccl_enums() -> None:
+    assert bootstrap.nccl_dtype("float32") == 7 and bootstrap.nccl_dtype("bfloat16") == 9
+    assert bootstrap.nccl_op("sum") == 0 and bootstrap.nccl_op("min") == 3
+    with pytest.raises(ValueError, match="NCCL cannot reduce 'bool' tensors; valid dtypes: "
+                                         "int8, uint8"):
+        bootstrap.nccl_dtype("bool")
+    with pytest.raises(ValueError, match="unknown reduction 'prod'; valid: sum, max, min"):
+        bootstrap.nccl_op("prod")
+    nccl = pytest.importorskip("cupy.cuda.nccl")
+    if not nccl.available:
+        pytest.skip("CuPy finds no NCCL library here (nvidia-nccl-cu12): the enums are "
+                    "checked against NCCL's C header values only")
+    assert bootstrap.nccl_dtype("float16") == nccl.NCCL_FLOAT16
+    assert bootstrap.nccl_dtype("float32") == nccl.NCCL_FLOAT32
+    assert bootstrap.nccl_dtype("float64") == nccl.NCCL_FLOAT64
+    assert bootstrap.nccl_dtype("int64") == nccl.NCCL_INT64
+    assert bootstrap.nccl_op("max") == nccl.NCCL_MAX and bootstrap.nccl_op("min") == nccl.NCCL_MIN
+
+
+@given(st.lists(st.integers(-128, 127), min_size=128, max_size=128))
+def test_an_nccl_unique_id_survives_its_trip_as_floats(uid: list[int]) -> None:
+    values = bootstrap.encode_unique_id(uid)
+    assert all(0.0 <= v <= 255.0 for v in values)
+    assert bootstrap.decode_unique_id(values) == tuple(uid)
+
+
+def test_an_nccl_unique_id_has_128_bytes() -> None:
+    with pytest.raises(ValueError, match="an NCCL unique id has 128 bytes, got 3"):
+        bootstrap.encode_unique_id([1, 2, 3])
+    got = bootstrap.share_unique_id(0, lambda: tuple(range(128)), lambda v: list(v))
+    assert got == tuple(range(128))  # one rank: its own id
+
+
+def test_the_nccl_engine_says_why_it_cannot_run_here() -> None:
+    reason = collectives.engines()["nccl"].unavailable_reason(backend("cpu"))
+    assert reason == "NCCL reduces CUDA arrays; the backend is 'cpu'"
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_on_a_gpu() -> None:
+    cuda = backend("cuda")
+    if not cuda.is_available():
+        pytest.skip(f"no CUDA GPU here: {cuda.unavailable_reason()}")
+    reason = collectives.engines()["nccl"].unavailable_reason(cuda)
+    if reason is not None:
+        pytest.skip(reason)
+    engine = collectives.engines()["nccl"](None, 30.0)  # a world of one rank
+    x = mp.constant([1.0, 2.0, 3.0], backend="cuda")
+    assert engine.allreduce(x, "sum").numpy().tolist() == [1.0, 2.0, 3.0]
