@@ -202,7 +202,11 @@ def read_idx(path: Path) -> Any:
     if body.size != expected:
         raise MnistFileError(f"{path}: header says {dims} ({expected} values), found "
                              f"{body.size}; {_remedy(path)}")
-    return body.reshape(dims)
+    try:
+        return body.reshape(dims)
+    except ValueError as exc:   # an empty body under dimensions too big to index (0 x 2**32)
+        raise MnistFileError(f"{path}: header says {dims}, which no array can have ({exc}); "
+                             f"{_remedy(path)}") from exc
 
 
 def read_pair(images_path: Path, labels_path: Path) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED_MNIST
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mpcore.datasets import mnist
@@ -133,6 +133,9 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
        ndim=st.integers(0, 255), dims=st.lists(st.integers(0, 6), max_size=5),
        body=st.binary(max_size=300), cut=st.one_of(st.none(), st.integers(0, 400)),
        gzipped=st.booleans())
+# found by hypothesis: no values, under dimensions no array can have (0 x 3298820292 x ...)
+@example(magic=b"\x00\x00\x08", ndim=5, dims=[0, 0, 0], body=b"\xc4\x00\x00\x00\xa7/\x05:",
+         cut=None, gzipped=True)
 def test_idx_parser_gives_a_value_error_naming_the_file_or_a_right_array(
         scratch: Path, magic: bytes, ndim: int, dims: list[int], body: bytes, cut: int | None,
         gzipped: bool) -> None:
