@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
+from mpcore.demo import build_model
 
 CONFIGS = ("float32", "rewrite", "mixed_bfloat16")
 
@@ -39,12 +40,7 @@ class Trainer:
         self.config, self.dtype = config, dtype
         mp.set_global_policy("mixed_bfloat16" if config == "mixed_bfloat16" else None)
         mp.random.set_seed(seed)
-        inputs = mp.Input(shape=(784,), name="digits")
-        x = mp.layers.Dense(units, activation="relu", name="dense_1")(inputs)
-        x = mp.layers.Dense(units, activation="relu", name="dense_2")(x)
-        x = mp.layers.Dense(10, name="dense_logits")(x)
-        outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
-        self.model = mp.Model(inputs=inputs, outputs=outputs)
+        self.model = build_model(units)
         mp.set_global_policy(None)
         opt: Any = mp.optimizers.get(optimizer)
         if config == "rewrite":

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
+from mpcore.demo import build_model
 from mpcore.distribution import launch
 from mpcore.distribution.sharding import rows_of
 
@@ -68,12 +69,7 @@ class TimedEngine:
 
 
 def build(units: int) -> Any:
-    inputs = mp.Input(shape=(784,), name="digits")
-    x = mp.layers.Dense(units, activation="relu", name="dense_1")(inputs)
-    x = mp.layers.Dense(units, activation="relu", name="dense_2")(x)
-    x = mp.layers.Dense(10, name="dense_logits")(x)
-    outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
-    model = mp.Model(inputs=inputs, outputs=outputs)
+    model = build_model(units)
     model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop(),
                   metrics=["accuracy"])
     return model

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
+from mpcore.demo import build_model
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 #: Traced steps (``--jit``) for every trainer this process builds.
@@ -147,12 +148,7 @@ class FitTrainer:
                  seed: int = 0, jit: bool = False) -> None:
         mp.set_backend(backend.name)
         mp.set_global_policy(policy)
-        inputs = mp.Input(shape=(784,), name="digits")
-        x = mp.layers.Dense(units, activation="relu", name="dense_1")(inputs)
-        x = mp.layers.Dense(units, activation="relu", name="dense_2")(x)
-        x = mp.layers.Dense(10, name="dense_logits")(x)
-        outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
-        self.model = mp.Model(inputs=inputs, outputs=outputs)
+        self.model = build_model(units)
         self.model.compile(loss="sparse_categorical_crossentropy",
                            optimizer=mp.optimizers.RMSprop(), jit_compile=jit)
         rng = np.random.default_rng(seed)

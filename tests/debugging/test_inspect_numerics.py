@@ -13,6 +13,7 @@ import pytest
 
 import mpcore as mp
 from mpcore.debugging import NumericsReport
+from mpcore.demo import build_model
 
 UNITS = 16
 
@@ -22,12 +23,7 @@ def guide_model(policy: str | None = None, units: int = UNITS) -> Any:
     if policy is not None:
         mp.set_global_policy(policy)
     mp.random.set_seed(0)
-    inputs = mp.Input(shape=(784,), name="digits")
-    x = mp.layers.Dense(units, activation="relu", name="dense_1")(inputs)
-    x = mp.layers.Dense(units, activation="relu", name="dense_2")(x)
-    x = mp.layers.Dense(10, name="dense_logits")(x)
-    outputs = mp.layers.Activation("softmax", dtype="float32", name="predictions")(x)
-    model = mp.Model(inputs=inputs, outputs=outputs)
+    model = build_model(units)
     model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop())
     return model
 
