@@ -39,7 +39,7 @@ from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.optimizers import Optimizer
-from mpcore.policy import global_policy
+from mpcore.policy import global_policy, policy_origin
 from mpcore.program import KernelCall, reads
 
 logger = logging.getLogger("mpcore")
@@ -252,10 +252,16 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
                          "LossScaleOptimizer; pass its inner_optimizer")
     policy = global_policy()
     if policy.name != "float32":
+        scoped = policy_origin() != "the global policy"
         raise ValueError(
-            "enable_mixed_precision_graph_rewrite rewrites float32 models, but the global "
-            f"policy is {policy.name!r}: the policy and the rewrite would both change dtypes. "
-            "Use one: mp.set_global_policy(None) first, or keep the policy without the rewrite")
+            "enable_mixed_precision_graph_rewrite rewrites float32 models, but the policy "
+            f"here is {policy.name!r} ({policy_origin()}): the policy and the rewrite would "
+            "both change dtypes. Use one: "
+            f"{'leave the policy_scope' if scoped else 'mp.set_global_policy(None)'} first, "
+            "or keep the policy without the rewrite")
+    if hooks.autocast_on():
+        raise ValueError("enable_mixed_precision_graph_rewrite inside an autocast block: both "
+                         "change dtypes; use one of them")
     config = RewriteConfig(current_lists(lists), None if dtype is None else check_dtype(dtype))
     wrapped = _RewrittenOptimizer(opt, loss_scale)
     hooks.rewrite = config

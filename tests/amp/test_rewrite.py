@@ -54,7 +54,8 @@ def test_the_errors() -> None:
     with pytest.raises(ValueError, match="invalid loss_scale 'huge'"):
         enable(mp.optimizers.SGD(), loss_scale="huge")
     mp.set_global_policy("mixed_bfloat16")
-    with pytest.raises(ValueError, match=r"the global policy is 'mixed_bfloat16'"):
+    with pytest.raises(ValueError,
+                       match=r"the policy here is 'mixed_bfloat16' \(the global policy\)"):
         enable(mp.optimizers.SGD())
     mp.set_global_policy(None)
     enable(mp.optimizers.SGD())
