@@ -78,6 +78,8 @@ class _Session:
         #: trace had made before it (its kernel is the first of its name from there on)
         self.decisions: list[tuple[str, int]] = []
         self.count = 0
+        #: the painted trace lost its way and was refused (jit_compile="auto"): float32 on
+        self.lost = False
 
     def begin(self, recorder: Any) -> None:
         self.recorder = recorder
@@ -87,7 +89,7 @@ class _Session:
         hooks.end_session()
 
     def decide(self, op: str, backend: Any, dtype: str, float_only: bool) -> str | None:
-        if in_kept_whole():
+        if in_kept_whole() or self.lost:
             return None
         if self.plan is None:
             self.decisions.append((op, len(self.recorder.steps)))
@@ -96,15 +98,28 @@ class _Session:
         self.count += 1
         decisions = self.plan.decisions
         if k >= len(decisions) or decisions[k][0] != op:
-            found = decisions[k][0] if k < len(decisions) else "the end of the trace"
-            raise TraceError(
-                f"the mixed precision graph rewrite could not follow this trace: its op {k} is "
-                f"{op!r} but the float32 trace had {found!r} there; a traced step must run "
-                "the same ops in the same order on every call (disable the rewrite for it)")
+            return self._lost(k, op, decisions[k][0] if k < len(decisions) else
+                              "the end of the trace")
         node = decisions[k][1]
         if node is None or dtype == "float64" or (dtype not in _FLOATING and not float_only):
             return None                 # not a float32 op of the graph: the category rule
         return self.plan.dtype if self.plan.painting.low[node] else "float32"
+
+    def _lost(self, k: int, op: str, found: str) -> None:
+        """The painted trace took another path than the float32 one: most often an op (or
+        a layer, a loss) that chooses its code path by its input's dtype, given a 16-bit
+        input by the painting. Under ``jit_compile="auto"`` the step falls back to eager
+        float32 steps, with the reason; otherwise it is a TraceError."""
+        why = (f"the mixed precision graph rewrite could not follow this step: its painted "
+               f"trace ran {op!r} as dtype decision {k} where the float32 trace had {found!r} "
+               "(an op whose code path depends on its input's dtype, given a 16-bit input by "
+               "the painting, or a step that does not run the same ops on every call). Take "
+               "the op off the allowlist, or disable the rewrite for this step")
+        if self.recorder.fallback:
+            self.recorder.refused = self.recorder.refused or why
+            self.lost = True
+            return None
+        raise TraceError(why)
 
     # the end of a trace ---------------------------------------------------------------------
     def keep(self) -> bool:

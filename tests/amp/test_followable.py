@@ -1,0 +1,63 @@
+"""The rewrite's painted trace must follow the float32 one (issue 18, defect 2): an
+allowlisted softmax made the loss take another code path; a step whose path depends on a
+dtype is a TraceError that names the cause, or, with fallback (jit_compile="auto"), runs
+eagerly with that reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amp_models import X, Y, float32_model, rewrite_off  # noqa: F401 - rewrite_off: autouse
+
+import mpcore as mp
+from mpcore.amp.lists import AutoMixedPrecisionLists
+from mpcore.function import TraceError
+
+MP = mp.mixed_precision
+
+
+@pytest.mark.parametrize("jit", [True, "auto"])
+def test_an_allowlisted_softmax_trains(jit: bool | str) -> None:
+    """The loss scores from the softmax's logits whatever dtype softmax was painted."""
+    model = float32_model()
+    opt = MP.enable_mixed_precision_graph_rewrite(
+        mp.optimizers.SGD(), dtype="bfloat16",
+        lists=AutoMixedPrecisionLists().edit(allowlist_add=["softmax"]))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, jit_compile=jit)
+    history = model.fit(X, Y, batch_size=32, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    graph = str(model._traced["train"].graph)
+    assert "softmax#3(dense#2) -> bfloat16" in graph
+    assert "sparse_softmax_cross_entropy#4(dense#2) -> float32" in graph
+
+
+def _branching_step(w: mp.Variable) -> object:
+    def step(x: mp.Tensor) -> mp.Tensor:
+        m = mp.ops.matmul(x, w)
+        # a path chosen by dtype: the painted trace (m in 16 bits) takes the other one
+        return mp.ops.exp(m) if m.dtype == "float32" else mp.ops.sigmoid(mp.ops.tanh(m))
+    return step
+
+
+def test_a_step_the_rewrite_cannot_follow_names_the_cause() -> None:
+    w = mp.Variable(np.eye(20, dtype=np.float32))
+    step = mp.function(_branching_step(w))
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="bfloat16")
+    x = mp.constant(X)
+    step(x)                                              # the float32 trace
+    with pytest.raises(TraceError, match=r"ran 'tanh' as dtype decision 1 where the float32 "
+                                         r"trace had 'exp'.*depends on its input's dtype"):
+        step(x)
+
+
+def test_with_fallback_it_runs_eagerly_with_the_reason() -> None:
+    w = mp.Variable(np.eye(20, dtype=np.float32))
+    step = mp.function(_branching_step(w), fallback=True)
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="bfloat16")
+    x = mp.constant(X)
+    step(x)
+    with pytest.warns(RuntimeWarning, match=r"runs eagerly: the mixed precision graph rewrite "
+                                            r"could not follow"):
+        step(x)
+    assert step.eager_reason is not None
+    assert step(x).dtype == "float32"                    # eager steps: float32
