@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.optimizers import Optimizer
 from mpcore.policy import global_policy, policy_origin
-from mpcore.program import KernelCall, reads
+from mpcore.program import KernelCall, WholeCall, reads
 
 logger = logging.getLogger("mpcore")
 
@@ -54,6 +55,9 @@ class RewriteConfig:
 
     def key(self) -> tuple[Any, ...]:
         return ("rewrite", self.dtype, self.lists.key())
+
+    def describe(self) -> str:
+        return f"dtype {self.dtype or 'of the device'}, {self.lists!r}"
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,28 @@ class _Session:
         nodes, at_step = op_graph(self.recorder.steps)
         overrides = dict(self.backend.category_overrides)
         dtype = self.config.dtype or device_dtype(self.backend)
+        self._check_update(dtype)
         self.store[self.signature] = Plan(tuple(nodes),
                                           paint(nodes, self.config.lists, overrides),
                                           match_decisions(self.decisions, nodes, at_step),
                                           dtype)
         return False
+
+    def _check_update(self, dtype: str) -> None:
+        """A float16 step whose update is a plain optimizer's trains without loss scaling
+        (small gradients flush to zero): TF wraps the optimizer for the user; here the user
+        must compile with the one enable_mixed_precision_graph_rewrite returned. Said once."""
+        global _unscaled_warned
+        if dtype != "float16" or _unscaled_warned:
+            return
+        updates = {step.fn for step in self.recorder.steps if type(step) is WholeCall}
+        if _PLAIN_UPDATE in updates and _SCALED_UPDATE not in updates:
+            _unscaled_warned = True
+            warnings.warn(
+                "the mixed precision graph rewrite runs this step in float16, but its optimizer "
+                "is not a LossScaleOptimizer: it trains without loss scaling, and small "
+                "gradients underflow to zero. Compile with the optimizer that "
+                "enable_mixed_precision_graph_rewrite returned", UserWarning, stacklevel=2)
 
     def describe(self) -> list[str]:
         plan = self.plan
@@ -239,6 +260,10 @@ class _RewrittenOptimizer(LossScaleOptimizer):
 
 
 _eager_logged = False
+_unscaled_warned = False
+#: the update methods a step's kept-whole calls name (see _Session._check_update)
+_PLAIN_UPDATE = Optimizer.apply_gradients.__wrapped__          # type: ignore[attr-defined]
+_SCALED_UPDATE = LossScaleOptimizer.apply_gradients.__wrapped__  # type: ignore[attr-defined]
 
 
 def _log_eager_once() -> None:
@@ -279,6 +304,13 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
                          "change dtypes; use one of them")
     config = RewriteConfig(current_lists(lists), None if dtype is None else check_dtype(dtype))
     wrapped = _RewrittenOptimizer(opt, loss_scale)
+    if hooks.rewrite is not None and hooks.rewrite != config:
+        warnings.warn(
+            f"enable_mixed_precision_graph_rewrite: the rewrite was already enabled "
+            f"({hooks.rewrite.describe()}); this call replaces them with {config.describe()} "
+            "for every traced step, also those of models compiled with the first call's "
+            "optimizer. Call disable_mixed_precision_graph_rewrite() first to make that "
+            "explicit", UserWarning, stacklevel=2)
     hooks.rewrite = config
     trace_hooks.trace_hook = _trace_hook
     return wrapped

@@ -61,3 +61,37 @@ def test_with_fallback_it_runs_eagerly_with_the_reason() -> None:
         step(x)
     assert step.eager_reason is not None
     assert step(x).dtype == "float32"                    # eager steps: float32
+
+
+def test_a_float16_rewrite_with_a_plain_optimizer_warns_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18, defect 16: compiling with a plain optimizer instead of the one enable_...
+    returned trained float16 steps without loss scaling, without a word."""
+    from mpcore.amp import rewrite
+
+    monkeypatch.setattr(rewrite, "_unscaled_warned", False)
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")
+    model = float32_model()
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.SGD(),
+                  jit_compile=True)
+    with pytest.warns(UserWarning, match=r"not a LossScaleOptimizer: it trains without loss "
+                                         r"scaling.*the optimizer that enable_mixed"):
+        model.fit(X, Y, batch_size=32, epochs=1, verbose=0)
+    assert rewrite._unscaled_warned
+    # the returned optimizer: no warning
+    monkeypatch.setattr(rewrite, "_unscaled_warned", False)
+    model = float32_model()
+    opt = MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, jit_compile=True)
+    model.fit(X, Y, batch_size=32, epochs=1, verbose=0)
+    assert not rewrite._unscaled_warned
+
+
+def test_enabling_again_with_other_settings_warns() -> None:
+    """Issue 18, defect 17: a second enable_... silently replaced the dtype and the lists."""
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="bfloat16")
+    with pytest.warns(UserWarning, match=r"already enabled \(dtype bfloat16, "
+                                         r"AutoMixedPrecisionLists\(defaults\)\); this call "
+                                         r"replaces them with dtype float16"):
+        MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")  # the same
