@@ -173,6 +173,8 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     from mpcore.verdict import check_policy, compatibility_message
 
     _check_arguments(units, policy, epochs, batch_size, plot, verbose)
+    # a bad MPCORE_AMP_* edit is an error before anything trains, not after two runs
+    lists = mp.mixed_precision.AutoMixedPrecisionLists().with_env() if rewrite else None
     backend = mp.get_backend()
     device = backend.device()
     out("mpcore demo: the Keras mixed precision guide on MNIST")
@@ -227,7 +229,8 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
             model = build_model(units)
         optimizer: Any = mp.optimizers.RMSprop()
         if name == REWRITE:
-            optimizer = mp.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer)
+            optimizer = mp.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer,
+                                                                             lists=lists)
         model.compile(loss="sparse_categorical_crossentropy", optimizer=optimizer,
                       metrics=["accuracy"])
         scales = LossScaleMonitor()
@@ -433,6 +436,8 @@ def _demo(args: argparse.Namespace) -> int:
         return _launch(args)
     try:
         mp.get_backend()  # a bad MPCORE_BACKEND, or no backend that works, ends the demo here
+        if args.rewrite:  # as bad MPCORE_AMP_* lists: one line, before any training
+            mp.mixed_precision.AutoMixedPrecisionLists().with_env()
     except (ValueError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1

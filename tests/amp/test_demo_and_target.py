@@ -80,3 +80,19 @@ def test_this_cpu_gets_its_fast_dtype_and_a_slow_device_says_why_once(
         assert target.device_dtype(Slow()) == "bfloat16"
     messages = [r.getMessage() for r in caplog.records if "neither 16-bit" in r.getMessage()]
     assert len(messages) == 1 and "emulated here" in messages[0]
+
+
+def test_demo_rewrite_checks_the_lists_before_training(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18, defect 7: a bad MPCORE_AMP_* edit was a raw traceback after two runs had
+    trained; now one line naming the variable, before anything trains (no data needed)."""
+    monkeypatch.setenv("MPCORE_AMP_ALLOWLIST_ADD", "foo")
+    assert cli.main(["demo", "--rewrite", "--epochs", "1", "--verbose", "0"]) == 1
+    captured = capsys.readouterr()
+    assert "training" not in captured.out
+    assert captured.err.startswith("mpcore demo: MPCORE_AMP_ALLOWLIST_ADD: unknown op name(s) "
+                                   "'foo'; valid names:")
+    assert len(captured.err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match=r"MPCORE_AMP_ALLOWLIST_ADD"):   # run() checks too
+        from mpcore import demo
+        demo.run(rewrite=True, out=lambda line: None)
