@@ -242,7 +242,7 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         finally:
             mp.mixed_precision.disable_mixed_precision_graph_rewrite()
         if name == REWRITE:
-            graph = str(model._traced["train"].graph or "")
+            graph = str(model.train_function.graph or "")
             painted = graph.split("\n\n", 1)[1].splitlines() if "\n\n" in graph else []
         times = history.history["time_per_sample"]
         steady = times[1:] or times

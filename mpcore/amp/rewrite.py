@@ -157,7 +157,10 @@ class _Session:
 
     def describe(self) -> list[str]:
         plan = self.plan
-        assert plan is not None
+        if plan is None:        # this trace recorded the op graph; the store holds its plan
+            n = len(self.store[self.signature].nodes)
+            return ["", f"mixed precision graph rewrite: this float32 trace recorded the op "
+                    f"graph ({n} ops); the next call with this signature traces it painted"]
         ran, inserted = align(plan.nodes, op_graph(self.recorder.steps)[0])
         low = sum(plan.painting.low)
         lines = ["", f"mixed precision graph rewrite ({plan.dtype}): {low} of {len(plan.nodes)} "

@@ -21,7 +21,7 @@ disable = mp.mixed_precision.disable_mixed_precision_graph_rewrite
 
 
 def _train_graph(model: mp.Model) -> str:
-    return str(model._traced["train"].graph)
+    return str(model.train_function.graph)
 
 
 def test_the_seeds_example_word_for_word() -> None:
@@ -83,8 +83,10 @@ def test_the_rewritten_step_paints_casts_and_keeps_float32_where_it_must() -> No
                   optimizer=enable(mp.optimizers.SGD(0.1), dtype="bfloat16"))
     before = [w.copy() for w in model.get_weights()]
     model.train_on_batch(X, Y)          # float32: records the op graph
-    fn = model._traced["train"]
-    assert fn.graph is None and fn.tracing_count == 1
+    fn = model.train_function
+    # the graph is the latest trace's: here the float32 one that recorded the op graph
+    assert "this float32 trace recorded the op graph" in str(fn.graph)
+    assert fn.tracing_count == 1
     model.train_on_batch(X, Y)          # traced painted
     model.train_on_batch(X, Y)          # replayed
     assert fn.tracing_count == 2
@@ -224,3 +226,19 @@ def test_eager_dispatch_has_no_hook_when_nothing_is_on() -> None:
     with mp.mixed_precision.autocast("bfloat16"):
         assert dispatch.dtype_hook is not None
     assert dispatch.dtype_hook is None
+
+
+def test_the_graph_is_the_latest_trace_under_the_rewrite() -> None:
+    """Issue 18, defect 10: under the rewrite, graph was None after the first call, and the
+    previous signature's program after a first call with a new one."""
+    w = mp.Variable(np.ones((20, 3), np.float32))
+    f = mp.function(lambda x: mp.ops.tanh(mp.ops.matmul(x, w)))
+    enable(mp.optimizers.SGD(), dtype="bfloat16")
+    f(mp.constant(X[:4]))
+    assert "float32[4, 20]" in str(f.graph) and "recorded the op graph (2 ops)" in str(f.graph)
+    f(mp.constant(X[:4]))
+    assert "matmul(bfloat16[4, 20]" in str(f.graph) and "ops painted bfloat16" in str(f.graph)
+    f(mp.constant(X[:5]))
+    assert "float32[5, 20]" in str(f.graph) and "recorded the op graph" in str(f.graph)
+    model = float32_model()
+    assert model.train_function is None                    # public: the traced train step
