@@ -95,3 +95,30 @@ def test_enabling_again_with_other_settings_warns() -> None:
                                          r"replaces them with dtype float16"):
         MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")
     MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype="float16")  # the same
+
+
+def test_loss_scale_errors_list_only_what_is_valid() -> None:
+    """Issue 18, defect 11: enable_...'s loss_scale error listed None, which it rejects;
+    "Dynamic" was rejected."""
+    with pytest.raises(ValueError, match=r"valid: 'dynamic', a number > 0, a LossScale "
+                                         r"instance$"):
+        MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), loss_scale="huge")
+    with pytest.raises(ValueError, match=r"needs a loss scale"):
+        MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), loss_scale=None)
+    for name in ("Dynamic", "DYNAMIC"):
+        opt = MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), loss_scale=name)
+        assert isinstance(opt.loss_scale, mp.DynamicLossScale)
+
+
+@pytest.mark.parametrize("name, dtype", [("half", "float16"), ("fp16", "float16"),
+                                         ("Float16", "float16"), ("bf16", "bfloat16"),
+                                         ("BFloat16", "bfloat16"), (np.float16, "float16")])
+def test_dtype_takes_the_usual_names(name: object, dtype: str) -> None:
+    """Issue 18, defect 12: "half", "fp16", "bf16" were rejected though the docstring
+    promised any numpy-like name; the error now lists the valid ones."""
+    with MP.autocast(name) as scope:
+        assert scope.dtype == dtype
+    MP.enable_mixed_precision_graph_rewrite(mp.optimizers.SGD(), dtype=name)
+    MP.disable_mixed_precision_graph_rewrite()
+    with pytest.raises(ValueError, match=r"one of float16, bfloat16 \(also half, fp16, bf16"):
+        MP.autocast("fp8")
