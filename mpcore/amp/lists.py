@@ -36,6 +36,12 @@ _OF_LIST = {"allowlist": Category.ALLOW, "denylist": Category.DENY,
             "inferlist": Category.INFER, "clearlist": Category.CLEAR}
 #: The edits, by name: ``allowlist_add`` ... ``clearlist_remove``.
 EDITS = tuple(f"{name}_{how}" for name in LISTS for how in ("add", "remove"))
+#: Ops a painted step can show that the category table (and TF's lists) do not name: on no
+#: list by default, but a user may put them on one, as any op the summary names.
+UNLISTED = frozenset({"full", "copy", "convert", "dropout_mask", "random_normal",
+                      "random_uniform", "sparse_softmax_cross_entropy_grad"})
+#: Every op name the lists take.
+KNOWN = frozenset(CATEGORIES) | UNLISTED
 ENV_PREFIX = "MPCORE_AMP_"
 LISTS_FILE_ENV = "MPCORE_AMP_LISTS_FILE"
 
@@ -48,10 +54,10 @@ def _check_ops(ops: Any, where: str) -> list[str]:
         raise TypeError(f"{where} takes a list of op names (strings), got {bad[0]!r} "
                         f"({type(bad[0]).__name__})")
     names = [op.strip() for op in ops if op.strip()]
-    unknown = sorted(set(names) - CATEGORIES.keys())
+    unknown = sorted(set(names) - KNOWN)
     if unknown:
         raise ValueError(f"{where}: unknown op name(s) {', '.join(map(repr, unknown))}; valid "
-                         f"names: {', '.join(sorted(CATEGORIES))}")
+                         f"names: {', '.join(sorted(KNOWN))}")
     return names
 
 

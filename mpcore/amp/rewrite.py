@@ -166,10 +166,14 @@ class _Session:
         lines = ["", f"mixed precision graph rewrite ({plan.dtype}): {low} of {len(plan.nodes)} "
                  f"ops painted {plan.dtype}, {inserted} casts inserted at the colour boundaries"]
         for i, node in enumerate(plan.nodes):
-            dtype = plan.dtype if plan.painting.low[i] else node.dtype
+            painted = plan.dtype if plan.painting.low[i] else node.dtype
             ins = ", ".join(label(plan.nodes, j) for j in node.inputs)
-            note = "" if ran[i] in (None, dtype) else f"; ran in {ran[i]}, as its inputs"
-            lines.append(f"  {label(plan.nodes, i)}({ins}) -> {dtype}  "
+            # the column is the dtype the op ran in; an op that makes no dtype decision of its
+            # own (a fill, a fused kernel's part) takes its dtype from elsewhere
+            note = ("" if ran[i] in (None, painted) else
+                    f"; painted {painted}, but it makes no dtype decision of its own: ran in "
+                    f"{ran[i]}")
+            lines.append(f"  {label(plan.nodes, i)}({ins}) -> {ran[i] or painted}  "
                          f"[{plan.painting.reasons[i]}{note}]")
         return lines
 

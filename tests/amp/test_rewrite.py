@@ -242,3 +242,26 @@ def test_the_graph_is_the_latest_trace_under_the_rewrite() -> None:
     assert "float32[5, 20]" in str(f.graph) and "recorded the op graph" in str(f.graph)
     model = float32_model()
     assert model.train_function is None                    # public: the traced train step
+
+
+def test_every_op_of_the_summary_can_go_on_a_list_and_the_column_is_what_ran() -> None:
+    """Issue 18, defect 9: 'full' and 'sparse_softmax_cross_entropy_grad' were shown but
+    refused by the lists, and 'full#18() -> float32 [...; ran in bfloat16]' contradicted
+    itself: the column now shows the dtype the op ran in."""
+    from mpcore.amp.lists import AutoMixedPrecisionLists
+
+    lists = AutoMixedPrecisionLists().edit(denylist_add=["full"],
+                                           inferlist_add=["sparse_softmax_cross_entropy_grad"])
+    assert lists.category("full") is Category.DENY
+    model = float32_model()
+    model.compile(loss="sparse_categorical_crossentropy",
+                  optimizer=enable(mp.optimizers.SGD(), dtype="bfloat16"), jit_compile=True)
+    model.fit(X, Y, batch_size=32, epochs=2, verbose=0)
+    painted = _train_graph(model).split("\n\n")[1].splitlines()
+    assert any("makes no dtype decision of its own" in line for line in painted)   # full#18
+    for line in painted[1:]:
+        op = line.split("#")[0].strip()
+        AutoMixedPrecisionLists().edit(allowlist_add=[op])    # every op shown is a list name
+        if "ran in" in line:
+            ran = line.split("ran in ")[1].rstrip("]")
+            assert f"-> {ran}  [" in line
