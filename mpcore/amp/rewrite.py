@@ -39,9 +39,11 @@ from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.ops import dispatch as _dispatch
 from mpcore.optimizers import Optimizer
 from mpcore.policy import global_policy, policy_origin
 from mpcore.program import KernelCall, WholeCall, reads
+from mpcore.tensor import Variable
 
 logger = logging.getLogger("mpcore")
 
@@ -88,9 +90,28 @@ class _Session:
     def begin(self, recorder: Any) -> None:
         self.recorder = recorder
         hooks.begin_session(self)
+        if self.plan is not None:       # the painted trace: one cast per tensor and dtype
+            self.casts: dict[tuple[int, str], tuple[Any, Any]] = {}
+            _dispatch.cast_hook = self.share_cast
 
     def end(self) -> None:
+        if self.plan is not None:
+            _dispatch.cast_hook = None
+            self.casts = {}
         hooks.end_session()
+
+    def share_cast(self, x: Any, dtype: str) -> Any:
+        """``x`` cast to ``dtype``, the same cast for every op of the painted graph that
+        reads it so (the logits read by softmax and by the loss: one cast, not two). Calls
+        kept whole cast for themselves: a replay runs them again, eagerly, and could not
+        see a cast of the graph. ``x`` is held so that its id is not reused in the trace."""
+        if in_kept_whole() or isinstance(x, Variable):   # a variable: assigned in the step
+            return _dispatch.cast(x, dtype)
+        key = (id(x), dtype)
+        hit = self.casts.get(key)
+        if hit is None or hit[0] is not x:
+            hit = self.casts[key] = (x, _dispatch.cast(x, dtype))
+        return hit[1]
 
     def decide(self, op: str, backend: Any, dtype: str, float_only: bool) -> str | None:
         if in_kept_whole() or self.lost:

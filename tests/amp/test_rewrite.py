@@ -265,3 +265,19 @@ def test_every_op_of_the_summary_can_go_on_a_list_and_the_column_is_what_ran() -
         if "ran in" in line:
             ran = line.split("ran in ")[1].rstrip("]")
             assert f"-> {ran}  [" in line
+
+
+def test_a_tensor_read_in_float32_by_two_ops_is_cast_once() -> None:
+    """Issue 18, defect 15: the logits were cast back to float32 once per reader (softmax,
+    the cross-entropy); TF shares one cast per output, and so does the painted trace now."""
+    w = mp.Variable(np.ones((20, 3), np.float32))
+    g = mp.function(lambda x: (lambda y: mp.ops.softmax(y) + mp.ops.exp(y))(
+        mp.ops.matmul(x, w)))
+    enable(mp.optimizers.SGD(), dtype="bfloat16")
+    x = mp.constant(X)
+    g(x)                                   # float32: records the op graph
+    g(x)                                   # painted: softmax and exp read y in float32
+    kernels = str(g.graph).split("\n\n")[0].splitlines()
+    assert sum(line.startswith("cast(bfloat16[128, 3], 'float32')") for line in kernels) == 1
+    np.testing.assert_allclose(g(x).numpy(), (lambda y: np.exp(y) / np.exp(y).sum(1, keepdims=True)
+                                              + np.exp(y))(X @ np.ones((20, 3))), rtol=0.05)
