@@ -17,6 +17,13 @@ of the others (an op has one category); removing it leaves it on no list, and an
 is never changed to 16 bits (as an op TF's lists do not name). A backend's
 ``category_overrides`` (facts about its hardware) are applied last, over any edit.
 
+Within one source (one ``edit`` call, the file, the variables), an op added to two lists, or
+added to a list and removed from it, is an error: which won would depend on the order. Errors
+name their source (the keyword, the variable, or the file and its key), and a variable that
+starts with ``MPCORE_AMP_`` but is not one of :data:`ENV_VARIABLES` is an error (a misspelt
+edit would otherwise be ignored). Op names: the category table's, and :data:`UNLISTED` (ops a
+painted step shows that no list names by default).
+
 >>> AutoMixedPrecisionLists().edit(allowlist_add=["tanh"]).category("tanh").value
 'allow'
 """

@@ -311,7 +311,13 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
     ``tf.train.experimental.enable_mixed_precision_graph_rewrite``; returns ``opt`` wrapped in
     a LossScaleOptimizer with ``loss_scale`` ("dynamic", a number or a LossScale).
     ``dtype``: float16 or bfloat16 (default: the current device's fast one, by its verdict);
-    ``lists``: the op lists (default: mpcore's, edited by ``MPCORE_AMP_*``)."""
+    ``lists``: the op lists (default: mpcore's, edited by ``MPCORE_AMP_*``).
+
+    Compile with the optimizer returned: a float16 step with another is warned about once (it
+    trains without loss scaling). For float32 models only: a mixed policy here (global or a
+    ``policy_scope``), an open ``autocast`` block, or a layer with its own mixed policy in a
+    traced step is an error. Enabling it again with another dtype or lists warns: the new
+    ones apply to every traced step, also those compiled with the first optimizer."""
     if not isinstance(opt, Optimizer):
         raise TypeError("enable_mixed_precision_graph_rewrite: opt must be an "
                         f"mp.optimizers.Optimizer, got {type(opt).__name__} {opt!r}")
