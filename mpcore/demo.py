@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mpcore import demo_report
+from mpcore.demo_report import REWRITE
 from mpcore.extras import install_command
 from mpcore.hookspecs import hookimpl
 
@@ -156,9 +158,6 @@ def _prepare(x: Any, y: Any, backend: Any) -> tuple[Any, Any]:
     return ops.divide(ops.cast(flat, "float32"), 255.0), ops.constant(y, backend=backend)
 
 
-REWRITE = "float32+rewrite"
-
-
 def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         batch_size: int | None = None, plot: str | None = None, seed: int = 0,
         verbose: int = 1, out: Callable[[str], Any] = print,
@@ -167,12 +166,15 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     ``rewrite``: a third run, the float32 model with the mixed precision graph rewrite, whose
     painted graph (each op's dtype and the rule that decided it) is printed."""
     import mpcore as mp
+    from mpcore.amp.target import device_dtype
     from mpcore.callbacks import LossScaleMonitor
     from mpcore.datasets import mnist
     from mpcore.registry import detection_note
     from mpcore.verdict import check_policy, compatibility_message
 
     _check_arguments(units, policy, epochs, batch_size, plot, verbose)
+    # a bad MPCORE_AMP_* edit is an error before anything trains, not after two runs
+    lists = mp.mixed_precision.AutoMixedPrecisionLists().with_env() if rewrite else None
     backend = mp.get_backend()
     device = backend.device()
     out("mpcore demo: the Keras mixed precision guide on MNIST")
@@ -227,7 +229,8 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
             model = build_model(units)
         optimizer: Any = mp.optimizers.RMSprop()
         if name == REWRITE:
-            optimizer = mp.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer)
+            optimizer = mp.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer,
+                                                                             lists=lists)
         model.compile(loss="sparse_categorical_crossentropy", optimizer=optimizer,
                       metrics=["accuracy"])
         scales = LossScaleMonitor()
@@ -239,7 +242,7 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
         finally:
             mp.mixed_precision.disable_mixed_precision_graph_rewrite()
         if name == REWRITE:
-            graph = str(model._traced["train"].graph or "")
+            graph = str(model.train_function.graph or "")
             painted = graph.split("\n\n", 1)[1].splitlines() if "\n\n" in graph else []
         times = history.history["time_per_sample"]
         steady = times[1:] or times
@@ -250,37 +253,16 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
                       "nonfinite": sorted({n for names in scales.nonfinite for n in names}),
                       "skipped_steps": getattr(model.optimizer, "skipped_steps", 0),
                       "dense_dtype": model.get_layer("dense_1").compute_dtype,
-                      "output_dtype": model.outputs[0].dtype}
+                      "output_dtype": model.outputs[0].dtype,
+                      "dtype": device_dtype(backend) if name == REWRITE else None,
+                      "loss_scaled": isinstance(model.optimizer, mp.LossScaleOptimizer)}
         out(f"{name}: test accuracy {accuracy:.4f}, test loss {loss:.4f}")
 
-    base = runs["float32"]["time_per_sample"]
-    out(f"\nResults on {backend.name} ({device.name}), {units} units, batch {batch_size}, "
-        f"{epochs} epoch(s):")
-    out(f"{'policy':<16}{'test accuracy':>15}{'time/sample':>15}{'speed vs float32':>19}")
-    for name, r in runs.items():
-        ratio = base / r["time_per_sample"] if r["time_per_sample"] else float("nan")
-        r["speedup"] = ratio
-        out(f"{name:<16}{r['test_accuracy']:>15.4f}{r['time_per_sample'] * 1e6:>12.1f} us"
-            f"{ratio:>18.2f}x")
-    if epochs == 1:
-        out("Times include warm-up (first-step allocation; kernel compilation on OpenCL/CUDA): "
-            "with one epoch the speed ratio is not a steady-state figure; use --epochs 2 or "
-            "more")
-    if painted:
-        out(f"\nThe {REWRITE} training step, as traced (op -> painted dtype [rule]):")
-        for line in painted:
-            out(line)
-    if policy == "mixed_float16":
-        r = runs[policy]
-        where = f" (in the gradients of {', '.join(r['nonfinite'])})" if r["nonfinite"] else ""
-        out(f"mixed_float16 skipped {r['skipped_steps']} step(s) with Inf/NaN gradients{where}; "
-            f"final loss scale {r['loss_scales'][-1]:g}")
-    if not verdict.fast:
-        out(f"Note: {policy} is not fast here: {verdict.reason}")
     result = {"runs": runs, "units": units, "batch_size": batch_size, "split": data.split,
               "policy": policy}
+    demo_report.report(result, verdict, f"{backend.name} ({device.name})", epochs, painted, out)
     if plot is not None:
-        _plot(result, plot)
+        demo_report.plot(result, plot)
         out(f"Plot written to {plot}")
     return result
 
@@ -313,58 +295,6 @@ def inspect(units: int | None = None, policy: str | None = None,
         report.plot(plot)
         out(f"Plot written to {plot}")
     return report
-
-
-def _plot(result: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    runs = result["runs"]
-    fig, (ax_loss, ax_acc, ax_scale) = plt.subplots(1, 3, figsize=(15, 4.2))
-    # The runs often overlap exactly: the float32 one gets big hollow markers and a wide line so
-    # that it still shows under the mixed one.
-    styles = {"float32": {"marker": "o", "markersize": 9, "markerfacecolor": "none",
-                          "linewidth": 3, "alpha": 0.6}}
-    for name, r in runs.items():
-        h = r["history"]
-        epochs = range(1, len(h["loss"]) + 1)
-        style = styles.get(name, {"marker": "x"})
-        ax_loss.plot(epochs, h["loss"], label=f"{name} train", **style)
-        if "val_loss" in h:
-            ax_loss.plot(epochs, h["val_loss"], linestyle="--", label=f"{name} val", **style)
-        ax_acc.plot(epochs, h["accuracy"], label=f"{name} train", **style)
-        if "val_accuracy" in h:
-            ax_acc.plot(epochs, h["val_accuracy"], linestyle="--", label=f"{name} val",
-                        **style)
-    ax_loss.set(title="loss per epoch", xlabel="epoch", ylabel="loss")
-    ax_acc.set(title="accuracy per epoch", xlabel="epoch", ylabel="accuracy")
-    mixed = result["policy"]
-    scales = runs[mixed]["loss_scales"]
-    if mixed == "mixed_float16":
-        ax_scale.plot(range(1, len(scales) + 1), scales)
-        skipped = runs[mixed]["skipped_at"]
-        if skipped:
-            ax_scale.plot([i + 1 for i in skipped], [scales[i] for i in skipped], "rx",
-                          label="skipped step (Inf/NaN gradients)")
-            ax_scale.legend(fontsize=8)
-        ax_scale.set_yscale("log", base=2)
-        ax_scale.set(title=f"loss scale per step ({mixed})", xlabel="step", ylabel="loss scale")
-    else:
-        ax_scale.text(0.5, 0.5, f"{mixed}: no loss scaling\n(bfloat16 has float32's range)",
-                      ha="center", va="center", transform=ax_scale.transAxes)
-        ax_scale.set(title="loss scale per step", xticks=[], yticks=[])
-    for ax in (ax_loss, ax_acc):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"mpcore demo: {result['units']} units, batch {result['batch_size']}, "
-                 f"MNIST {result['split']} split")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -433,6 +363,8 @@ def _demo(args: argparse.Namespace) -> int:
         return _launch(args)
     try:
         mp.get_backend()  # a bad MPCORE_BACKEND, or no backend that works, ends the demo here
+        if args.rewrite:  # as bad MPCORE_AMP_* lists: one line, before any training
+            mp.mixed_precision.AutoMixedPrecisionLists().with_env()
     except (ValueError, RuntimeError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1

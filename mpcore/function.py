@@ -436,11 +436,13 @@ class Function:
             self._traced_once = True
             return out                      # variables were made: run eagerly, trace again
         self._traced_once = True
-        if session is not None and not session.keep():
-            return out                      # the op graph was recorded: trace it painted next
+        kept = session is None or session.keep()
         lines = [step.text for step in recorder.steps]
         program = Program(recorder.steps, recorder.slots, inputs, output,
                           lines if session is None else [*lines, *session.describe()])
+        if not kept:                        # the op graph was recorded: trace it painted next
+            self._last = program            # (``graph`` shows the latest trace all the same)
+            return out
         # the backend whose kernels the program calls compiles it (with no tensor input too:
         # a step on variables alone); kernels of several backends: the generic replay
         backends = list(recorder.backends.values())

@@ -299,15 +299,16 @@ def deserialize(config: dict[str, Any]) -> LossScale:
     return _CLASSES[name].from_config(config["config"])
 
 
-def get(identifier: Any) -> LossScale | None:
-    """A LossScale from "dynamic", a number, a LossScale, a serialized dict, or None."""
-    if identifier is None or isinstance(identifier, LossScale):
+def get(identifier: Any, allow_none: bool = True) -> LossScale | None:
+    """A LossScale from "dynamic" (in any case), a number, a LossScale, a serialized dict, or
+    None where ``allow_none`` (a policy's "no loss scale"; a LossScaleOptimizer needs one)."""
+    if (identifier is None and allow_none) or isinstance(identifier, LossScale):
         return identifier
-    if identifier == "dynamic":
+    if isinstance(identifier, str) and identifier.lower() == "dynamic":
         return DynamicLossScale()
     if isinstance(identifier, (int, float)) and not isinstance(identifier, bool):
         return FixedLossScale(identifier)
     if isinstance(identifier, dict):
         return deserialize(identifier)
     raise ValueError(f"invalid loss_scale {identifier!r}; valid: 'dynamic', a number > 0, "
-                     "a LossScale instance, or None")
+                     f"a LossScale instance{', or None' if allow_none else ''}")

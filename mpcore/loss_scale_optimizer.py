@@ -42,10 +42,10 @@ class LossScaleOptimizer(Optimizer):
         if not isinstance(inner_optimizer, Optimizer):
             raise TypeError("LossScaleOptimizer wraps an mp.optimizers.Optimizer, got "
                             f"{type(inner_optimizer).__name__}")
-        scale = _ls.get(loss_scale)
-        if scale is None:
+        if loss_scale is None:
             raise ValueError("LossScaleOptimizer needs a loss scale: 'dynamic', a number or a "
                              "LossScale (use the inner optimizer directly for none)")
+        scale = _ls.get(loss_scale, allow_none=False)
         self._inner = inner_optimizer
         self._loss_scale = scale
         self.skipped_steps = 0

@@ -33,7 +33,9 @@ REDUCTIONS = ("sum_over_batch_size", "sum", "none")
 def _float(x: Any) -> Tensor:
     t = ops.constant(x) if not isinstance(x, Tensor) else x
     if t.dtype != "float64" and t.dtype != "float32":
-        t = ops.cast(t, "float32")
+        cast = ops.cast(t, "float32")
+        _activations.carry_logits(t, cast)
+        return cast
     return t
 
 

@@ -34,6 +34,12 @@ def set_global_policy(policy: Policy | str | None) -> None:
                 f"cannot set the global policy to {candidate.name!r} while the mixed precision "
                 "graph rewrite is enabled: both would change dtypes. Call "
                 "disable_mixed_precision_graph_rewrite() first, or keep float32")
+    if policy is not None and _autocast_on():
+        candidate = policy if isinstance(policy, Policy) else Policy(policy)
+        if candidate.name != "float32":
+            raise ValueError(
+                f"cannot set the global policy to {candidate.name!r} inside an autocast block: "
+                "both would change dtypes. Leave the block first, or keep float32")
     new = set_global(policy)
     if new.is_mixed:
         log_compatibility_once(new)
@@ -47,6 +53,13 @@ def _rewrite_enabled() -> bool:
 
     rewrite = sys.modules.get("mpcore.amp.rewrite")
     return rewrite is not None and rewrite.is_enabled()
+
+
+def _autocast_on() -> bool:
+    import sys
+
+    hooks = sys.modules.get("mpcore.amp.hooks")
+    return hooks is not None and hooks.autocast_on()
 
 
 #: Names that load on first use, and their modules: `import mpcore` takes set_global_policy

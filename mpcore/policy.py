@@ -139,6 +139,12 @@ def global_policy() -> Policy:
     return _global if scoped is None else scoped
 
 
+def policy_origin() -> str:
+    """Where the policy in force here comes from, for messages: "a policy_scope" or "the
+    global policy"."""
+    return "the global policy" if _scoped.get() is None else "a policy_scope"
+
+
 def set_global(policy: Policy | str | None) -> Policy:
     """Make ``policy`` the process-wide policy (None: float32) and return it. Only the state:
     :func:`mpcore.mixed_precision.set_global_policy` also logs the compatibility check."""

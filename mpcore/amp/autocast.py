@@ -12,7 +12,15 @@ op follows it (the rewrite keeps such an op float32), an infer op fed a float32 
 tensor runs in float32, and the deny propagation and the clear-op painting of the rewrite do
 not happen. It applies to eager code and to steps traced inside the scope (their signature
 holds the scope, so a step traced inside is not replayed outside). It is context-local, like
-``policy_scope``, and for float32 models only: under a mixed global policy it raises.
+``policy_scope``.
+
+It is for float32 models only, and refuses what would also set dtypes, rather than silently
+overriding it: a mixed global policy or ``policy_scope`` when the block is entered,
+``set_global_policy`` to a mixed policy inside it, a layer whose own policy is mixed (its
+``dtype=``, or built under a mixed ``policy_scope``) called inside it, and the mixed precision
+graph rewrite (enabled when the block is entered, or enabled inside it). PyTorch's autocast
+has no layer policies to weigh against; a Keras layer's mixed policy is the user's explicit
+choice of its dtypes, so mpcore makes the conflict an error, as it does for the global policy.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.categories import Category
-from mpcore.policy import global_policy
+from mpcore.policy import global_policy, policy_origin
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
 
@@ -53,19 +61,31 @@ class AutocastScope:
         return ("autocast", self.dtype, self.lists.key())
 
 
-@contextlib.contextmanager
 def autocast(dtype: Any = None, *, lists: AutoMixedPrecisionLists | None = None
-             ) -> Iterator[AutocastScope]:
+             ) -> contextlib.AbstractContextManager[AutocastScope]:
     """Run the ops of this block with per-op mixed precision (module docstring). ``dtype``:
     float16 or bfloat16 (default: the current device's fast one, by its verdict); ``lists``:
-    the op lists (default: mpcore's, edited by ``MPCORE_AMP_*``)."""
+    the op lists (default: mpcore's, edited by ``MPCORE_AMP_*`` when the block is entered).
+    A bad ``dtype`` or ``lists`` is an error here, not only when the block is entered."""
+    low = None if dtype is None else check_dtype(dtype)
+    chosen = None if lists is None else current_lists(lists)
+    return _block(low, chosen)
+
+
+@contextlib.contextmanager
+def _block(low: str | None, lists: AutoMixedPrecisionLists | None) -> Iterator[AutocastScope]:
     policy = global_policy()
     if policy.name != "float32":
         raise ValueError(f"autocast runs float32 models in mixed precision, but the policy is "
-                         f"{policy.name!r}, which already sets the dtypes; use one of them "
-                         "(mp.set_global_policy(None) or policy_scope('float32') for autocast)")
-    low = device_dtype(registry.get_backend()) if dtype is None else check_dtype(dtype)
-    scope = AutocastScope(low, current_lists(lists))
+                         f"{policy.name!r} ({policy_origin()}), which already sets the dtypes; "
+                         "use one of them (mp.set_global_policy(None) or "
+                         "policy_scope('float32') for autocast)")
+    if hooks.rewrite is not None:
+        raise ValueError("autocast and the mixed precision graph rewrite both change dtypes, "
+                         "and the rewrite is enabled: use one of them "
+                         "(disable_mixed_precision_graph_rewrite() first for autocast)")
+    scope = AutocastScope(device_dtype(registry.get_backend()) if low is None else low,
+                          current_lists(lists))
     token = hooks.enter_scope(scope)
     try:
         yield scope

@@ -108,6 +108,24 @@ def deciding() -> bool:
                                                  or _autocast.get() is not None)
 
 
+def autocast_on() -> bool:
+    """Whether an autocast block is open in this context."""
+    return _autocast.get() is not None
+
+
+def refuse_mixed_layer(layer: str, policy: str) -> None:
+    """A layer with its own mixed policy called under autocast or the rewrite: both would set
+    its dtypes (the rewrite would even run it in float32), so, as a mixed global policy, it is
+    refused rather than silently overridden (docs/architecture.md, automatic mixed precision)."""
+    which = ("the mixed precision graph rewrite" if _local.session is not None
+             else "autocast")
+    raise ValueError(
+        f"layer {layer!r} has the mixed policy {policy!r} (from its dtype= or a policy_scope), "
+        f"but {which} runs float32 models in mixed precision: both would change its dtypes. "
+        f"Use one: build the model with a float32 policy for {which}, or keep the policy "
+        f"without {which}")
+
+
 def follow(dtype: str, float_only: bool) -> str:
     """What an op that follows its inputs computes in: their promoted dtype (float32 for an
     op that needs a floating result of non-floating inputs)."""

@@ -159,7 +159,7 @@ def paint(nodes: Sequence[OpNode], lists: AutoMixedPrecisionLists,
         elif not process[i]:
             reasons.append("preserved" if node.preserve else f"{node.dtype} in the trace: kept")
         elif cat[i] is None:
-            reasons.append(f"{node.op} is on no list: float32")
+            reasons.append(f"{node.op} is on no list: not painted 16-bit")
         elif cat[i] is INFER:
             reasons.append("infer op not between allow ops: float32")
         else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +39,11 @@ from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.ops import dispatch as _dispatch
 from mpcore.optimizers import Optimizer
-from mpcore.policy import global_policy
-from mpcore.program import KernelCall, reads
+from mpcore.policy import global_policy, policy_origin
+from mpcore.program import KernelCall, WholeCall, reads
+from mpcore.tensor import Variable
 
 logger = logging.getLogger("mpcore")
 
@@ -54,6 +57,9 @@ class RewriteConfig:
 
     def key(self) -> tuple[Any, ...]:
         return ("rewrite", self.dtype, self.lists.key())
+
+    def describe(self) -> str:
+        return f"dtype {self.dtype or 'of the device'}, {self.lists!r}"
 
 
 @dataclass(frozen=True)
@@ -78,16 +84,37 @@ class _Session:
         #: trace had made before it (its kernel is the first of its name from there on)
         self.decisions: list[tuple[str, int]] = []
         self.count = 0
+        #: the painted trace lost its way and was refused (jit_compile="auto"): float32 on
+        self.lost = False
 
     def begin(self, recorder: Any) -> None:
         self.recorder = recorder
         hooks.begin_session(self)
+        if self.plan is not None:       # the painted trace: one cast per tensor and dtype
+            self.casts: dict[tuple[int, str], tuple[Any, Any]] = {}
+            _dispatch.cast_hook = self.share_cast
 
     def end(self) -> None:
+        if self.plan is not None:
+            _dispatch.cast_hook = None
+            self.casts = {}
         hooks.end_session()
 
+    def share_cast(self, x: Any, dtype: str) -> Any:
+        """``x`` cast to ``dtype``, the same cast for every op of the painted graph that
+        reads it so (the logits read by softmax and by the loss: one cast, not two). Calls
+        kept whole cast for themselves: a replay runs them again, eagerly, and could not
+        see a cast of the graph. ``x`` is held so that its id is not reused in the trace."""
+        if in_kept_whole() or isinstance(x, Variable):   # a variable: assigned in the step
+            return _dispatch.cast(x, dtype)
+        key = (id(x), dtype)
+        hit = self.casts.get(key)
+        if hit is None or hit[0] is not x:
+            hit = self.casts[key] = (x, _dispatch.cast(x, dtype))
+        return hit[1]
+
     def decide(self, op: str, backend: Any, dtype: str, float_only: bool) -> str | None:
-        if in_kept_whole():
+        if in_kept_whole() or self.lost:
             return None
         if self.plan is None:
             self.decisions.append((op, len(self.recorder.steps)))
@@ -96,15 +123,28 @@ class _Session:
         self.count += 1
         decisions = self.plan.decisions
         if k >= len(decisions) or decisions[k][0] != op:
-            found = decisions[k][0] if k < len(decisions) else "the end of the trace"
-            raise TraceError(
-                f"the mixed precision graph rewrite could not follow this trace: its op {k} is "
-                f"{op!r} but the float32 trace had {found!r} there; a traced step must run "
-                "the same ops in the same order on every call (disable the rewrite for it)")
+            return self._lost(k, op, decisions[k][0] if k < len(decisions) else
+                              "the end of the trace")
         node = decisions[k][1]
         if node is None or dtype == "float64" or (dtype not in _FLOATING and not float_only):
             return None                 # not a float32 op of the graph: the category rule
         return self.plan.dtype if self.plan.painting.low[node] else "float32"
+
+    def _lost(self, k: int, op: str, found: str) -> None:
+        """The painted trace took another path than the float32 one: most often an op (or
+        a layer, a loss) that chooses its code path by its input's dtype, given a 16-bit
+        input by the painting. Under ``jit_compile="auto"`` the step falls back to eager
+        float32 steps, with the reason; otherwise it is a TraceError."""
+        why = (f"the mixed precision graph rewrite could not follow this step: its painted "
+               f"trace ran {op!r} as dtype decision {k} where the float32 trace had {found!r} "
+               "(an op whose code path depends on its input's dtype, given a 16-bit input by "
+               "the painting, or a step that does not run the same ops on every call). Take "
+               "the op off the allowlist, or disable the rewrite for this step")
+        if self.recorder.fallback:
+            self.recorder.refused = self.recorder.refused or why
+            self.lost = True
+            return None
+        raise TraceError(why)
 
     # the end of a trace ---------------------------------------------------------------------
     def keep(self) -> bool:
@@ -113,24 +153,48 @@ class _Session:
         nodes, at_step = op_graph(self.recorder.steps)
         overrides = dict(self.backend.category_overrides)
         dtype = self.config.dtype or device_dtype(self.backend)
+        self._check_update(dtype)
         self.store[self.signature] = Plan(tuple(nodes),
                                           paint(nodes, self.config.lists, overrides),
                                           match_decisions(self.decisions, nodes, at_step),
                                           dtype)
         return False
 
+    def _check_update(self, dtype: str) -> None:
+        """A float16 step whose update is a plain optimizer's trains without loss scaling
+        (small gradients flush to zero): TF wraps the optimizer for the user; here the user
+        must compile with the one enable_mixed_precision_graph_rewrite returned. Said once."""
+        global _unscaled_warned
+        if dtype != "float16" or _unscaled_warned:
+            return
+        updates = {step.fn for step in self.recorder.steps if type(step) is WholeCall}
+        if _PLAIN_UPDATE in updates and _SCALED_UPDATE not in updates:
+            _unscaled_warned = True
+            warnings.warn(
+                "the mixed precision graph rewrite runs this step in float16, but its optimizer "
+                "is not a LossScaleOptimizer: it trains without loss scaling, and small "
+                "gradients underflow to zero. Compile with the optimizer that "
+                "enable_mixed_precision_graph_rewrite returned", UserWarning, stacklevel=2)
+
     def describe(self) -> list[str]:
         plan = self.plan
-        assert plan is not None
+        if plan is None:        # this trace recorded the op graph; the store holds its plan
+            n = len(self.store[self.signature].nodes)
+            return ["", f"mixed precision graph rewrite: this float32 trace recorded the op "
+                    f"graph ({n} ops); the next call with this signature traces it painted"]
         ran, inserted = align(plan.nodes, op_graph(self.recorder.steps)[0])
         low = sum(plan.painting.low)
         lines = ["", f"mixed precision graph rewrite ({plan.dtype}): {low} of {len(plan.nodes)} "
                  f"ops painted {plan.dtype}, {inserted} casts inserted at the colour boundaries"]
         for i, node in enumerate(plan.nodes):
-            dtype = plan.dtype if plan.painting.low[i] else node.dtype
+            painted = plan.dtype if plan.painting.low[i] else node.dtype
             ins = ", ".join(label(plan.nodes, j) for j in node.inputs)
-            note = "" if ran[i] in (None, dtype) else f"; ran in {ran[i]}, as its inputs"
-            lines.append(f"  {label(plan.nodes, i)}({ins}) -> {dtype}  "
+            # the column is the dtype the op ran in; an op that makes no dtype decision of its
+            # own (a fill, a fused kernel's part) takes its dtype from elsewhere
+            note = ("" if ran[i] in (None, painted) else
+                    f"; painted {painted}, but it makes no dtype decision of its own: ran in "
+                    f"{ran[i]}")
+            lines.append(f"  {label(plan.nodes, i)}({ins}) -> {ran[i] or painted}  "
                          f"[{plan.painting.reasons[i]}{note}]")
         return lines
 
@@ -224,6 +288,10 @@ class _RewrittenOptimizer(LossScaleOptimizer):
 
 
 _eager_logged = False
+_unscaled_warned = False
+#: the update methods a step's kept-whole calls name (see _Session._check_update)
+_PLAIN_UPDATE = Optimizer.apply_gradients.__wrapped__          # type: ignore[attr-defined]
+_SCALED_UPDATE = LossScaleOptimizer.apply_gradients.__wrapped__  # type: ignore[attr-defined]
 
 
 def _log_eager_once() -> None:
@@ -243,7 +311,13 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
     ``tf.train.experimental.enable_mixed_precision_graph_rewrite``; returns ``opt`` wrapped in
     a LossScaleOptimizer with ``loss_scale`` ("dynamic", a number or a LossScale).
     ``dtype``: float16 or bfloat16 (default: the current device's fast one, by its verdict);
-    ``lists``: the op lists (default: mpcore's, edited by ``MPCORE_AMP_*``)."""
+    ``lists``: the op lists (default: mpcore's, edited by ``MPCORE_AMP_*``).
+
+    Compile with the optimizer returned: a float16 step with another is warned about once (it
+    trains without loss scaling). For float32 models only: a mixed policy here (global or a
+    ``policy_scope``), an open ``autocast`` block, or a layer with its own mixed policy in a
+    traced step is an error. Enabling it again with another dtype or lists warns: the new
+    ones apply to every traced step, also those compiled with the first optimizer."""
     if not isinstance(opt, Optimizer):
         raise TypeError("enable_mixed_precision_graph_rewrite: opt must be an "
                         f"mp.optimizers.Optimizer, got {type(opt).__name__} {opt!r}")
@@ -252,12 +326,25 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
                          "LossScaleOptimizer; pass its inner_optimizer")
     policy = global_policy()
     if policy.name != "float32":
+        scoped = policy_origin() != "the global policy"
         raise ValueError(
-            "enable_mixed_precision_graph_rewrite rewrites float32 models, but the global "
-            f"policy is {policy.name!r}: the policy and the rewrite would both change dtypes. "
-            "Use one: mp.set_global_policy(None) first, or keep the policy without the rewrite")
+            "enable_mixed_precision_graph_rewrite rewrites float32 models, but the policy "
+            f"here is {policy.name!r} ({policy_origin()}): the policy and the rewrite would "
+            "both change dtypes. Use one: "
+            f"{'leave the policy_scope' if scoped else 'mp.set_global_policy(None)'} first, "
+            "or keep the policy without the rewrite")
+    if hooks.autocast_on():
+        raise ValueError("enable_mixed_precision_graph_rewrite inside an autocast block: both "
+                         "change dtypes; use one of them")
     config = RewriteConfig(current_lists(lists), None if dtype is None else check_dtype(dtype))
     wrapped = _RewrittenOptimizer(opt, loss_scale)
+    if hooks.rewrite is not None and hooks.rewrite != config:
+        warnings.warn(
+            f"enable_mixed_precision_graph_rewrite: the rewrite was already enabled "
+            f"({hooks.rewrite.describe()}); this call replaces them with {config.describe()} "
+            "for every traced step, also those of models compiled with the first call's "
+            "optimizer. Call disable_mixed_precision_graph_rewrite() first to make that "
+            "explicit", UserWarning, stacklevel=2)
     hooks.rewrite = config
     trace_hooks.trace_hook = _trace_hook
     return wrapped

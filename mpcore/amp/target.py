@@ -37,15 +37,25 @@ def choose_dtype(float16: Verdict, bfloat16: Verdict) -> tuple[str, str | None]:
                      f"supports neither 16-bit dtype: {float16.reason} {bfloat16.reason}")
 
 
+#: The short names PyTorch and mixed precision configs use (torch.half, "fp16", "bf16").
+ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16"}
+
+
 def check_dtype(dtype: Any) -> str:
-    """A user's ``dtype=``: float16 or bfloat16 (by any name numpy-like code uses)."""
-    try:
-        name = _dt.canonical(dtype)
-    except (TypeError, ValueError):
-        name = None
+    """A user's ``dtype=``: float16 or bfloat16, by name (any case), alias (:data:`ALIASES`)
+    or dtype object (``np.float16``)."""
+    name: str | None
+    if isinstance(dtype, str) and dtype.lower() in ALIASES:
+        name = ALIASES[dtype.lower()]
+    else:
+        try:
+            name = _dt.canonical(dtype.lower() if isinstance(dtype, str) else dtype)
+        except (TypeError, ValueError):
+            name = None
     if name not in LOW_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(LOW_DTYPES)} (or None: the "
-                         f"device's fast one), got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(LOW_DTYPES)} (also "
+                         f"{', '.join(ALIASES)}, or a dtype object such as np.float16; or "
+                         f"None: the device's fast one), got {dtype!r}")
     return name
 
 

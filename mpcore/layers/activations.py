@@ -33,11 +33,15 @@ def tanh(x: Tensor) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     probs = ops.softmax(x, axis)
-    if not _amp.deciding():
+    deciding = _amp.deciding()
+    if not deciding:
         # the layer's compute dtype; under automatic mixed precision the op's own decision
         # stands (softmax is a deny op: float32), as in the float32 graph it rewrites
         probs = ops.cast(probs, x.dtype)
-    if probs.dtype == "float32" and x.ndim and axis in (-1, x.ndim - 1):
+    # under automatic mixed precision the logits are kept whatever the dtype softmax was
+    # given (a user may allowlist it): the loss must take the same fused path as in the
+    # float32 trace the rewrite follows (issue 18), and it computes from the logits in float32
+    if (deciding or probs.dtype == "float32") and x.ndim and axis in (-1, x.ndim - 1):
         _remember_logits(probs, x)
     return probs
 
@@ -67,6 +71,14 @@ def softmax_logits(probs: Tensor) -> Tensor | None:
     if entry is None or entry[0]() is not probs:
         return None
     return entry[1]
+
+
+def carry_logits(probs: Tensor, cast: Tensor) -> None:
+    """``cast`` (a float32 cast of ``probs``) scores from the same logits as ``probs``: a loss
+    casts 16-bit predictions up, as under an allowlisted softmax (automatic mixed precision)."""
+    logits = softmax_logits(probs)
+    if logits is not None and cast is not probs:
+        _remember_logits(cast, logits)
 
 
 def gelu(x: Tensor, approximate: bool = False) -> Tensor:

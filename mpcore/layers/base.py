@@ -288,6 +288,8 @@ class Layer:
 
     def _autocast_inputs(self, inputs: Any) -> Any:
         policy = self._dtype_policy
+        if policy.is_mixed and _amp.deciding():
+            _amp.refuse_mixed_layer(self.name, policy.name)
 
         def convert(x: Any) -> Any:
             if x is None:

@@ -187,6 +187,12 @@ class Model(Layer):
     def metrics_names(self) -> list[str]:
         return ["loss", *(m.name for m in self.compiled_metrics)]
 
+    @property
+    def train_function(self) -> Any:
+        """The traced train step (``print(model.train_function.graph)``), Keras' attribute;
+        None before ``fit`` with ``jit_compile``."""
+        return self._traced.get("train")
+
     # --- one step -------------------------------------------------------------------------
     def _step(self, kind: str, compute: Callable[..., Any], *args: Any) -> Any:
         """``compute(*args)``, traced and replayed under ``jit_compile``."""

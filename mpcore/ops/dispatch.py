@@ -119,6 +119,9 @@ numerics_check: Callable[[str, tuple[Any, ...], Tensor], None] | None = None
 #: ``dtype_hook(op, backend, dtype, float_only)`` returns the compute dtype, or None to leave
 #: the decision to the category rule.
 dtype_hook: Callable[[str, Any, str, bool], str | None] | None = None
+#: Set by the graph rewrite while it traces a painted step: ``cast_hook(x, dtype)`` casts a
+#: tensor once for all the ops that read it in that dtype (TF's one cast per output).
+cast_hook: Callable[[Tensor, str], Tensor] | None = None
 
 
 def cast(x: TensorLike, dtype: Any) -> Tensor:
@@ -136,7 +139,9 @@ def cast_to(x: Tensor, dtype: str) -> Tensor:
         return x
     # a variable read in another dtype (automatic mixed precision casting a float32 weight
     # for an allow op) is cast once per value and tape, however many ops read it
-    return x.read_as(dtype) if type(x) is Variable else cast(x, dtype)
+    if type(x) is Variable:
+        return x.read_as(dtype)
+    return cast(x, dtype) if cast_hook is None else cast_hook(x, dtype)
 
 
 @gradient("cast")

@@ -80,3 +80,67 @@ def test_this_cpu_gets_its_fast_dtype_and_a_slow_device_says_why_once(
         assert target.device_dtype(Slow()) == "bfloat16"
     messages = [r.getMessage() for r in caplog.records if "neither 16-bit" in r.getMessage()]
     assert len(messages) == 1 and "emulated here" in messages[0]
+
+
+def test_demo_rewrite_checks_the_lists_before_training(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18, defect 7: a bad MPCORE_AMP_* edit was a raw traceback after two runs had
+    trained; now one line naming the variable, before anything trains (no data needed)."""
+    monkeypatch.setenv("MPCORE_AMP_ALLOWLIST_ADD", "foo")
+    assert cli.main(["demo", "--rewrite", "--epochs", "1", "--verbose", "0"]) == 1
+    captured = capsys.readouterr()
+    assert "training" not in captured.out
+    assert captured.err.startswith("mpcore demo: MPCORE_AMP_ALLOWLIST_ADD: unknown op name(s) "
+                                   "'foo'; valid names:")
+    assert len(captured.err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match=r"MPCORE_AMP_ALLOWLIST_ADD"):   # run() checks too
+        from mpcore import demo
+        demo.run(rewrite=True, out=lambda line: None)
+
+
+def _result(epochs: int = 1) -> dict[str, object]:
+    def run(scaled: bool, dtype: str | None = None) -> dict[str, object]:
+        return {"test_accuracy": 0.9, "time_per_sample": 1e-5, "loss_scales": [32768.0] * 4,
+                "skipped_at": [2] if scaled else [], "nonfinite": [], "skipped_steps": 1,
+                "history": {"loss": [1.0] * epochs, "accuracy": [0.5] * epochs},
+                "loss_scaled": scaled, "dtype": dtype}
+    return {"runs": {"float32": run(False), "mixed_bfloat16": run(False),
+                     "float32+rewrite": run(True, "bfloat16")},
+            "policy": "mixed_bfloat16", "units": 16, "batch_size": 128, "split": "offline"}
+
+
+def test_demo_report_covers_the_rewrite_run_and_is_honest_about_speed() -> None:
+    """Issue 18, defects 13 and 14: the rewrite run's loss scale and skipped steps were left
+    out, its row did not say its dtype, and speed ratios were printed as if exact next to a
+    "not fast" verdict."""
+    from mpcore import demo_report
+
+    lines: list[str] = []
+    verdict = _verdict("mixed_bfloat16", False)
+    demo_report.report(_result(), verdict, "cpu (dev)", 1, [], lines.append)
+    text = "\n".join(lines)
+    assert any(line.startswith("float32+rewrite (bfloat16) ") for line in lines)
+    assert "float32+rewrite (bfloat16) skipped 1 step(s)" in text and "final loss scale" in text
+    assert "mixed_bfloat16 skipped" not in text          # no loss scale: nothing to say
+    assert "vary from run to run" in text
+    assert "the backend's verdict, from the hardware and not from these timings" in text
+
+
+def test_demo_plot_draws_every_loss_scale_and_whole_epochs(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18, defect 13: the plot said "no loss scaling" for a bfloat16 policy though the
+    rewrite run had a dynamic loss scale; one epoch gave an axis of 0.945..1.05."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from mpcore import demo_report
+
+    figures: list[object] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    demo_report.plot(_result(epochs=1), str(tmp_path) + "/p.png")
+    (fig,) = figures
+    loss_ax, _, scale_ax = fig.axes  # type: ignore[attr-defined]
+    assert list(loss_ax.get_xticks()) == [1]
+    assert scale_ax.get_lines()[0].get_label() == "float32+rewrite (bfloat16)"
+    monkeypatch.undo()
+    plt.close(fig)

@@ -21,7 +21,7 @@ disable = mp.mixed_precision.disable_mixed_precision_graph_rewrite
 
 
 def _train_graph(model: mp.Model) -> str:
-    return str(model._traced["train"].graph)
+    return str(model.train_function.graph)
 
 
 def test_the_seeds_example_word_for_word() -> None:
@@ -54,7 +54,8 @@ def test_the_errors() -> None:
     with pytest.raises(ValueError, match="invalid loss_scale 'huge'"):
         enable(mp.optimizers.SGD(), loss_scale="huge")
     mp.set_global_policy("mixed_bfloat16")
-    with pytest.raises(ValueError, match=r"the global policy is 'mixed_bfloat16'"):
+    with pytest.raises(ValueError,
+                       match=r"the policy here is 'mixed_bfloat16' \(the global policy\)"):
         enable(mp.optimizers.SGD())
     mp.set_global_policy(None)
     enable(mp.optimizers.SGD())
@@ -82,8 +83,10 @@ def test_the_rewritten_step_paints_casts_and_keeps_float32_where_it_must() -> No
                   optimizer=enable(mp.optimizers.SGD(0.1), dtype="bfloat16"))
     before = [w.copy() for w in model.get_weights()]
     model.train_on_batch(X, Y)          # float32: records the op graph
-    fn = model._traced["train"]
-    assert fn.graph is None and fn.tracing_count == 1
+    fn = model.train_function
+    # the graph is the latest trace's: here the float32 one that recorded the op graph
+    assert "this float32 trace recorded the op graph" in str(fn.graph)
+    assert fn.tracing_count == 1
     model.train_on_batch(X, Y)          # traced painted
     model.train_on_batch(X, Y)          # replayed
     assert fn.tracing_count == 2
@@ -223,3 +226,60 @@ def test_eager_dispatch_has_no_hook_when_nothing_is_on() -> None:
     with mp.mixed_precision.autocast("bfloat16"):
         assert dispatch.dtype_hook is not None
     assert dispatch.dtype_hook is None
+
+
+def test_the_graph_is_the_latest_trace_under_the_rewrite() -> None:
+    """Issue 18, defect 10: under the rewrite, graph was None after the first call, and the
+    previous signature's program after a first call with a new one."""
+    w = mp.Variable(np.ones((20, 3), np.float32))
+    f = mp.function(lambda x: mp.ops.tanh(mp.ops.matmul(x, w)))
+    enable(mp.optimizers.SGD(), dtype="bfloat16")
+    f(mp.constant(X[:4]))
+    assert "float32[4, 20]" in str(f.graph) and "recorded the op graph (2 ops)" in str(f.graph)
+    f(mp.constant(X[:4]))
+    assert "matmul(bfloat16[4, 20]" in str(f.graph) and "ops painted bfloat16" in str(f.graph)
+    f(mp.constant(X[:5]))
+    assert "float32[5, 20]" in str(f.graph) and "recorded the op graph" in str(f.graph)
+    model = float32_model()
+    assert model.train_function is None                    # public: the traced train step
+
+
+def test_every_op_of_the_summary_can_go_on_a_list_and_the_column_is_what_ran(
+        backend: mp.Backend) -> None:
+    """Issue 18, defect 9: 'full' and 'sparse_softmax_cross_entropy_grad' were shown but
+    refused by the lists, and 'full#18() -> float32 [...; ran in bfloat16]' contradicted
+    itself: the column now shows the dtype the op ran in."""
+    from mpcore.amp.lists import AutoMixedPrecisionLists
+
+    lists = AutoMixedPrecisionLists().edit(denylist_add=["full"],
+                                           inferlist_add=["sparse_softmax_cross_entropy_grad"])
+    assert lists.category("full") is Category.DENY
+    model = float32_model()
+    model.compile(loss="sparse_categorical_crossentropy",
+                  optimizer=enable(mp.optimizers.SGD(), dtype="bfloat16"), jit_compile=True)
+    model.fit(X, Y, batch_size=32, epochs=2, verbose=0)
+    painted = _train_graph(model).split("\n\n")[1].splitlines()
+    if backend.name == "cpu":
+        assert any("makes no dtype decision of its own" in line for line in painted)  # full
+    for line in painted[1:]:
+        op = line.split("#")[0].strip()
+        AutoMixedPrecisionLists().edit(allowlist_add=[op])    # every op shown is a list name
+        if "ran in" in line:
+            ran = line.split("ran in ")[1].rstrip("]")
+            assert f"-> {ran}  [" in line
+
+
+def test_a_tensor_read_in_float32_by_two_ops_is_cast_once(backend: mp.Backend) -> None:
+    """Issue 18, defect 15: the logits were cast back to float32 once per reader (softmax,
+    the cross-entropy); TF shares one cast per output, and so does the painted trace now."""
+    w = mp.Variable(np.ones((20, 3), np.float32))
+    g = mp.function(lambda x: (lambda y: mp.ops.softmax(y) + mp.ops.exp(y))(
+        mp.ops.matmul(x, w)))
+    enable(mp.optimizers.SGD(), dtype="bfloat16")
+    x = mp.constant(X)
+    g(x)                                   # float32: records the op graph
+    g(x)                                   # painted: softmax and exp read y in float32
+    kernels = str(g.graph).split("\n\n")[0].splitlines()
+    assert sum(line.startswith("cast(bfloat16[128, 3], 'float32')") for line in kernels) == 1
+    np.testing.assert_allclose(g(x).numpy(), (lambda y: np.exp(y) / np.exp(y).sum(1, keepdims=True)
+                                              + np.exp(y))(X @ np.ones((20, 3))), rtol=0.05)
