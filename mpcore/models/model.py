@@ -341,7 +341,8 @@ class Model(Layer):
         _data.validate_labels(self, xd, yd, "y")
         if val is not None:
             _data.validate_labels(self, val[0], val[1], "the validation labels")
-        steps = _sharding.steps(n, batch_size, "fit")
+        steps = _sharding.plan("fit", n, batch_size, _data.count(val[0], "x") if val else 0,
+                               epochs)  # every rank the same data, before the first step
         verbose = _sharding.begin_fit(self, verbose)  # rank 0's weights; rank 0 prints
         history = _callbacks.History()
         cbs = _callbacks.CallbackList([history, *callbacks])
@@ -415,7 +416,7 @@ class Model(Layer):
         if n == 0:
             raise ValueError("evaluate got no samples")
         self.reset_metrics()
-        steps = _sharding.steps(n, batch_size, "evaluate")
+        steps = _sharding.plan("evaluate", n, batch_size)
         start = time.perf_counter()
         for step in range(steps):
             lo, hi = _sharding.shard(step * batch_size, min((step + 1) * batch_size, n), False)

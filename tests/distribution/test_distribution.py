@@ -105,6 +105,14 @@ def test_a_last_batch_smaller_than_the_ranks_is_left_out_with_a_warning(
         sharding.count_batches(3, 2, 4, 0, "fit")
 
 
+@pytest.mark.parametrize(("n", "batch_size"), [(8, 1), (9, 1), (100, 3)])
+def test_a_batch_size_below_the_number_of_ranks_is_an_error(n: int, batch_size: int) -> None:
+    # batch_size=1 on 2 ranks used to give NaN: one rank had an empty shard at every step
+    with pytest.raises(ValueError, match=f"got batch_size={batch_size}, {n} samples"):
+        sharding.count_batches(n, batch_size, 4 if batch_size == 3 else 2, 0, "fit")
+    assert sharding.count_batches(n, batch_size, 1, 0, "fit") == -(-n // batch_size)
+
+
 def test_the_collective_deadline_is_a_positive_number_of_seconds(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(faults.TIMEOUT_ENV, raising=False)
@@ -188,3 +196,37 @@ def test_nccl_all_reduce_on_a_gpu() -> None:
     engine = collectives.engines()["nccl"](None, 30.0)  # a world of one rank
     x = mp.constant([1.0, 2.0, 3.0], backend="cuda")
     assert engine.allreduce(x, "sum").numpy().tolist() == [1.0, 2.0, 3.0]
+
+
+class _TwoRanks:
+    """A stand-in for a 2-rank distribution: rank 1's values are ``other``."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self, other: list[float] | None = None) -> None:
+        self.other = other
+        self.engine = self
+
+    def allgather_values(self, values: list[float]) -> list[list[float]]:
+        return [list(values), list(values) if self.other is None else self.other]
+
+
+def test_ranks_with_other_data_are_told_each_ranks_values_before_the_first_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2048 vs 2000 samples at batch_size=256: the same 8 steps, which used to train silently
+    monkeypatch.setattr(sharding._api, "distribution", lambda: _TwoRanks([2000, 256, 8, 0, 1]))
+    with pytest.raises(mp.distribution.DistributionError) as info:
+        sharding.plan("fit", 2048, 256)
+    assert "the ranks disagree on the data of fit" in str(info.value)
+    assert "rank 0: samples=2048, batch_size=256, steps=8" in str(info.value)
+    assert "rank 1: samples=2000, batch_size=256, steps=8" in str(info.value)
+
+
+def test_validation_data_smaller_than_the_ranks_is_an_error_before_training(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sharding._api, "distribution", lambda: _TwoRanks())
+    monkeypatch.setattr(sharding._api, "world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"fit's validation data \(validation_data or "
+                                         r"validation_split\) under a distribution of 2 ranks"):
+        sharding.plan("fit", 64, 16, validation_samples=1)
+    assert sharding.plan("fit", 64, 16, validation_samples=2) == 4
