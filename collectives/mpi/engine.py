@@ -18,7 +18,7 @@ from mpcore.distribution.collectives import MPI_HINT, Collectives, check_reducti
 from mpcore.distribution.faults import DistributionError, timeout_message
 from mpcore.tensor import Tensor
 
-# dtypes MPI reduces natively (16-bit gradients are cast to their float32 variables first)
+# dtypes MPI reduces natively (16-bit gradients are averaged in float32: gradients.wire_dtype)
 REDUCIBLE = ("float32", "float64", "int32", "int64", "uint8")
 # spin this long before yielding the core between polls: a fast collective pays no sleep
 _SPIN_S = 2e-3

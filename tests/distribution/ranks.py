@@ -1,9 +1,9 @@
 """The program the 2-rank tests launch (``mpiexec -n 2 python -m mpi4py ranks.py SCENARIO
 OUT``), and the model and data they share with the single-process references.
 
-Scenarios: ``train`` (fit under float32, traced float32, mixed_float16 and float32 with
-gradient accumulation; the guide's custom loop with an Inf in rank 1's shard; a checkpoint
-resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
+Scenarios: ``train`` (fit under float32, traced float32, mixed_float16, float32 with
+gradient accumulation and bfloat16; the guide's custom loop with an Inf in rank 1's shard;
+a checkpoint resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
 ``mismatch`` and ``scale``. Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
@@ -86,6 +86,10 @@ def train(out: Path) -> None:
         model, history = fit(policy, jit, accumulate)
         save(out, name, model.get_weights(), history=history,
              scale=getattr(model.optimizer, "loss_scale", lambda: 0.0)())
+    # a pure 16-bit policy: its gradients are averaged in float32 (MPI has no bfloat16 sum)
+    model, history = fit("bfloat16")
+    save(out, "fit_bfloat16", [w.astype(np.float32) for w in model.get_weights()],
+         history=history)
     # the guide's loop: each rank its half of each batch; an Inf in rank 1's at step 2
     x, y = data()
     steps = []

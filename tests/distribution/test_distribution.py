@@ -76,6 +76,12 @@ def test_buckets_follow_the_variables_and_split_at_the_size_and_dtype() -> None:
     assert mixed.buckets == ((0,), (1, 2))
 
 
+def test_16_bit_gradients_are_averaged_in_float32() -> None:
+    assert gradients.wire_dtype("bfloat16") == gradients.wire_dtype("float16") == "float32"
+    assert gradients.wire_dtype("float64") == "float64"
+    assert gradients.wire_dtype("float32") == "float32"
+
+
 def test_the_layout_signature_tells_shapes_and_dtypes_apart() -> None:
     base = faults.signature([(3, 4), (4,)], ["float32", "float32"])
     assert base == faults.signature([(3, 4), (4,)], ["float32", "float32"])

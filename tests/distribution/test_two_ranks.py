@@ -101,6 +101,18 @@ def test_two_ranks_with_half_batches_equal_one_process(trained: Path, name: str,
     assert np.allclose(info0["history"]["accuracy"], history["accuracy"])
 
 
+def test_a_pure_bfloat16_policy_trains_with_gradients_averaged_in_float32(
+        trained: Path) -> None:
+    w0, info0 = load(trained, "fit_bfloat16", 0)
+    w1, info1 = load(trained, "fit_bfloat16", 1)
+    assert bitwise(w0, w1) and info0["history"]["loss"] == info1["history"]["loss"]
+    model, history = ranks.fit("bfloat16")
+    # bfloat16 keeps 8 bits: two half batches and one whole batch round apart by a few ulps
+    want = [w.astype(np.float32) for w in model.get_weights()]
+    assert relative(w0, want) <= 2 ** -5
+    assert np.allclose(info0["history"]["loss"], history["loss"], rtol=2 ** -5)
+
+
 def test_a_traced_step_takes_the_same_steps_as_an_eager_one(trained: Path) -> None:
     assert bitwise(load(trained, "fit_float32_jit", 0)[0], load(trained, "fit_float32", 0)[0])
 
