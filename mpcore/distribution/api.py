@@ -4,7 +4,9 @@ Without one (the default) nothing changes: one process trains as before and noth
 imports an engine. ``DataParallel()`` joins every rank of the job (the MPI world, or the
 given communicator) through the engine chosen for the current backend, and
 ``set_distribution`` makes every rank start from rank 0's ``mp.random`` state, so models
-built afterwards get the same initial weights and ``fit`` the same shuffles everywhere.
+built afterwards get the same initial weights and ``fit`` the same shuffles everywhere (they
+draw :func:`mpcore.random.shared` seeds), while other random ops (dropout) draw from the
+rank's own stream: the masks are independent over the global batch, as Keras 3's.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def set_distribution(value: DataParallel | None) -> None:
                         f"{type(value).__name__}")
     if value is not None:
         value.synchronize_random()
+    # each rank its own stream for dropout's masks (independent over the global batch, as
+    # Keras 3 draws one mask for it); initial weights and fit's shuffle draw mp.random.shared
+    _random.set_stream(0 if value is None else value.rank)
     _current = value
 
 

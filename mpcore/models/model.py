@@ -361,7 +361,8 @@ class Model(Layer):
             order = None
             if shuffle:
                 perm = list(range(n))
-                _pyrandom.Random(_random.next_seed()).shuffle(perm)
+                with _random.shared():  # the same shuffle on every rank
+                    _pyrandom.Random(_random.next_seed()).shuffle(perm)
                 order = ops.constant(perm, dtype="int64", backend=backend)
             bar = _progress.progress_bar(epoch, epochs, steps) if verbose == 1 else None
             start = last_refresh = time.perf_counter()

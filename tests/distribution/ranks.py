@@ -86,6 +86,9 @@ def train(out: Path) -> None:
         model, history = fit(policy, jit, accumulate)
         save(out, name, model.get_weights(), history=history,
              scale=getattr(model.optimizer, "loss_scale", lambda: 0.0)())
+    # dropout: each rank its own masks; initial weights: the same on every rank
+    mask = mp.ops.dropout_mask((256,), 0.5).numpy()
+    save(out, "streams", [mask, *build("float32").get_weights()])
     # a pure 16-bit policy: its gradients are averaged in float32 (MPI has no bfloat16 sum)
     model, history = fit("bfloat16")
     save(out, "fit_bfloat16", [w.astype(np.float32) for w in model.get_weights()],

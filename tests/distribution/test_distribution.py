@@ -38,6 +38,27 @@ def test_without_a_distribution_one_process_trains_alone() -> None:
     assert sharding.verbosity(2) == 2
 
 
+def test_a_ranks_stream_changes_dropout_masks_but_not_shared_draws() -> None:
+    from mpcore import random as _random
+
+    def draw(stream: int) -> tuple[list[float], list[float], int]:
+        _random.set_seed(5)
+        _random.set_stream(stream)
+        try:
+            mask = mp.ops.dropout_mask((64,), 0.5).numpy().tolist()
+            with _random.shared():
+                init = mp.ops.random_uniform((8,)).numpy().tolist()
+        finally:
+            _random.set_stream(0)
+        return mask, init, _random.get_state()["counter"]
+
+    alone, rank1 = draw(0), draw(1)
+    assert alone[0] != rank1[0]  # independent masks over the global batch
+    assert alone[1:] == rank1[1:]  # the same weights, and the counter the ranks check
+    with pytest.raises(ValueError, match="stream must be an int >= 0, got -1"):
+        _random.set_stream(-1)
+
+
 def test_set_distribution_takes_a_distribution_or_none() -> None:
     with pytest.raises(TypeError, match="DataParallel or None, got str"):
         mp.distribution.set_distribution("mpi")  # type: ignore[arg-type]

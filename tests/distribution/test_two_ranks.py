@@ -113,6 +113,13 @@ def test_a_pure_bfloat16_policy_trains_with_gradients_averaged_in_float32(
     assert np.allclose(info0["history"]["loss"], history["loss"], rtol=2 ** -5)
 
 
+def test_dropout_masks_differ_between_ranks_but_initial_weights_do_not(trained: Path) -> None:
+    (mask0, *w0), _ = load(trained, "streams", 0)
+    (mask1, *w1), _ = load(trained, "streams", 1)
+    assert not np.array_equal(mask0, mask1)
+    assert bitwise(w0, w1)
+
+
 def test_a_traced_step_takes_the_same_steps_as_an_eager_one(trained: Path) -> None:
     assert bitwise(load(trained, "fit_float32_jit", 0)[0], load(trained, "fit_float32", 0)[0])
 
