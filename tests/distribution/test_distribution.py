@@ -148,8 +148,8 @@ def test_the_collective_deadline_is_a_positive_number_of_seconds(
     assert faults.collective_timeout() == 2.5
     for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv(faults.TIMEOUT_ENV, bad)
-        with pytest.raises(ValueError, match="MPCORE_COLLECTIVE_TIMEOUT must be a number of "
-                                             "seconds > 0"):
+        with pytest.raises(ValueError, match="MPCORE_COLLECTIVE_TIMEOUT must be a finite "
+                                             "number of seconds > 0"):
             faults.collective_timeout()
 
 
