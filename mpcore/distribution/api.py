@@ -11,6 +11,7 @@ rank's own stream: the masks are independent over the global batch, as Keras 3's
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mpcore import random as _random
@@ -78,6 +79,18 @@ class DataParallel:
 _current: DataParallel | None = None
 
 
+class RankZeroFilter(logging.Filter):
+    """Lets through the ``mpcore`` logger's records on rank 0 only (errors on every rank):
+    the notices (the compatibility check, MNIST's offline split, a left-out batch) are the
+    same on every rank, and N copies of each would bury the output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or rank() == 0
+
+
+_RANK_ZERO = RankZeroFilter()
+
+
 def set_distribution(value: DataParallel | None) -> None:
     """Train under ``value`` from now on (None: one process again)."""
     global _current
@@ -89,6 +102,7 @@ def set_distribution(value: DataParallel | None) -> None:
     # each rank its own stream for dropout's masks (independent over the global batch, as
     # Keras 3 draws one mask for it); initial weights and fit's shuffle draw mp.random.shared
     _random.set_stream(0 if value is None else value.rank)
+    logging.getLogger("mpcore").addFilter(_RANK_ZERO)  # once: a logger keeps a set of them
     _current = value
 
 

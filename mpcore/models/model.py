@@ -435,7 +435,7 @@ class Model(Layer):
         """Outputs for ``x``, batch by batch, as writable host arrays (``verbose``: a line
         with the time taken)."""
         batch_size = _args.batch_size(batch_size)
-        verbose = _args.verbose(verbose)
+        verbose = _sharding.verbosity(_args.verbose(verbose))  # rank 0 prints
         return self._predict(self._x(x, "predict"), batch_size, verbose, "predict")
 
     def predict_on_batch(self, x: Any) -> Any:

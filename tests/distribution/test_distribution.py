@@ -257,3 +257,23 @@ def test_validation_data_smaller_than_the_ranks_is_an_error_before_training(
                                          r"validation_split\) under a distribution of 2 ranks"):
         sharding.plan("fit", 64, 16, validation_samples=1)
     assert sharding.plan("fit", 64, 16, validation_samples=2) == 4
+
+
+def test_only_rank_0_logs_and_prints(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from mpcore.distribution import api
+
+    def record(level: int) -> logging.LogRecord:
+        return logging.LogRecord("mpcore", level, __file__, 1, "notice", None, None)
+
+    inputs = mp.Input(shape=(2,))
+    model = mp.Model(inputs=inputs, outputs=mp.layers.Dense(1)(inputs))
+    monkeypatch.setattr(api, "rank", lambda: 1)
+    assert not api.RankZeroFilter().filter(record(logging.WARNING))
+    assert api.RankZeroFilter().filter(record(logging.ERROR))  # a rank's own failure
+    model.predict([[1.0, 2.0]], verbose=1)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(api, "rank", lambda: 0)
+    assert api.RankZeroFilter().filter(record(logging.WARNING))
+    model.predict([[1.0, 2.0]], verbose=1)
+    assert capsys.readouterr().out.startswith("1/1 - ")
