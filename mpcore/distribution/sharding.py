@@ -12,8 +12,8 @@ from mpcore.distribution import api as _api
 from mpcore.distribution import faults as _faults
 from mpcore.distribution.api import world_size
 
-__all__ = ["agree_on_data", "begin_fit", "count_batches", "plan", "rows_of", "shard", "steps",
-           "verbosity", "world_size"]
+__all__ = ["agree_on_data", "begin_evaluate", "begin_fit", "count_batches", "plan", "rows_of",
+           "shard", "steps", "verbosity", "world_size"]
 
 logger = logging.getLogger("mpcore")
 
@@ -27,6 +27,16 @@ def begin_fit(model: Any, verbose: int) -> int:
     dist.synchronize_random()
     dist.broadcast_variables(model.weights)
     return verbosity(verbose)
+
+
+def begin_evaluate(model: Any) -> None:
+    """Before ``evaluate``: every rank takes rank 0's weights, as ``fit`` does, so replicas
+    that differ (a model built before ``set_distribution`` from other seeds) give rank 0's
+    score rather than a mean of several models'. ``predict`` is not a collective (rank 0 may
+    call it alone): it uses this rank's weights, rank 0's after fit or evaluate."""
+    dist = _api.distribution()
+    if dist is not None:
+        dist.broadcast_variables(model.weights)
 
 
 def verbosity(verbose: int) -> int:

@@ -412,8 +412,9 @@ class Model(Layer):
         verbose = _sharding.verbosity(_args.verbose(verbose))
         return_dict = _args.flag("return_dict", return_dict)
         xd, yd, n = self._xy(x, y, "evaluate")
-        if _validate:
+        if _validate:  # not fit's validation: its weights are rank 0's already
             _data.validate_labels(self, xd, yd, "y")
+            _sharding.begin_evaluate(self)
         if n == 0:
             raise ValueError("evaluate got no samples")
         self.reset_metrics()
@@ -433,7 +434,7 @@ class Model(Layer):
 
     def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = 0) -> Any:
         """Outputs for ``x``, batch by batch, as writable host arrays (``verbose``: a line
-        with the time taken)."""
+        with the time taken). Under a distribution: this rank's, on the whole of ``x``."""
         batch_size = _args.batch_size(batch_size)
         verbose = _sharding.verbosity(_args.verbose(verbose))  # rank 0 prints
         return self._predict(self._x(x, "predict"), batch_size, verbose, "predict")

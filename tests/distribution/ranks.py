@@ -89,6 +89,13 @@ def train(out: Path) -> None:
     # dropout: each rank its own masks; initial weights: the same on every rank
     mask = mp.ops.dropout_mask((256,), 0.5).numpy()
     save(out, "streams", [mask, *build("float32").get_weights()])
+    # replicas that differ before fit (rank 1's weights moved): evaluate takes rank 0's
+    x, y = data()
+    model = build("float32")
+    if rank == 1:
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+    score = model.evaluate(x, y, batch_size=BATCH, verbose=0)
+    save(out, "evaluate", model.get_weights(), score=score)
     # a pure 16-bit policy: its gradients are averaged in float32 (MPI has no bfloat16 sum)
     model, history = fit("bfloat16")
     save(out, "fit_bfloat16", [w.astype(np.float32) for w in model.get_weights()],

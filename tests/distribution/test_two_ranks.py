@@ -120,6 +120,16 @@ def test_dropout_masks_differ_between_ranks_but_initial_weights_do_not(trained: 
     assert bitwise(w0, w1)
 
 
+def test_evaluate_takes_rank_0s_weights_as_fit_does(trained: Path) -> None:
+    w0, info0 = load(trained, "evaluate", 0)
+    w1, info1 = load(trained, "evaluate", 1)
+    assert bitwise(w0, w1) and info0["score"] == info1["score"]
+    model = ranks.build("float32")
+    assert bitwise(w0, model.get_weights())  # rank 0's: rank 1's moved weights are gone
+    x, y = ranks.data()
+    assert np.allclose(info0["score"], model.evaluate(x, y, batch_size=ranks.BATCH, verbose=0))
+
+
 def test_a_traced_step_takes_the_same_steps_as_an_eager_one(trained: Path) -> None:
     assert bitwise(load(trained, "fit_float32_jit", 0)[0], load(trained, "fit_float32", 0)[0])
 
