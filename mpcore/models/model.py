@@ -464,7 +464,8 @@ class Model(Layer):
 
     # --- weights and checkpoints ------------------------------------------------------------
     def save_weights(self, filepath: str) -> None:
-        """Write the weights atomically (see :mod:`mpcore.checkpoint`)."""
+        """Write the weights atomically (see :mod:`mpcore.checkpoint`). Under a distribution:
+        call it on every rank; rank 0 writes, the others wait for the file."""
         _checkpoint.save_weights(self, filepath)
 
     def load_weights(self, filepath: str) -> None:
@@ -472,7 +473,8 @@ class Model(Layer):
 
     def save_checkpoint(self, filepath: str, **extra: Any) -> None:
         """Weights, optimizer slots and iterations, loss-scale state, the step count and
-        ``mp.random``'s state, written atomically; ``extra`` values are stored alongside."""
+        ``mp.random``'s state, written atomically; ``extra`` values are stored alongside.
+        Under a distribution: call it on every rank; rank 0 writes, the others wait."""
         _checkpoint.save(filepath, self, **extra)
 
     def load_checkpoint(self, filepath: str) -> dict[str, Any]:

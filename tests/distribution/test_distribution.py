@@ -9,6 +9,7 @@ import itertools
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -277,3 +278,24 @@ def test_only_rank_0_logs_and_prints(monkeypatch: pytest.MonkeyPatch,
     assert api.RankZeroFilter().filter(record(logging.WARNING))
     model.predict([[1.0, 2.0]], verbose=1)
     assert capsys.readouterr().out.startswith("1/1 - ")
+
+
+def test_a_save_on_rank_0_alone_is_named_in_the_barriers_timeout(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `if rank() == 0: model.save_weights(p)` leaves rank 0 in this barrier until the
+    # deadline: its name (printed with the timeout) says what to do instead
+    from mpcore import checkpoint
+
+    waits: list[str] = []
+
+    class Rank0:
+        rank = 0
+
+        class engine:  # noqa: N801 - stands in for an attribute
+            barrier = staticmethod(waits.append)
+
+    monkeypatch.setattr(checkpoint._distribution, "distribution", lambda: Rank0())
+    checkpoint.atomic_write(tmp_path / "w.ckpt", {"x": 1})
+    assert (tmp_path / "w.ckpt").is_file()
+    assert waits == [f"rank 0 writing {tmp_path / 'w.ckpt'}; under a distribution every rank "
+                     "calls save_weights/save_checkpoint, not rank 0 alone"]
