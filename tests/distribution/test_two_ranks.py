@@ -44,11 +44,16 @@ def _ranks_module() -> Any:
 ranks = _ranks_module()
 
 
-def run_job(scenario: str, out: Path, **env: str) -> tuple[subprocess.CompletedProcess[str],
-                                                            float]:
+def run_job(scenario: str, out: Path, plain: bool = False, **env: str
+            ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``plain``: launched as ``python ranks.py`` (no ``-m mpi4py``)."""
     environment = {**launch.environment(threads=1), "MPCORE_BACKEND": "cpu", **env}
     start = time.monotonic()
-    proc = subprocess.run(launch.command(2, [str(SCRIPT), scenario, str(out)]),
+    cmd = launch.command(2, [str(SCRIPT), scenario, str(out)])
+    if plain:
+        cmd.remove("-m")
+        cmd.remove("mpi4py")
+    proc = subprocess.run(cmd,
                           capture_output=True, text=True, timeout=DEADLINE_S, env=environment,
                           check=False)
     return proc, time.monotonic() - start
@@ -176,6 +181,14 @@ def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path: Path) -> None
     assert elapsed < 30
     output = proc.stdout + proc.stderr
     assert "rank 1 fails on purpose" in output and "rank 1" in output
+
+
+def test_a_rank_that_raises_ends_the_job_without_mpi4py_run_too(tmp_path: Path) -> None:
+    # `mpiexec -n 2 python ranks.py`: without the engine's excepthook rank 0 would wait for
+    # the whole collective deadline (set far beyond the job's here)
+    proc, _ = run_job("raise", tmp_path, plain=True, MPCORE_COLLECTIVE_TIMEOUT="600")
+    assert proc.returncode != 0
+    assert "rank 1 fails on purpose" in proc.stdout + proc.stderr
 
 
 def test_a_stuck_rank_ends_the_job_at_the_collective_deadline(tmp_path: Path) -> None:
