@@ -29,6 +29,12 @@ class DataParallel:
     the job). ``engine``: ``"mpi"``, ``"nccl"`` or another plugin's (None: the best available
     one for the current backend). ``bucket_bytes``: gradients are packed into flat buffers of
     about this size, one all-reduce each (a larger gradient travels alone, without a copy).
+
+    Decided as Keras 3 and PyTorch DDP do: ``batch_size`` is global and at least the number of
+    ranks; every rank passes the same data sizes (checked up front); 16-bit gradients are
+    averaged in float32; dropout masks differ between ranks (initial weights and shuffles do
+    not); ``fit`` and ``evaluate`` take rank 0's weights first, ``predict`` is local; rank 0
+    alone prints and logs; ``save_weights``/``save_checkpoint`` are called on every rank.
     """
 
     def __init__(self, communicator: Any = None, engine: str | None = None,
