@@ -124,13 +124,17 @@ def _create_temporary(target: str) -> tuple[int, str]:
 def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
     """Pickle ``payload`` to ``path`` under the checksummed header, atomically (temp file +
     fsync + os.replace); first removes temporary files that killed saves left in its folder.
-    Under a distribution rank 0 writes (the ranks hold the same state) and every rank waits
-    until the file is complete, so a restore right after reads it."""
+    Under a distribution it is called on every rank (as fit is): rank 0 writes (the ranks hold
+    the same state) and every rank waits until the file is complete, so a restore right after
+    reads it."""
     dist = _distribution.distribution()
     if dist is None or dist.rank == 0:
         _write(path, payload)
     if dist is not None:
-        dist.engine.barrier(f"rank 0 writing {os.fspath(path)}")
+        # the wait's name is in its timeout message: `if rank() == 0: model.save_weights(p)`
+        # is the usual cause, so the message says what to do instead
+        dist.engine.barrier(f"rank 0 writing {os.fspath(path)}; under a distribution every "
+                            "rank calls save_weights/save_checkpoint, not rank 0 alone")
 
 
 def _write(path: str | os.PathLike[str], payload: Any) -> None:

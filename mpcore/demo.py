@@ -333,18 +333,19 @@ def _job_arguments(args: argparse.Namespace) -> list[str]:
                         ("--batch-size", args.batch_size), ("--plot", args.plot)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv
+    return argv + ["--rewrite"] * bool(args.rewrite)
 
 
 def _launch(args: argparse.Namespace) -> int:
     """Run the demo as a job of ``args.ranks`` ranks; its exit status. Each rank's
     collectives have the job's deadline (MPCORE_COLLECTIVE_TIMEOUT), and ``-m mpi4py``
     aborts the job when a rank fails, so this wait ends when the job does."""
-    from mpcore.distribution import launch
+    from mpcore.distribution import faults, launch
 
     try:
+        faults.collective_timeout()  # a bad MPCORE_COLLECTIVE_TIMEOUT: one line, not N ranks'
         cmd = launch.command(args.ranks, ["-m", "mpcore", "demo", *_job_arguments(args)])
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
     threads = max(1, (os.cpu_count() or 1) // args.ranks)
@@ -378,7 +379,8 @@ def _demo(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, plot=plot, seed=args.seed, verbose=args.verbose,
             out=out, rewrite=args.rewrite)
     except (MnistUnavailableError, RuntimeError) as exc:
-        print(f"mpcore demo: {exc}", file=sys.stderr)
+        if mp.distribution.rank() == 0:  # every rank fails alike: one message
+            print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
     return 0
 

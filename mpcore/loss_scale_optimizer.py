@@ -53,6 +53,8 @@ class LossScaleOptimizer(Optimizer):
         self.last_nonfinite: list[str] = []
         self._flag: Tensor | None = None
         self._unscaled = False
+        #: What get_unscaled_gradients returned: the flag vouches for these tensors only.
+        self._unscaled_grads: list[Tensor] = []
         self._warned = False
         self.name = f"LossScaleOptimizer({inner_optimizer.name})"
 
@@ -121,6 +123,7 @@ class LossScaleOptimizer(Optimizer):
         out, flag = ops.unscale_and_check(list(grads), 1.0 / self._loss_scale())
         self._flag = flag
         self._unscaled = True
+        self._unscaled_grads = [g for g in out if g is not None]
         return out
 
     @kept_whole
@@ -136,8 +139,14 @@ class LossScaleOptimizer(Optimizer):
                               UserWarning, stacklevel=2)
                 self._warned = True
             flag = ops.all_finite(grads) if grads else None
+        elif not _same_tensors(grads, self._unscaled_grads):
+            # the caller changed the gradients after unscaling them (clipped, masked, summed):
+            # the flag says nothing about these, so check what is applied (README: a step
+            # whose gradients hold Inf or NaN never touches the weights)
+            flag = ops.all_finite(grads) if grads else None
         self._flag = None
         self._unscaled = False
+        self._unscaled_grads = []
         if flag is None:  # nothing to update
             self._inner.iterations += 1
             return self._result(True, None)
@@ -195,3 +204,11 @@ class LossScaleOptimizer(Optimizer):
 
     def __repr__(self) -> str:
         return f"<mp.LossScaleOptimizer {self._inner!r} loss_scale={self._loss_scale!r}>"
+
+
+def _same_tensors(given: Sequence[Tensor], unscaled: Sequence[Tensor]) -> bool:
+    """Whether ``given`` are the tensors get_unscaled_gradients returned: the same objects, or
+    wrappers of the same device buffers (a traced step's replay rewraps them). Identity, not
+    values: comparing values would be a host read every step."""
+    return len(given) == len(unscaled) and all(
+        a is b or a._data is b._data for a, b in zip(given, unscaled))

@@ -10,13 +10,22 @@ True
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
+from collections.abc import Iterator
 
 _MASK = (1 << 64) - 1
 _lock = threading.Lock()
 _seed = int.from_bytes(os.urandom(8), "little") >> 1
 _counter = 0
+#: This process's stream (its rank under a distribution; 0 alone): mixed into every seed
+#: outside :func:`shared`, so that dropout draws independent masks on every rank while the
+#: counter stays the same everywhere (the ranks check it at each step).
+_stream = 0
+_shared: contextvars.ContextVar[bool] = contextvars.ContextVar("mpcore_random_shared",
+                                                              default=False)
 
 
 def _splitmix64(x: int) -> int:
@@ -39,7 +48,36 @@ def next_seed() -> int:
     global _counter
     with _lock:
         _counter += 1
-        return _splitmix64(_seed ^ _splitmix64(_counter)) >> 1
+        x = _seed ^ _splitmix64(_counter)
+        if _stream and not _shared.get():
+            x ^= _splitmix64(_stream ^ 0xD1B54A32D192ED03)
+        return _splitmix64(x) >> 1
+
+
+def set_stream(stream: int) -> None:
+    """Draw from stream ``stream`` from now on (``mp.distribution`` sets it to the rank;
+    stream 0 draws what a single process does)."""
+    global _stream
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise ValueError(f"stream must be an int >= 0, got {stream!r}")
+    _stream = stream
+
+
+@contextlib.contextmanager
+def shared() -> Iterator[None]:
+    """Seeds drawn inside are those of stream 0 on every rank: for what every replica must
+    draw alike (initial weights, fit's shuffle), as opposed to dropout's masks.
+
+    >>> set_seed(7); set_stream(1); a = next_seed()
+    >>> with shared(): b = next_seed()
+    >>> set_seed(7); set_stream(0); a != next_seed() and b == next_seed()
+    True
+    """
+    token = _shared.set(True)
+    try:
+        yield
+    finally:
+        _shared.reset(token)
 
 
 def get_state() -> dict[str, int]:

@@ -18,10 +18,33 @@ from mpcore.distribution.collectives import MPI_HINT, Collectives, check_reducti
 from mpcore.distribution.faults import DistributionError, timeout_message
 from mpcore.tensor import Tensor
 
-# dtypes MPI reduces natively (16-bit gradients are cast to their float32 variables first)
+# dtypes MPI reduces natively (16-bit gradients are averaged in float32: gradients.wire_dtype)
 REDUCIBLE = ("float32", "float64", "int32", "int64", "uint8")
 # spin this long before yielding the core between polls: a fast collective pays no sleep
 _SPIN_S = 2e-3
+
+
+_HOOKED = False
+
+
+def abort_on_uncaught_exception(world: Any) -> None:
+    """A rank launched as ``python script.py`` (not ``python -m mpi4py script.py``) that
+    raises would only exit: the other ranks would wait for the collective deadline (300 s by
+    default). Do what ``-m mpi4py`` does: after the traceback, abort the whole job. Installed
+    once per process, chained to the ``sys.excepthook`` in place; not under ``-m mpi4py``,
+    which aborts already."""
+    global _HOOKED
+    if _HOOKED or "mpi4py.run" in sys.modules:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        world.Abort(1)
+
+    sys.excepthook = hook
+    _HOOKED = True
 
 
 class MpiCollectives(Collectives):
@@ -44,6 +67,8 @@ class MpiCollectives(Collectives):
                             f"{type(communicator).__name__}")
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout = timeout
+        if self.size > 1:
+            abort_on_uncaught_exception(MPI.COMM_WORLD)
         self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
 
     def wait(self, request: Any, what: str) -> None:

@@ -4,11 +4,14 @@ Without one (the default) nothing changes: one process trains as before and noth
 imports an engine. ``DataParallel()`` joins every rank of the job (the MPI world, or the
 given communicator) through the engine chosen for the current backend, and
 ``set_distribution`` makes every rank start from rank 0's ``mp.random`` state, so models
-built afterwards get the same initial weights and ``fit`` the same shuffles everywhere.
+built afterwards get the same initial weights and ``fit`` the same shuffles everywhere (they
+draw :func:`mpcore.random.shared` seeds), while other random ops (dropout) draw from the
+rank's own stream: the masks are independent over the global batch, as Keras 3's.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mpcore import random as _random
@@ -26,6 +29,12 @@ class DataParallel:
     the job). ``engine``: ``"mpi"``, ``"nccl"`` or another plugin's (None: the best available
     one for the current backend). ``bucket_bytes``: gradients are packed into flat buffers of
     about this size, one all-reduce each (a larger gradient travels alone, without a copy).
+
+    Decided as Keras 3 and PyTorch DDP do: ``batch_size`` is global and at least the number of
+    ranks; every rank passes the same data sizes (checked up front); 16-bit gradients are
+    averaged in float32; dropout masks differ between ranks (initial weights and shuffles do
+    not); ``fit`` and ``evaluate`` take rank 0's weights first, ``predict`` is local; rank 0
+    alone prints and logs; ``save_weights``/``save_checkpoint`` are called on every rank.
     """
 
     def __init__(self, communicator: Any = None, engine: str | None = None,
@@ -76,6 +85,18 @@ class DataParallel:
 _current: DataParallel | None = None
 
 
+class RankZeroFilter(logging.Filter):
+    """Lets through the ``mpcore`` logger's records on rank 0 only (errors on every rank):
+    the notices (the compatibility check, MNIST's offline split, a left-out batch) are the
+    same on every rank, and N copies of each would bury the output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or rank() == 0
+
+
+_RANK_ZERO = RankZeroFilter()
+
+
 def set_distribution(value: DataParallel | None) -> None:
     """Train under ``value`` from now on (None: one process again)."""
     global _current
@@ -84,6 +105,10 @@ def set_distribution(value: DataParallel | None) -> None:
                         f"{type(value).__name__}")
     if value is not None:
         value.synchronize_random()
+    # each rank its own stream for dropout's masks (independent over the global batch, as
+    # Keras 3 draws one mask for it); initial weights and fit's shuffle draw mp.random.shared
+    _random.set_stream(0 if value is None else value.rank)
+    logging.getLogger("mpcore").addFilter(_RANK_ZERO)  # once: a logger keeps a set of them
     _current = value
 
 

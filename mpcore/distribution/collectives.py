@@ -115,6 +115,8 @@ def choose(name: str | None, backend: Backend) -> type[Collectives]:
         if reason is None:
             return cls
         reasons.append(f"{cls.name}: {reason}")
+    # the install hint only when no engine is installed: a reason that needs MPI says so
+    # itself, and one that does not (NCCL on the CPU backend) would be misled by it
+    found_none = "" if reasons else f"none is installed ({MPI_HINT})"
     raise DistributionError(f"no collectives engine can reduce arrays of the {backend.name!r} "
-                            f"backend here: {'; '.join(reasons) or 'none is installed'} "
-                            f"({MPI_HINT})")
+                            f"backend here: {'; '.join(reasons) or found_none}")

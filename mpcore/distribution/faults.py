@@ -37,8 +37,9 @@ def collective_timeout() -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r} "
-                         f"(unset: {DEFAULT_TIMEOUT_S:g})")
+        # inf is refused too: every wait has a deadline
+        raise ValueError(f"{TIMEOUT_ENV} must be a finite number of seconds > 0, got "
+                         f"{text!r} (unset: {DEFAULT_TIMEOUT_S:g})")
     return value
 
 

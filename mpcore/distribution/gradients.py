@@ -65,12 +65,14 @@ def _numel(shape: Sequence[int]) -> int:
 
 def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
                       optimizer: Any) -> list[Tensor]:
-    """The mean of ``grads`` over the ranks (cast to each variable's dtype), or ``grads``
-    as they are without a distribution."""
+    """The mean of ``grads`` over the ranks in each variable's :func:`wire_dtype` (float32
+    for a 16-bit variable: the optimizer casts the mean to the variable's dtype), or
+    ``grads`` as they are without a distribution."""
     dist = _api.distribution()
     if dist is None or not grads:
         return grads
-    grads = [g if g.dtype == v.dtype else ops.cast(g, v.dtype) for g, v in zip(grads, variables)]
+    grads = [g if g.dtype == wire_dtype(v.dtype) else ops.cast(g, wire_dtype(v.dtype))
+             for g, v in zip(grads, variables)]
     key = tuple(id(v) for v in variables)
     layout = dist._layouts.get(key)
     if layout is None:
@@ -97,6 +99,14 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
             out[i] = ops.reshape(total[offset:offset + n], grads[i].shape)
             offset += n
     return out  # type: ignore[return-value]
+
+
+def wire_dtype(dtype: str) -> str:
+    """The dtype gradients of a ``dtype`` variable are averaged in: float32 for float16 and
+    bfloat16 (pure 16-bit policies), as PyTorch DDP's fp32 communication and Keras' float32
+    reductions do: MPI has no 16-bit sum, and a sum of many ranks' 16-bit shares would lose
+    bits (bfloat16 keeps 8) or overflow (float16 ends at 65504); the others as they are."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 def _new_layout(dist: Any, grads: list[Tensor], variables: Sequence[Variable]) -> Layout:

@@ -1,8 +1,8 @@
 """The command line that runs a Python program on ``ranks`` ranks: ``mpiexec -n N python -m
-mpi4py ...``. ``-m mpi4py`` matters: a rank that raises then aborts the whole job at once
-(a plain ``python script.py`` rank would leave the others waiting for the collective
-deadline). The ``mpiexec`` next to this Python (a virtual environment's, from the ``mpich``
-wheel) is preferred to the one on ``PATH``."""
+mpi4py ...``. ``-m mpi4py`` makes a rank that raises abort the whole job at once (a plain
+``python script.py`` rank gets the same from the MPI engine's ``sys.excepthook``). The
+``mpiexec`` next to this Python (a virtual environment's, from the ``mpich`` wheel) is
+preferred to the one on ``PATH``."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from typing import Any
 from mpcore import dtypes as _dtypes
 from mpcore import ops
 from mpcore import policy as _policy
+from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
@@ -187,8 +188,9 @@ class Layer:
 
         dt = self.variable_dtype if dtype is None else _dtypes.canonical(dtype)
         init = initializers.get(initializer)
-        var = Variable(init(tuple(int(d) for d in shape), dt), dtype=dt, trainable=trainable,
-                       name=f"{self.name}/{name}")
+        with _random.shared():  # every rank of a distribution draws the same initial weights
+            value = init(tuple(int(d) for d in shape), dt)
+        var = Variable(value, dtype=dt, trainable=trainable, name=f"{self.name}/{name}")
         self._weights.append(var)
         return var
 

@@ -347,7 +347,8 @@ class Model(Layer):
         _data.validate_labels(self, xd, yd, "y")
         if val is not None:
             _data.validate_labels(self, val[0], val[1], "the validation labels")
-        steps = _sharding.steps(n, batch_size, "fit")
+        steps = _sharding.plan("fit", n, batch_size, _data.count(val[0], "x") if val else 0,
+                               epochs)  # every rank the same data, before the first step
         verbose = _sharding.begin_fit(self, verbose)  # rank 0's weights; rank 0 prints
         history = _callbacks.History()
         cbs = _callbacks.CallbackList([history, *callbacks])
@@ -366,7 +367,8 @@ class Model(Layer):
             order = None
             if shuffle:
                 perm = list(range(n))
-                _pyrandom.Random(_random.next_seed()).shuffle(perm)
+                with _random.shared():  # the same shuffle on every rank
+                    _pyrandom.Random(_random.next_seed()).shuffle(perm)
                 order = ops.constant(perm, dtype="int64", backend=backend)
             bar = _progress.progress_bar(epoch, epochs, steps) if verbose == 1 else None
             start = last_refresh = time.perf_counter()
@@ -416,12 +418,13 @@ class Model(Layer):
         verbose = _sharding.verbosity(_args.verbose(verbose))
         return_dict = _args.flag("return_dict", return_dict)
         xd, yd, n = self._xy(x, y, "evaluate")
-        if _validate:
+        if _validate:  # not fit's validation: its weights are rank 0's already
             _data.validate_labels(self, xd, yd, "y")
+            _sharding.begin_evaluate(self)
         if n == 0:
             raise ValueError("evaluate got no samples")
         self.reset_metrics()
-        steps = _sharding.steps(n, batch_size, "evaluate")
+        steps = _sharding.plan("evaluate", n, batch_size)
         start = time.perf_counter()
         for step in range(steps):
             lo, hi = _sharding.shard(step * batch_size, min((step + 1) * batch_size, n), False)
@@ -437,9 +440,9 @@ class Model(Layer):
 
     def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = 0) -> Any:
         """Outputs for ``x``, batch by batch, as writable host arrays (``verbose``: a line
-        with the time taken)."""
+        with the time taken). Under a distribution: this rank's, on the whole of ``x``."""
         batch_size = _args.batch_size(batch_size)
-        verbose = _args.verbose(verbose)
+        verbose = _sharding.verbosity(_args.verbose(verbose))  # rank 0 prints
         return self._predict(self._x(x, "predict"), batch_size, verbose, "predict")
 
     def predict_on_batch(self, x: Any) -> Any:
@@ -467,7 +470,8 @@ class Model(Layer):
 
     # --- weights and checkpoints ------------------------------------------------------------
     def save_weights(self, filepath: str) -> None:
-        """Write the weights atomically (see :mod:`mpcore.checkpoint`)."""
+        """Write the weights atomically (see :mod:`mpcore.checkpoint`). Under a distribution:
+        call it on every rank; rank 0 writes, the others wait for the file."""
         _checkpoint.save_weights(self, filepath)
 
     def load_weights(self, filepath: str) -> None:
@@ -475,7 +479,8 @@ class Model(Layer):
 
     def save_checkpoint(self, filepath: str, **extra: Any) -> None:
         """Weights, optimizer slots and iterations, loss-scale state, the step count and
-        ``mp.random``'s state, written atomically; ``extra`` values are stored alongside."""
+        ``mp.random``'s state, written atomically; ``extra`` values are stored alongside.
+        Under a distribution: call it on every rank; rank 0 writes, the others wait."""
         _checkpoint.save(filepath, self, **extra)
 
     def load_checkpoint(self, filepath: str) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The program the 2-rank tests launch (``mpiexec -n 2 python -m mpi4py ranks.py SCENARIO
 OUT``), and the model and data they share with the single-process references.
 
-Scenarios: ``train`` (fit under float32, traced float32, mixed_float16 and float32 with
-gradient accumulation; the guide's custom loop with an Inf in rank 1's shard; a checkpoint
-resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
+Scenarios: ``train`` (fit under float32, traced float32, mixed_float16, float32 with
+gradient accumulation and bfloat16; the guide's custom loop with an Inf in rank 1's shard;
+a checkpoint resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
 ``mismatch`` and ``scale``. Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
@@ -86,6 +86,20 @@ def train(out: Path) -> None:
         model, history = fit(policy, jit, accumulate)
         save(out, name, model.get_weights(), history=history,
              scale=getattr(model.optimizer, "loss_scale", lambda: 0.0)())
+    # dropout: each rank its own masks; initial weights: the same on every rank
+    mask = mp.ops.dropout_mask((256,), 0.5).numpy()
+    save(out, "streams", [mask, *build("float32").get_weights()])
+    # replicas that differ before fit (rank 1's weights moved): evaluate takes rank 0's
+    x, y = data()
+    model = build("float32")
+    if rank == 1:
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+    score = model.evaluate(x, y, batch_size=BATCH, verbose=0)
+    save(out, "evaluate", model.get_weights(), score=score)
+    # a pure 16-bit policy: its gradients are averaged in float32 (MPI has no bfloat16 sum)
+    model, history = fit("bfloat16")
+    save(out, "fit_bfloat16", [w.astype(np.float32) for w in model.get_weights()],
+         history=history)
     # the guide's loop: each rank its half of each batch; an Inf in rank 1's at step 2
     x, y = data()
     steps = []

@@ -9,6 +9,7 @@ import itertools
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -38,6 +39,27 @@ def test_without_a_distribution_one_process_trains_alone() -> None:
     assert sharding.verbosity(2) == 2
 
 
+def test_a_ranks_stream_changes_dropout_masks_but_not_shared_draws() -> None:
+    from mpcore import random as _random
+
+    def draw(stream: int) -> tuple[list[float], list[float], int]:
+        _random.set_seed(5)
+        _random.set_stream(stream)
+        try:
+            mask = mp.ops.dropout_mask((64,), 0.5).numpy().tolist()
+            with _random.shared():
+                init = mp.ops.random_uniform((8,)).numpy().tolist()
+        finally:
+            _random.set_stream(0)
+        return mask, init, _random.get_state()["counter"]
+
+    alone, rank1 = draw(0), draw(1)
+    assert alone[0] != rank1[0]  # independent masks over the global batch
+    assert alone[1:] == rank1[1:]  # the same weights, and the counter the ranks check
+    with pytest.raises(ValueError, match="stream must be an int >= 0, got -1"):
+        _random.set_stream(-1)
+
+
 def test_set_distribution_takes_a_distribution_or_none() -> None:
     with pytest.raises(TypeError, match="DataParallel or None, got str"):
         mp.distribution.set_distribution("mpi")  # type: ignore[arg-type]
@@ -54,8 +76,8 @@ def test_the_engines_come_from_the_hook_and_are_chosen_by_backend() -> None:
     with pytest.raises(ValueError, match=r"unknown collectives engine 'gloo'; valid: .*mpi"):
         collectives.choose("gloo", cpu)
     with pytest.raises(mp.distribution.DistributionError,
-                       match="nccl: NCCL reduces CUDA arrays; the backend is 'cpu'"):
-        collectives.choose("nccl", cpu)
+                       match=r"nccl: NCCL reduces CUDA arrays; the backend is 'cpu'$"):
+        collectives.choose("nccl", cpu)  # and no hint about installing MPI
 
 
 def test_reductions_are_named() -> None:
@@ -74,6 +96,12 @@ def test_buckets_follow_the_variables_and_split_at_the_size_and_dtype() -> None:
     mixed = gradients.plan([(2,), (2,), (2,)], ["float32", "float64", "float64"], [4, 8, 8],
                            1 << 20)
     assert mixed.buckets == ((0,), (1, 2))
+
+
+def test_16_bit_gradients_are_averaged_in_float32() -> None:
+    assert gradients.wire_dtype("bfloat16") == gradients.wire_dtype("float16") == "float32"
+    assert gradients.wire_dtype("float64") == "float64"
+    assert gradients.wire_dtype("float32") == "float32"
 
 
 def test_the_layout_signature_tells_shapes_and_dtypes_apart() -> None:
@@ -105,6 +133,14 @@ def test_a_last_batch_smaller_than_the_ranks_is_left_out_with_a_warning(
         sharding.count_batches(3, 2, 4, 0, "fit")
 
 
+@pytest.mark.parametrize(("n", "batch_size"), [(8, 1), (9, 1), (100, 3)])
+def test_a_batch_size_below_the_number_of_ranks_is_an_error(n: int, batch_size: int) -> None:
+    # batch_size=1 on 2 ranks used to give NaN: one rank had an empty shard at every step
+    with pytest.raises(ValueError, match=f"got batch_size={batch_size}, {n} samples"):
+        sharding.count_batches(n, batch_size, 4 if batch_size == 3 else 2, 0, "fit")
+    assert sharding.count_batches(n, batch_size, 1, 0, "fit") == -(-n // batch_size)
+
+
 def test_the_collective_deadline_is_a_positive_number_of_seconds(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(faults.TIMEOUT_ENV, raising=False)
@@ -113,8 +149,8 @@ def test_the_collective_deadline_is_a_positive_number_of_seconds(
     assert faults.collective_timeout() == 2.5
     for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv(faults.TIMEOUT_ENV, bad)
-        with pytest.raises(ValueError, match="MPCORE_COLLECTIVE_TIMEOUT must be a number of "
-                                             "seconds > 0"):
+        with pytest.raises(ValueError, match="MPCORE_COLLECTIVE_TIMEOUT must be a finite "
+                                             "number of seconds > 0"):
             faults.collective_timeout()
 
 
@@ -188,3 +224,78 @@ def test_nccl_all_reduce_on_a_gpu() -> None:
     engine = collectives.engines()["nccl"](None, 30.0)  # a world of one rank
     x = mp.constant([1.0, 2.0, 3.0], backend="cuda")
     assert engine.allreduce(x, "sum").numpy().tolist() == [1.0, 2.0, 3.0]
+
+
+class _TwoRanks:
+    """A stand-in for a 2-rank distribution: rank 1's values are ``other``."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self, other: list[float] | None = None) -> None:
+        self.other = other
+        self.engine = self
+
+    def allgather_values(self, values: list[float]) -> list[list[float]]:
+        return [list(values), list(values) if self.other is None else self.other]
+
+
+def test_ranks_with_other_data_are_told_each_ranks_values_before_the_first_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2048 vs 2000 samples at batch_size=256: the same 8 steps, which used to train silently
+    monkeypatch.setattr(sharding._api, "distribution", lambda: _TwoRanks([2000, 256, 8, 0, 1]))
+    with pytest.raises(mp.distribution.DistributionError) as info:
+        sharding.plan("fit", 2048, 256)
+    assert "the ranks disagree on the data of fit" in str(info.value)
+    assert "rank 0: samples=2048, batch_size=256, steps=8" in str(info.value)
+    assert "rank 1: samples=2000, batch_size=256, steps=8" in str(info.value)
+
+
+def test_validation_data_smaller_than_the_ranks_is_an_error_before_training(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sharding._api, "distribution", lambda: _TwoRanks())
+    monkeypatch.setattr(sharding._api, "world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"fit's validation data \(validation_data or "
+                                         r"validation_split\) under a distribution of 2 ranks"):
+        sharding.plan("fit", 64, 16, validation_samples=1)
+    assert sharding.plan("fit", 64, 16, validation_samples=2) == 4
+
+
+def test_only_rank_0_logs_and_prints(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from mpcore.distribution import api
+
+    def record(level: int) -> logging.LogRecord:
+        return logging.LogRecord("mpcore", level, __file__, 1, "notice", None, None)
+
+    inputs = mp.Input(shape=(2,))
+    model = mp.Model(inputs=inputs, outputs=mp.layers.Dense(1)(inputs))
+    monkeypatch.setattr(api, "rank", lambda: 1)
+    assert not api.RankZeroFilter().filter(record(logging.WARNING))
+    assert api.RankZeroFilter().filter(record(logging.ERROR))  # a rank's own failure
+    model.predict([[1.0, 2.0]], verbose=1)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(api, "rank", lambda: 0)
+    assert api.RankZeroFilter().filter(record(logging.WARNING))
+    model.predict([[1.0, 2.0]], verbose=1)
+    assert capsys.readouterr().out.startswith("1/1 - ")
+
+
+def test_a_save_on_rank_0_alone_is_named_in_the_barriers_timeout(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `if rank() == 0: model.save_weights(p)` leaves rank 0 in this barrier until the
+    # deadline: its name (printed with the timeout) says what to do instead
+    from mpcore import checkpoint
+
+    waits: list[str] = []
+
+    class Rank0:
+        rank = 0
+
+        class engine:  # noqa: N801 - stands in for an attribute
+            barrier = staticmethod(waits.append)
+
+    monkeypatch.setattr(checkpoint._distribution, "distribution", lambda: Rank0())
+    checkpoint.atomic_write(tmp_path / "w.ckpt", {"x": 1})
+    assert (tmp_path / "w.ckpt").is_file()
+    assert waits == [f"rank 0 writing {tmp_path / 'w.ckpt'}; under a distribution every rank "
+                     "calls save_weights/save_checkpoint, not rank 0 alone"]

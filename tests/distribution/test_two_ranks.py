@@ -44,11 +44,16 @@ def _ranks_module() -> Any:
 ranks = _ranks_module()
 
 
-def run_job(scenario: str, out: Path, **env: str) -> tuple[subprocess.CompletedProcess[str],
-                                                            float]:
+def run_job(scenario: str, out: Path, plain: bool = False, **env: str
+            ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``plain``: launched as ``python ranks.py`` (no ``-m mpi4py``)."""
     environment = {**launch.environment(threads=1), "MPCORE_BACKEND": "cpu", **env}
     start = time.monotonic()
-    proc = subprocess.run(launch.command(2, [str(SCRIPT), scenario, str(out)]),
+    cmd = launch.command(2, [str(SCRIPT), scenario, str(out)])
+    if plain:
+        cmd.remove("-m")
+        cmd.remove("mpi4py")
+    proc = subprocess.run(cmd,
                           capture_output=True, text=True, timeout=DEADLINE_S, env=environment,
                           check=False)
     return proc, time.monotonic() - start
@@ -101,6 +106,35 @@ def test_two_ranks_with_half_batches_equal_one_process(trained: Path, name: str,
     assert np.allclose(info0["history"]["accuracy"], history["accuracy"])
 
 
+def test_a_pure_bfloat16_policy_trains_with_gradients_averaged_in_float32(
+        trained: Path) -> None:
+    w0, info0 = load(trained, "fit_bfloat16", 0)
+    w1, info1 = load(trained, "fit_bfloat16", 1)
+    assert bitwise(w0, w1) and info0["history"]["loss"] == info1["history"]["loss"]
+    model, history = ranks.fit("bfloat16")
+    # bfloat16 keeps 8 bits: two half batches and one whole batch round apart by a few ulps
+    want = [w.astype(np.float32) for w in model.get_weights()]
+    assert relative(w0, want) <= 2 ** -5
+    assert np.allclose(info0["history"]["loss"], history["loss"], rtol=2 ** -5)
+
+
+def test_dropout_masks_differ_between_ranks_but_initial_weights_do_not(trained: Path) -> None:
+    (mask0, *w0), _ = load(trained, "streams", 0)
+    (mask1, *w1), _ = load(trained, "streams", 1)
+    assert not np.array_equal(mask0, mask1)
+    assert bitwise(w0, w1)
+
+
+def test_evaluate_takes_rank_0s_weights_as_fit_does(trained: Path) -> None:
+    w0, info0 = load(trained, "evaluate", 0)
+    w1, info1 = load(trained, "evaluate", 1)
+    assert bitwise(w0, w1) and info0["score"] == info1["score"]
+    model = ranks.build("float32")
+    assert bitwise(w0, model.get_weights())  # rank 0's: rank 1's moved weights are gone
+    x, y = ranks.data()
+    assert np.allclose(info0["score"], model.evaluate(x, y, batch_size=ranks.BATCH, verbose=0))
+
+
 def test_a_traced_step_takes_the_same_steps_as_an_eager_one(trained: Path) -> None:
     assert bitwise(load(trained, "fit_float32_jit", 0)[0], load(trained, "fit_float32", 0)[0])
 
@@ -147,6 +181,14 @@ def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path: Path) -> None
     assert elapsed < 30
     output = proc.stdout + proc.stderr
     assert "rank 1 fails on purpose" in output and "rank 1" in output
+
+
+def test_a_rank_that_raises_ends_the_job_without_mpi4py_run_too(tmp_path: Path) -> None:
+    # `mpiexec -n 2 python ranks.py`: without the engine's excepthook rank 0 would wait for
+    # the whole collective deadline (set far beyond the job's here)
+    proc, _ = run_job("raise", tmp_path, plain=True, MPCORE_COLLECTIVE_TIMEOUT="600")
+    assert proc.returncode != 0
+    assert "rank 1 fails on purpose" in proc.stdout + proc.stderr
 
 
 def test_a_stuck_rank_ends_the_job_at_the_collective_deadline(tmp_path: Path) -> None:

@@ -229,3 +229,17 @@ def test_a_plain_optimizer_never_applies_a_non_finite_step(case: str, fused: boo
         np.testing.assert_array_equal(slot.numpy(), old)
     assert opt.apply_gradients([(mp.constant([0.1, 0.2, 0.3]), var)])
     assert not np.array_equal(var.numpy(), before)
+
+
+def test_lso_checks_gradients_changed_after_unscaling() -> None:
+    # The flag of get_unscaled_gradients vouches for the tensors it returned only: a gradient
+    # the caller changed afterwards (here made infinite) is checked again before applying.
+    opt = LossScaleOptimizer(optimizers.SGD(0.1), loss_scale=8.0)
+    var = mp.Variable([1.0, 2.0])
+    grads = opt.get_unscaled_gradients([mp.constant([8.0, 8.0])])
+    assert opt.apply_gradients(zip([grads[0] * float("inf")], [var])) is False
+    np.testing.assert_array_equal(var.numpy(), [1.0, 2.0])
+    assert opt.skipped_steps == 1
+    grads = opt.get_unscaled_gradients([mp.constant([8.0, 8.0])])
+    assert opt.apply_gradients(zip([grads[0] * 0.5], [var])) is True  # changed, finite
+    np.testing.assert_allclose(var.numpy(), [0.95, 1.95])
