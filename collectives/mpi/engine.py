@@ -40,11 +40,22 @@ def abort_on_uncaught_exception(world: Any) -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         previous(kind, value, tb)
-        sys.stderr.flush()
+        _let_the_launcher_forward_stderr()
         world.Abort(1)
 
     sys.excepthook = hook
     _HOOKED = True
+
+
+#: How long a rank waits, after writing why it aborts, before MPI_Abort: mpiexec forwards each
+#: rank's stderr through its proxies, and an abort that comes first can lose the message (seen
+#: with MPICH when stderr is a pipe, as under pytest or a scheduler).
+_FORWARD_S = 0.5
+
+
+def _let_the_launcher_forward_stderr() -> None:
+    sys.stderr.flush()
+    time.sleep(_FORWARD_S)
 
 
 class MpiCollectives(Collectives):
@@ -86,6 +97,7 @@ class MpiCollectives(Collectives):
 
     def abort(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
+        _let_the_launcher_forward_stderr()
         self.comm.Abort(1)
 
     # --- arrays -------------------------------------------------------------------------
