@@ -16,8 +16,6 @@ import mpcore as mp
 from mpcore import ops
 
 
-
-
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary(backend: mp.Backend, name: str, dtype: str) -> None:
