@@ -91,17 +91,18 @@ def test_generic_float16_ops_and_gradients_with_native_half() -> None:
     """Every float16 op-forward, gradient and layer case of the backend-generic suite, plus
     the OpenCL kernel tests' float16 cases, with the native-half kernels: within the same
     float16 tolerances as the CPU backend."""
-    out = run_suite(["tests/core/test_ops.py", "tests/core/test_gradients.py",
-                     "tests/training/test_layers.py", "tests/backends/opencl/test_opencl.py",
-                     "-k", "opencl and float16"])
+    out = run_suite(["tests/core/test_ops.py", "tests/core/test_ops_rules.py",
+                     "tests/core/test_gradients.py", "tests/training/test_layers.py",
+                     "tests/backends/opencl/test_opencl.py",
+                     "tests/backends/opencl/test_opencl_steps.py", "-k", "opencl and float16"])
     assert passed(out) >= 100, out[-2000:]
 
 
 @needs_fp16
 def test_guide_mnist_bar_with_native_half() -> None:
-    """The guide's model on the shared MNIST data reaches test_opencl's bar (>= 0.88) with
-    mixed_float16 and native half, as do the loss-scaled training steps."""
-    out = run_suite(["tests/backends/opencl/test_opencl.py", "-s", "-k",
+    """The guide's model on the shared MNIST data reaches test_opencl_steps' bar (>= 0.88)
+    with mixed_float16 and native half, as do the loss-scaled training steps."""
+    out = run_suite(["tests/backends/opencl/test_opencl_steps.py", "-s", "-k",
                      "guide_mnist_accuracy_bar or training_step_mixed_float16 or "
                      "bad_label_step"])
     assert passed(out) >= 2, out[-2000:]
