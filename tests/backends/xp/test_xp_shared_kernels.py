@@ -1,7 +1,7 @@
 """mpcore_xp, the shared base of the array-library backends: the kernels NumPy and CuPy spell
 the same are written once, and both the CPU and the CUDA backend use them. Run here with NumPy
 standing in for CuPy, the CUDA backend's shared kernels give the CPU backend's results bit for
-bit (CUDA's own kernels need a GPU: tests/backends/cuda/test_cuda.py)."""
+bit (CUDA's own kernels need a GPU: tests/backends/cuda/test_cuda_device.py)."""
 
 from __future__ import annotations
 
