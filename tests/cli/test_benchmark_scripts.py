@@ -214,3 +214,13 @@ def test_data_parallel_quick() -> None:
     assert summary["bench"] == "data_parallel" and summary["speedup"]["median"] > 0
     assert 0 < summary["allreduce_share_rank0"]["median"] < 1
     assert summary["max_rss_mb_per_rank"]["median"] > 0 and summary["gradient_mb"] > 0
+
+
+def test_traced_vs_eager() -> None:
+    (record,) = run("traced_vs_eager.py", "--units", "8", "--batch", "16", "--rounds", "2",
+                    "--policy", "float32")
+    assert record["policy"] == "float32" and record["program_steps"] > 0
+    assert record["eager_ms_per_step"] > 0 and record["traced_ms_per_step"] > 0
+    low, high = record["traced_vs_eager_range"]
+    assert 0 < low <= record["traced_vs_eager_median"] <= high
+    assert set(record["peak_traced_mb"]) == {"eager", "traced"}
