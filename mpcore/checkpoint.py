@@ -30,6 +30,7 @@ from typing import Any
 
 from mpcore import random as _random
 from mpcore.distribution import api as _distribution
+from mpcore.distribution import faults as _faults
 
 logger = logging.getLogger("mpcore")
 
@@ -133,8 +134,8 @@ def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
     if dist is not None:
         # the wait's name is in its timeout message: `if rank() == 0: model.save_weights(p)`
         # is the usual cause, so the message says what to do instead
-        dist.engine.barrier(f"rank 0 writing {os.fspath(path)}; under a distribution every "
-                            "rank calls save_weights/save_checkpoint, not rank 0 alone")
+        _faults.agree(dist.engine, f"rank 0 writing {os.fspath(path)}; under a distribution "
+                      "every rank calls save_weights/save_checkpoint, not rank 0 alone", (), [])
 
 
 def _write(path: str | os.PathLike[str], payload: Any) -> None:

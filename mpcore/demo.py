@@ -343,7 +343,12 @@ def _launch(args: argparse.Namespace) -> int:
     from mpcore.distribution import faults, launch
 
     try:
-        faults.collective_timeout()  # a bad MPCORE_COLLECTIVE_TIMEOUT: one line, not N ranks'
+        # a bad MPCORE_COLLECTIVE_TIMEOUT or MPCORE_AMP_* edit: one line, not N ranks'
+        faults.collective_timeout()
+        if args.rewrite:
+            from mpcore.amp.lists import AutoMixedPrecisionLists
+
+            AutoMixedPrecisionLists().with_env()
         cmd = launch.command(args.ranks, ["-m", "mpcore", "demo", *_job_arguments(args)])
     except (FileNotFoundError, ValueError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)

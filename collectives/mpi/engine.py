@@ -143,11 +143,13 @@ class MpiCollectives(Collectives):
                   f"an all-reduce ({op}) of {buf.size} control value(s)")
         return buf.tolist()
 
-    def allgather_values(self, values: Sequence[float]) -> list[list[float]]:
+    def allgather_values(self, values: Sequence[float],
+                         what: str | None = None) -> list[list[float]]:
         mine = np.asarray(values, dtype=np.float64)
         out = np.empty((self.size, mine.size), dtype=np.float64)
         self.wait(self.comm.Iallgather(mine, out),
-                  f"an all-gather of {mine.size} control value(s)")
+                  f"an all-gather of {mine.size} control value(s)"
+                  + (f" ({what})" if what else ""))
         return out.tolist()
 
     def broadcast_values(self, values: Sequence[float], root: int = 0) -> list[float]:

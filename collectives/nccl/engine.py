@@ -82,8 +82,9 @@ class NcclCollectives(Collectives):
     def allreduce_values(self, values: Sequence[float], op: str = "sum") -> list[float]:
         return self.mpi.allreduce_values(values, op)
 
-    def allgather_values(self, values: Sequence[float]) -> list[list[float]]:
-        return self.mpi.allgather_values(values)
+    def allgather_values(self, values: Sequence[float],
+                         what: str | None = None) -> list[list[float]]:
+        return self.mpi.allgather_values(values, what)
 
     def broadcast_values(self, values: Sequence[float], root: int = 0) -> list[float]:
         return self.mpi.broadcast_values(values, root)

@@ -70,8 +70,10 @@ class Collectives:
     def allreduce_values(self, values: Sequence[float], op: str = "sum") -> list[float]:
         raise NotImplementedError
 
-    def allgather_values(self, values: Sequence[float]) -> list[list[float]]:
-        """Every rank's ``values`` (same length everywhere), indexed by rank."""
+    def allgather_values(self, values: Sequence[float],
+                         what: str | None = None) -> list[list[float]]:
+        """Every rank's ``values`` (same length everywhere), indexed by rank; ``what`` names
+        the exchange in a deadline's message."""
         raise NotImplementedError
 
     def broadcast_values(self, values: Sequence[float], root: int = 0) -> list[float]:

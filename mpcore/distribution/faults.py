@@ -49,6 +49,48 @@ def timeout_message(rank: int, size: int, what: str, timeout: float) -> str:
             "aborting the job")
 
 
+#: Every control all-gather exchanges this many float64s: the control point's tag, then its
+#: values, padded. Ranks that reach different control points (one in evaluate, the other in
+#: fit) then still exchange buffers of one size, and the tags say so, instead of MPI pairing
+#: mismatched collectives and each rank reading the other's numbers as its own.
+CONTROL_WIDTH = 8
+#: tag -> the control point's name, for the ones this process has reached (every rank runs
+#: the same program, so another rank's tag is usually known here too)
+_POINTS: dict[float, str] = {}
+
+
+def known(*points: str) -> None:
+    """Name control points before any rank reaches them, so a rank can say where another is."""
+    for point in points:
+        _POINTS[_digest(point)] = point
+
+
+def tensors_point(what: str) -> str:
+    """The control point of :func:`check_same_tensors` for ``what``."""
+    return f"{what} (their number, values, and a signature of their shapes and dtypes)"
+
+
+def agree(engine: Any, what: str, names: Sequence[str], values: Sequence[float]) -> None:
+    """All-gather ``values`` at the control point ``what`` (a barrier when there are none):
+    a DistributionError on every rank when the ranks are at different control points, or
+    when their values differ (naming each rank's)."""
+    if len(values) >= CONTROL_WIDTH:
+        raise ValueError(f"a control point takes at most {CONTROL_WIDTH - 1} values")
+    tag = _digest(what)
+    _POINTS[tag] = what
+    row = [tag, *map(float, values)] + [0.0] * (CONTROL_WIDTH - 1 - len(values))
+    per_rank = engine.allgather_values(row, what)
+    if any(r[0] != tag for r in per_rank):
+        at = [f"rank {r}: {_POINTS.get(got[0], 'another collective')}"
+              for r, got in enumerate(per_rank)]
+        raise DistributionError("the ranks are at different collectives (every rank must "
+                                "make the same calls: fit, evaluate, save_weights ...):\n  "
+                                + "\n  ".join(at))
+    error = disagreement(what, [r[1:1 + len(values)] for r in per_rank], names)
+    if error is not None:
+        raise error
+
+
 def disagreement(what: str, per_rank: Sequence[Sequence[float]],
                  names: Sequence[str]) -> DistributionError | None:
     """An error naming each rank's values when the ranks' ``per_rank`` rows differ, else
@@ -67,8 +109,12 @@ def _show(value: float) -> str:
 
 def signature(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> float:
     """52 bits of a hash of ``shapes`` and ``dtypes`` (exact in a float64)."""
-    text = repr([(tuple(s), d) for s, d in zip(shapes, dtypes)]).encode()
-    return float(struct.unpack(">Q", hashlib.sha256(text).digest()[:8])[0] >> 12)
+    return _digest(repr([(tuple(s), d) for s, d in zip(shapes, dtypes)]))
+
+
+def _digest(text: str) -> float:
+    """52 bits of a hash of ``text`` (exact in a float64)."""
+    return float(struct.unpack(">Q", hashlib.sha256(text.encode()).digest()[:8])[0] >> 12)
 
 
 def check_same_tensors(engine: Any, what: str, tensors: Sequence[Any]) -> None:
@@ -77,8 +123,4 @@ def check_same_tensors(engine: Any, what: str, tensors: Sequence[Any]) -> None:
     values = sum(math.prod(t.shape) for t in tensors)
     mine = [len(tensors), values, signature([t.shape for t in tensors],
                                             [t.dtype for t in tensors])]
-    error = disagreement(f"{what} (their number, values, and a signature of their shapes "
-                         "and dtypes)", engine.allgather_values(mine),
-                         ("variables", "values", "signature"))
-    if error is not None:
-        raise error
+    agree(engine, tensors_point(what), ("variables", "values", "signature"), mine)

@@ -21,11 +21,15 @@ from typing import Any
 
 from mpcore import ops
 from mpcore import random as _random
+from mpcore.amp import hooks as _amp
 from mpcore.distribution import api as _api
 from mpcore.distribution import faults as _faults
 from mpcore.tensor import Tensor, Variable
 
-HEADER = ("layout", "loss_scale", "iterations", "random_counter")
+HEADER = ("layout", "loss_scale", "iterations", "random_counter", "rewrite")
+STATE_POINT = "the training state (layout, loss scale, step, random counter, graph rewrite)"
+TRAINED_VARIABLES = "the variables to train"
+_faults.known(STATE_POINT, _faults.tensors_point(TRAINED_VARIABLES))
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def wire_dtype(dtype: str) -> str:
 def _new_layout(dist: Any, grads: list[Tensor], variables: Sequence[Variable]) -> Layout:
     layout = plan([g.shape for g in grads], [g.dtype for g in grads],
                   [_itemsize(g.dtype) for g in grads], dist.bucket_bytes)
-    dist.broadcast_variables(variables, "the variables to train")  # checks them first
+    dist.broadcast_variables(variables, TRAINED_VARIABLES)  # checks them first
     dist._layouts[tuple(id(v) for v in variables)] = layout
     return layout
 
@@ -124,11 +128,17 @@ def _itemsize(dtype: str) -> int:
 def _check_header(dist: Any, layout: Layout, optimizer: Any) -> None:
     scale = getattr(optimizer, "loss_scale", None)
     values = [layout.signature, float(scale()) if scale is not None else 0.0,
-              float(optimizer.iterations), float(_random.get_state()["counter"])]
-    error = _faults.disagreement("the training state (layout, loss scale, step, random "
-                                 "counter)", dist.engine.allgather_values(values), HEADER)
-    if error is not None:
-        raise error
+              float(optimizer.iterations), float(_random.get_state()["counter"]),
+              _rewrite_state()]
+    _faults.agree(dist.engine, STATE_POINT, HEADER, values)
+
+
+def _rewrite_state() -> float:
+    """0 without the mixed precision graph rewrite, else a digest of its dtype and lists: a
+    rank that rewrites its steps while another does not would average 16-bit-computed
+    gradients with float32 ones."""
+    config = _amp.rewrite
+    return 0.0 if config is None else _faults.signature([], [repr(config.key())])
 
 
 def agree_finite(flag: Tensor) -> Tensor:

@@ -25,7 +25,7 @@ def begin_fit(model: Any, verbose: int) -> int:
     if dist is None:
         return verbose
     dist.synchronize_random()
-    dist.broadcast_variables(model.weights)
+    dist.broadcast_variables(model.weights, FIT_WEIGHTS)
     return verbosity(verbose)
 
 
@@ -36,7 +36,7 @@ def begin_evaluate(model: Any) -> None:
     call it alone): it uses this rank's weights, rank 0's after fit or evaluate."""
     dist = _api.distribution()
     if dist is not None:
-        dist.broadcast_variables(model.weights)
+        dist.broadcast_variables(model.weights, EVALUATE_WEIGHTS)
 
 
 def verbosity(verbose: int) -> int:
@@ -96,11 +96,20 @@ def agree_on_data(what: str, samples: int, batch_size: int, validation_samples: 
         return
     mine = [float(samples), float(batch_size), float(-(-samples // batch_size)),
             float(validation_samples), float(epochs)]
-    error = _faults.disagreement(f"the data of {what} (every rank passes the same number of "
-                                 "samples and the same batch_size: it is global)",
-                                 dist.engine.allgather_values(mine), DATA)
-    if error is not None:
-        raise error
+    _faults.agree(dist.engine, data_point(what), DATA, mine)
+
+
+def data_point(what: str) -> str:
+    """The control point of :func:`plan` for ``what`` (fit or evaluate)."""
+    return (f"the data of {what} (every rank passes the same number of samples and the same "
+            "batch_size: it is global)")
+
+
+FIT_WEIGHTS = "the model's variables at the start of fit"
+EVALUATE_WEIGHTS = "the model's variables at the start of evaluate"
+# every rank can name where another rank is (one in evaluate, the other in fit)
+_faults.known(data_point("fit"), data_point("evaluate"), _faults.tensors_point(FIT_WEIGHTS),
+              _faults.tensors_point(EVALUATE_WEIGHTS))
 
 
 def shard(lo: int, hi: int, train: bool) -> tuple[int, int]:

@@ -4,7 +4,8 @@ OUT``), and the model and data they share with the single-process references.
 Scenarios: ``train`` (fit under float32, traced float32, mixed_float16, float32 with
 gradient accumulation and bfloat16; the guide's custom loop with an Inf in rank 1's shard;
 a checkpoint resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
-``mismatch`` and ``scale``. Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
+``mismatch``, ``scale``, ``apart`` (different calls) and ``rewrite`` (on one
+rank). Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
 from __future__ import annotations
@@ -155,9 +156,25 @@ def faults(scenario: str) -> None:
         model.optimizer.loss_scale.load_state_dict(
             {"current_loss_scale": 2048.0 * (1 + rank), "num_good_steps": 0})
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    elif scenario == "apart":  # `if rank() == 0: model.evaluate(...)`, then fit on both
+        x, y = data()
+        model = build("float32")
+        if rank == 0:
+            model.evaluate(x, y, batch_size=BATCH, verbose=0)
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    elif scenario == "rewrite":  # the graph rewrite on rank 0 only
+        x, y = data()
+        model = build("float32", jit=True)
+        if rank == 0:
+            opt = mp.mixed_precision.enable_mixed_precision_graph_rewrite(
+                mp.optimizers.RMSprop(learning_rate=0.01))
+        else:
+            opt = mp.mixed_precision.LossScaleOptimizer(mp.optimizers.RMSprop(0.01))
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, jit_compile=True)
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     else:
         raise ValueError(f"unknown scenario {scenario!r}; valid: train, raise, stall, "
-                         "mismatch, scale")
+                         "mismatch, scale, apart, rewrite")
 
 
 def main() -> None:

@@ -227,16 +227,40 @@ def test_nccl_all_reduce_on_a_gpu() -> None:
 
 
 class _TwoRanks:
-    """A stand-in for a 2-rank distribution: rank 1's values are ``other``."""
+    """A stand-in for a 2-rank distribution: rank 1 sends ``other`` at the same control point
+    (or at the point ``elsewhere``)."""
 
     rank, world_size = 0, 2
 
-    def __init__(self, other: list[float] | None = None) -> None:
-        self.other = other
+    def __init__(self, other: list[float] | None = None, elsewhere: str | None = None) -> None:
+        self.other, self.elsewhere = other, elsewhere
         self.engine = self
 
-    def allgather_values(self, values: list[float]) -> list[list[float]]:
-        return [list(values), list(values) if self.other is None else self.other]
+    def allgather_values(self, values: list[float], what: str | None = None
+                         ) -> list[list[float]]:
+        from mpcore.distribution import faults
+
+        row = list(values)
+        if self.other is not None:
+            row = [row[0], *self.other] + [0.0] * (faults.CONTROL_WIDTH - 1 - len(self.other))
+        if self.elsewhere is not None:
+            faults._POINTS[faults._digest(self.elsewhere)] = self.elsewhere
+            row[0] = faults._digest(self.elsewhere)
+        return [list(values), row]
+
+
+def test_ranks_at_different_collectives_are_told_where_each_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `if rank() == 0: model.evaluate(...)`, then fit on both: MPI would pair rank 0's
+    # evaluate with rank 1's fit and each would read the other's numbers as its own
+    elsewhere = "the data of fit (every rank passes the same number of samples and the " \
+                "same batch_size: it is global)"
+    monkeypatch.setattr(sharding._api, "distribution", lambda: _TwoRanks(elsewhere=elsewhere))
+    with pytest.raises(mp.distribution.DistributionError) as info:
+        sharding.plan("evaluate", 64, 16)
+    text = str(info.value)
+    assert "the ranks are at different collectives" in text
+    assert "rank 0: the data of evaluate" in text and "rank 1: the data of fit" in text
 
 
 def test_ranks_with_other_data_are_told_each_ranks_values_before_the_first_step(
@@ -286,13 +310,17 @@ def test_a_save_on_rank_0_alone_is_named_in_the_barriers_timeout(
     # deadline: its name (printed with the timeout) says what to do instead
     from mpcore import checkpoint
 
-    waits: list[str] = []
+    waits: list[str | None] = []
 
     class Rank0:
         rank = 0
 
         class engine:  # noqa: N801 - stands in for an attribute
-            barrier = staticmethod(waits.append)
+            @staticmethod
+            def allgather_values(values: list[float], what: str | None = None
+                                 ) -> list[list[float]]:
+                waits.append(what)
+                return [list(values), list(values)]
 
     monkeypatch.setattr(checkpoint._distribution, "distribution", lambda: Rank0())
     checkpoint.atomic_write(tmp_path / "w.ckpt", {"x": 1})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -215,6 +216,23 @@ def test_ranks_with_different_loss_scales_get_an_error_at_the_next_step(
     assert "DistributionError: the ranks disagree on the training state" in proc.stderr
     assert "loss_scale=2048, iterations=0" in proc.stderr
     assert "loss_scale=4096, iterations=0" in proc.stderr
+
+
+def test_ranks_at_different_calls_are_told_where_each_is(tmp_path: Path) -> None:
+    proc, elapsed = run_job("apart", tmp_path)
+    assert proc.returncode != 0 and elapsed < 30
+    assert "DistributionError: the ranks are at different collectives" in proc.stderr
+    # rank 0 is in evaluate, taking rank 0's weights; rank 1 in fit, agreeing on the data
+    assert "rank 0: the model's variables at the start of evaluate" in proc.stderr
+    assert "rank 1: the data of fit" in proc.stderr
+
+
+def test_the_graph_rewrite_on_one_rank_only_is_an_error(tmp_path: Path) -> None:
+    proc, elapsed = run_job("rewrite", tmp_path)
+    assert proc.returncode != 0 and elapsed < 60
+    assert "DistributionError: the ranks disagree on the training state" in proc.stderr
+    assert re.search(r"rank 1: .*rewrite=0\b", proc.stderr)
+    assert not re.search(r"rank 0: .*rewrite=0\b", proc.stderr)
 
 
 @pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="the shared MNIST files are not here")
