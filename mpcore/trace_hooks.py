@@ -7,6 +7,8 @@
   ``begin(recorder)`` and ``end()`` bracket the traced call; ``keep()`` says whether the
   program is kept (False for the float32 trace that recorded the op graph); ``describe()``
   gives the painted ops' lines of ``Function.graph``.
+- ``eager_step_hook()``: called by a model step that runs eagerly (``jit_compile=False``):
+  the rewrite says once that it only applies to traced steps, whatever the optimizer.
 """
 
 from __future__ import annotations
@@ -16,3 +18,4 @@ from typing import Any
 
 signature_hook: Callable[[], Any] | None = None
 trace_hook: Callable[[Any, tuple[Any, ...]], Any] | None = None
+eager_step_hook: Callable[[], None] | None = None

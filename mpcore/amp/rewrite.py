@@ -347,6 +347,7 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
             "explicit", UserWarning, stacklevel=2)
     hooks.rewrite = config
     trace_hooks.trace_hook = _trace_hook
+    trace_hooks.eager_step_hook = _log_eager_once
     return wrapped
 
 
@@ -356,6 +357,7 @@ def disable_mixed_precision_graph_rewrite() -> None:
     signature, for when it is enabled again with the same lists and dtype)."""
     hooks.rewrite = None
     trace_hooks.trace_hook = None
+    trace_hooks.eager_step_hook = None
 
 
 def is_enabled() -> bool:

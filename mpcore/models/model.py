@@ -25,6 +25,7 @@ from mpcore import metrics as _metrics
 from mpcore import ops
 from mpcore import optimizers as _optimizers
 from mpcore import random as _random
+from mpcore import trace_hooks as _trace_hooks
 from mpcore.distribution import results as _global
 from mpcore.distribution import sharding as _sharding
 from mpcore.function import function
@@ -197,6 +198,8 @@ class Model(Layer):
     def _step(self, kind: str, compute: Callable[..., Any], *args: Any) -> Any:
         """``compute(*args)``, traced and replayed under ``jit_compile``."""
         if not self.jit_compile:
+            if _trace_hooks.eager_step_hook is not None:   # the graph rewrite says it skips us
+                _trace_hooks.eager_step_hook()
             return compute(*args)
         traced = self._traced.get(kind)
         if traced is None:

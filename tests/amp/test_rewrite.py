@@ -171,6 +171,19 @@ def test_an_eager_step_logs_once_that_the_rewrite_applies_to_traced_steps(
     assert len(messages) == 1
 
 
+def test_an_eager_fit_with_a_plain_optimizer_says_so_too(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # found by a re-trial: compiled with its own optimizer, not the one enable returned
+    enable(mp.optimizers.SGD())
+    model = float32_model()
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.SGD(),
+                  jit_compile=False)
+    rewrite._eager_logged = False
+    with caplog.at_level(logging.WARNING, logger="mpcore"):
+        model.train_on_batch(X, Y)
+    assert any("only applies to traced" in r.getMessage() for r in caplog.records)
+
+
 def test_forced_overflow_skips_steps_and_recovers() -> None:
     model = float32_model(units=32, seed=4)
     model.compile(loss="sparse_categorical_crossentropy",
