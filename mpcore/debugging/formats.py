@@ -112,6 +112,14 @@ class Measurement:
     fractions: dict[str, Fractions]
 
 
+def count_nonfinite(values: Any) -> int:
+    """How many of a host array's values are Inf or NaN (without measuring the rest)."""
+    import numpy as np
+
+    x = np.asarray(values)
+    return int(x.size - np.count_nonzero(np.isfinite(x)))
+
+
 def measure(values: Any, formats: list[Format]) -> Measurement:
     """Measure a host array of float32 values against each of ``formats``."""
     import numpy as np

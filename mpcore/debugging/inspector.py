@@ -195,9 +195,9 @@ class _Watcher:
         if measured.nonfinite:
             floats = [t for t in inputs if isinstance(t, Tensor)
                       and _dtypes.is_floating(t._dtype) and t.size]
-            record.produced_nonfinite = all(_formats.measure(_host(t), []).nonfinite == 0
-                                            for t in floats)
-            record.input_ranges = [_describe(t) for t in floats]
+            seen = [(t, _formats.measure(_host(t), [])) for t in floats]   # each read once
+            record.produced_nonfinite = all(m.nonfinite == 0 for _, m in seen)
+            record.input_ranges = [_describe(t, m) for t, m in seen]
         self.records.append(record)
 
 
@@ -206,10 +206,9 @@ def _host(t: Tensor) -> Any:
 
 
 def _nonfinite(t: Tensor) -> int:
-    return _formats.measure(_host(t), []).nonfinite
+    return _formats.count_nonfinite(_host(t))
 
 
-def _describe(t: Tensor) -> str:
-    m = _formats.measure(_host(t), [])
+def _describe(t: Tensor, m: _formats.Measurement) -> str:
     return (f"{t.dtype}{list(t.shape)}: max |x| {m.abs_max:.6g}"
             + (f", {m.nonfinite} non-finite" if m.nonfinite else ""))

@@ -114,10 +114,10 @@ class LossScaleWindow:
 def _aggregate(records: list[OpRecord], formats: tuple[str, ...]) -> dict[str, Fractions]:
     finite = [r.measurement.size - r.measurement.nonfinite for r in records]
     nonzero = [sum(r.measurement.exponents.values()) for r in records]
+    total, total_nonzero = sum(finite) or 1, sum(nonzero) or 1
     out = {}
     for name in formats:
         fr = [r.measurement.fractions[name] for r in records]
-        total, total_nonzero = sum(finite) or 1, sum(nonzero) or 1
         out[name] = Fractions(
             overflow=sum(f.overflow * n for f, n in zip(fr, finite)) / total,
             subnormal=sum(f.subnormal * n for f, n in zip(fr, nonzero)) / total_nonzero,
