@@ -141,6 +141,12 @@ def cast_to(x: Tensor, dtype: str) -> Tensor:
     # for an allow op) is cast once per value and tape, however many ops read it
     if type(x) is Variable:
         return x.read_as(dtype)
+    return input_cast(x, dtype)
+
+
+def input_cast(x: Tensor, dtype: str) -> Tensor:
+    """``x`` cast to ``dtype`` for an op that reads it: while the graph rewrite traces a
+    painted step, its one cast per tensor and dtype (``cast_hook``); otherwise :func:`cast`."""
     return cast(x, dtype) if cast_hook is None else cast_hook(x, dtype)
 
 

@@ -53,11 +53,10 @@ def _make_binary(op: str, result: str | None = None, float_only: bool = False) -
         else:
             return binary(constant(a), b)
         dt = compute_dtype(op, be, dt, float_only)
-        # (the rewrite's cast_hook: one cast per tensor and dtype in a painted trace)
         if ta and a._dtype != dt:
-            a = cast(a, dt) if _d.cast_hook is None else _d.cast_hook(a, dt)
+            a = _d.input_cast(a, dt)
         if tb and b._dtype != dt:
-            b = cast(b, dt) if _d.cast_hook is None else _d.cast_hook(b, dt)
+            b = _d.input_cast(b, dt)
         data = be.kernels()[op](a._data if ta else a, b._data if tb else b)
         out = Tensor(data, be, result or dt)
         if _d.numerics_check is not None:
@@ -80,7 +79,7 @@ def _make_unary(op: str, result: str | None = None, float_only: bool = False) ->
         be = x._backend
         dt = compute_dtype(op, be, x._dtype, float_only)
         if dt != x._dtype:
-            x = cast(x, dt) if _d.cast_hook is None else _d.cast_hook(x, dt)
+            x = _d.input_cast(x, dt)
         out = Tensor(be.kernels()[op](x._data), be, result or dt)
         if _d.numerics_check is not None:
             _d.numerics_check(op, (x,), out)
