@@ -62,7 +62,7 @@ _POINTS: dict[float, str] = {}
 def known(*points: str) -> None:
     """Name control points before any rank reaches them, so a rank can say where another is."""
     for point in points:
-        _POINTS[_digest(point)] = point
+        _POINTS[digest(point)] = point
 
 
 def tensors_point(what: str) -> str:
@@ -76,7 +76,7 @@ def agree(engine: Any, what: str, names: Sequence[str], values: Sequence[float])
     when their values differ (naming each rank's)."""
     if len(values) >= CONTROL_WIDTH:
         raise ValueError(f"a control point takes at most {CONTROL_WIDTH - 1} values")
-    tag = _digest(what)
+    tag = digest(what)
     _POINTS[tag] = what
     row = [tag, *map(float, values)] + [0.0] * (CONTROL_WIDTH - 1 - len(values))
     per_rank = engine.allgather_values(row, what)
@@ -109,10 +109,10 @@ def _show(value: float) -> str:
 
 def signature(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> float:
     """52 bits of a hash of ``shapes`` and ``dtypes`` (exact in a float64)."""
-    return _digest(repr([(tuple(s), d) for s, d in zip(shapes, dtypes)]))
+    return digest(repr([(tuple(s), d) for s, d in zip(shapes, dtypes)]))
 
 
-def _digest(text: str) -> float:
+def digest(text: str) -> float:
     """52 bits of a hash of ``text`` (exact in a float64)."""
     return float(struct.unpack(">Q", hashlib.sha256(text.encode()).digest()[:8])[0] >> 12)
 

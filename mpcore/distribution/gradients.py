@@ -15,6 +15,7 @@ the same steps and keeps the same scale.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ def plan(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str], itemsizes: Se
     buckets: list[list[int]] = []
     size = 0
     for i, (shape, itemsize) in enumerate(zip(shapes, itemsizes)):
-        nbytes = _numel(shape) * itemsize
+        nbytes = math.prod(shape) * itemsize
         if (not buckets or size + nbytes > bucket_bytes
                 or dtypes[buckets[-1][-1]] != dtypes[i]):
             buckets.append([])
@@ -57,14 +58,7 @@ def plan(shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str], itemsizes: Se
         buckets[-1].append(i)
         size += nbytes
     return Layout(tuple(tuple(b) for b in buckets), len(shapes),
-                  sum(_numel(s) for s in shapes), _faults.signature(shapes, dtypes))
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+                  sum(math.prod(s) for s in shapes), _faults.signature(shapes, dtypes))
 
 
 def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
@@ -138,7 +132,7 @@ def _rewrite_state() -> float:
     rank that rewrites its steps while another does not would average 16-bit-computed
     gradients with float32 ones."""
     config = _amp.rewrite
-    return 0.0 if config is None else _faults.signature([], [repr(config.key())])
+    return 0.0 if config is None else _faults.digest(repr(config.key()))
 
 
 def agree_finite(flag: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -91,8 +92,7 @@ def test_buckets_follow_the_variables_and_split_at_the_size_and_dtype() -> None:
     layout = gradients.plan(shapes, ["float32"] * 6, [4] * 6, 4 << 20)
     # W1+b1 fit 4 MiB; W2 (4 MiB) travels alone; the rest share one buffer
     assert layout.buckets == ((0, 1), (2,), (3, 4, 5))
-    assert layout.count == 6 and layout.values == sum(
-        gradients._numel(s) for s in shapes)
+    assert layout.count == 6 and layout.values == sum(math.prod(s) for s in shapes)
     mixed = gradients.plan([(2,), (2,), (2,)], ["float32", "float64", "float64"], [4, 8, 8],
                            1 << 20)
     assert mixed.buckets == ((0,), (1, 2))
@@ -244,8 +244,8 @@ class _TwoRanks:
         if self.other is not None:
             row = [row[0], *self.other] + [0.0] * (faults.CONTROL_WIDTH - 1 - len(self.other))
         if self.elsewhere is not None:
-            faults._POINTS[faults._digest(self.elsewhere)] = self.elsewhere
-            row[0] = faults._digest(self.elsewhere)
+            faults.known(self.elsewhere)
+            row[0] = faults.digest(self.elsewhere)
         return [list(values), row]
 
 
