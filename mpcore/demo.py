@@ -278,12 +278,13 @@ def inspect(units: int | None = None, policy: str | None = None,
 
     _check_arguments(units, policy, 1, batch_size, plot, 0)
     backend = mp.get_backend()
+    device = backend.device()
     if policy is None:
-        policy, _ = choose_policy(backend, backend.device())
+        policy, _ = choose_policy(backend, device)
     data = mnist.load()
     units, batch_size = units or 64, min(batch_size or SMALL_BATCH, len(data.x_train))
     out(f"mpcore demo --inspect: the numerics of one step of the guide's model ({units} units, "
-        f"{policy}, batch {batch_size}) on {backend.name} ({backend.device().name})")
+        f"{policy}, batch {batch_size}) on {backend.name} ({device.name})")
     x, y = _prepare(data.x_train[:batch_size], data.y_train[:batch_size], backend)
     mp.random.set_seed(seed)
     with mp.policy_scope(policy):

@@ -317,12 +317,12 @@ class Layer:
 
     def _eager_call(self, inputs: Any, training: bool | None, **kwargs: Any) -> Any:
         inputs = self._autocast_inputs(inputs)
-        first = flatten(inputs)[0]
-        shape = first.shape if isinstance(first, Tensor) else None
+        flat = flatten(inputs)
+        shape = flat[0].shape if isinstance(flat[0], Tensor) else None
         if not self.built:
-            self._maybe_build(shape if len(flatten(inputs)) == 1 else
+            self._maybe_build(shape if len(flat) == 1 else
                               map_structure(lambda t: t.shape, inputs))
-        if shape is not None and len(flatten(inputs)) == 1:
+        if shape is not None and len(flat) == 1:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training

@@ -222,7 +222,8 @@ class Model(Layer):
         if scaled:
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables))
-        return loss, flatten(y_pred)[0], self._contributions(loss, y, flatten(y_pred)[0])
+        first = flatten(y_pred)[0]
+        return loss, first, self._contributions(loss, y, first)
 
     def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
         outputs = self(x, training=False)
