@@ -76,6 +76,7 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
+    "random_permutation": "(n: int, seed: int) -> int64 array, a random order of range(n)",
     "all_finite": "(xs: list) -> flag",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is
     # None or the device bool from unscale_and_check: when it is false the kernel leaves every

@@ -38,11 +38,11 @@ from mpcore import tape as _tape
 from mpcore import tensor as _tensor
 from mpcore import trace_hooks as _hooks
 from mpcore.ops import dispatch as _dispatch
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall
+from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, fold_constants
 from mpcore.tensor import Tensor, Variable
 
 #: Kernels that take a seed, and the seed's position among their arguments.
-_SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3}
+_SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
 
 
 class TraceError(RuntimeError):
@@ -448,8 +448,9 @@ class Function:
         backends = list(recorder.backends.values())
         compile_program = getattr(backends[0] if len(backends) == 1 else None,
                                   "compile_program", None)
-        runner = compile_program(program) if compile_program is not None else None
-        self._runners[signature] = runner or program.compile()
+        runnable = fold_constants(program)
+        runner = compile_program(runnable) if compile_program is not None else None
+        self._runners[signature] = runner or runnable.compile()
         self._programs[signature] = self._last = program
         return out
 

@@ -95,6 +95,84 @@ def _step_reads(step: Any) -> list[int]:
     return reads(step.args if type(step) is WholeCall else step.value)
 
 
+#: Kernels that write into their operands (the fused optimizer updates): never folded.
+IN_PLACE = frozenset({"sgd_update", "rmsprop_update", "adam_update"})
+
+
+def _constant(spec: Spec, known: dict[int, Any]) -> bool:
+    kind = spec[0]
+    if kind == "c":
+        return True
+    if kind == "s":
+        return spec[1] in known
+    if kind in ("l", "t"):
+        return all(_constant(s, known) for s in spec[1])
+    return False                            # a variable, a fresh seed, a tensor
+
+
+def _value(spec: Spec, known: dict[int, Any]) -> Any:
+    kind = spec[0]
+    if kind == "c":
+        return spec[1]
+    if kind == "s":
+        return known[spec[1]]
+    items = [_value(s, known) for s in spec[1]]
+    return items if kind == "l" else tuple(items)
+
+
+def _bind_known(spec: Spec, value: Any, known: dict[int, Any]) -> None:
+    if spec[0] == "s":
+        known[spec[1]] = value
+    elif spec[0] in ("l", "t"):
+        for item, v in zip(spec[1], value):
+            _bind_known(item, v, known)
+
+
+def _substitute(spec: Spec, known: dict[int, Any]) -> Spec:
+    kind = spec[0]
+    if kind == "s":
+        return ("c", known[spec[1]]) if spec[1] in known else spec
+    if kind == "T":
+        return ("T", _substitute(spec[1], known), *spec[2:])
+    if kind == "d":
+        return ("d", {k: _substitute(v, known) for k, v in spec[1].items()})
+    if kind in ("l", "t"):
+        return (kind, [_substitute(s, known) for s in spec[1]])
+    return spec
+
+
+def fold_constants(program: Program) -> Program:
+    """``program`` with every kernel call whose operands are all constants run once, here, and
+    its results read as constants by the steps after it (the seed gradient of the loss and the
+    mean's ``1/n`` the backward pass builds from it, a bias gradient's row of ones): a replay
+    then makes only the calls whose operands change. Kernels are pure functions of their
+    operands, except the in-place updates (:data:`IN_PLACE`), which are never folded; a folded
+    result is never written into (an assignment copies its value), so sharing it between
+    replays is safe. The program's inputs, variables and fresh seeds are never constants."""
+    known: dict[int, Any] = {}
+    steps = []
+    for step in program.steps:
+        if (type(step) is KernelCall and step.name not in IN_PLACE
+                and all(_constant(a, known) for a in step.args)):
+            _bind_known(step.out, step.kernel(*[_value(a, known) for a in step.args]), known)
+            continue
+        steps.append(step)
+    if not known:
+        return program
+    kept = []
+    for step in steps:
+        if type(step) is KernelCall:
+            step = KernelCall(step.kernel, [_substitute(a, known) for a in step.args], step.out,
+                              step.text, name=step.name, dtype=step.dtype)
+        elif type(step) is WholeCall:
+            step = WholeCall(step.fn, _substitute(step.args, known), step.out, step.text)
+        else:
+            step = Assign(step.variable, _substitute(step.value, known), step.text)
+        kept.append(step)
+    return Program(kept, program.slots, program.inputs, _substitute(program.output, known),
+                   program.lines)
+
+
 def plan_frees(program: Program) -> None:
     """Release each slot after its last reader (or right after the call that wrote it, where
     nothing reads it)."""

@@ -107,6 +107,9 @@ class CpuCreation:
             out += minval
         return out.astype(DTYPES[dtype], copy=False)
 
+    def random_permutation(self, n: int, seed: int) -> np.ndarray:
+        return _generator(seed).permutation(n)
+
     def random_normal(self, shape: tuple[int, ...], dtype: str, seed: int, mean: float,
                       stddev: float) -> np.ndarray:
         base = np.float64 if dtype == "float64" else np.float32

@@ -69,6 +69,10 @@ class CudaCreation:
                        maxval: float) -> Any:
         return self._random("rand_uniform", shape, dtype, seed, minval, maxval)
 
+    def random_permutation(self, n: int, seed: int) -> Any:
+        # drawn on the host as the CPU backend draws it: the same order on every backend
+        return self.cp.asarray(np.random.Generator(np.random.PCG64(seed)).permutation(n))
+
     def random_normal(self, shape: tuple[int, ...], dtype: str, seed: int, mean: float,
                       stddev: float) -> Any:
         return self._random("rand_normal", shape, dtype, seed, mean, stddev)

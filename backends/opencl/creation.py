@@ -67,6 +67,10 @@ class CreationKernels(KernelFamily):
                        maxval: float) -> CLArray:
         return self._random("random_uniform", shape, dtype, seed, minval, maxval - minval)
 
+    def random_permutation(self, n: int, seed: int) -> CLArray:
+        # drawn on the host as the CPU backend draws it: the same order on every backend
+        return self.runtime.upload(np.random.Generator(np.random.PCG64(seed)).permutation(n))
+
     def random_normal(self, shape: tuple[int, ...], dtype: str, seed: int, mean: float,
                       stddev: float) -> CLArray:
         return self._random("random_normal", shape, dtype, seed, mean, stddev)

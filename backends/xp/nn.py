@@ -42,6 +42,15 @@ class NnKernels:
         probs /= total
         return loss, probs
 
+    def sparse_softmax_cross_entropy_grad(self, probs: Any, labels: Any, g: Any) -> Any:
+        # the composite's float32 results: probs - 0 is probs, probs - 1 at the label, times g
+        n = probs.shape[0]
+        dx = probs.copy()
+        if n:
+            dx[self.xp.arange(n), labels] -= 1
+        dx *= g.astype(probs.dtype, copy=False)[:, None]
+        return dx
+
     def relu_grad(self, g: Any, y: Any) -> Any:
         # a select, not g * (y > 0): an inf or NaN gradient where y <= 0 gives +0 (TF's ReluGrad)
         xp = self.xp

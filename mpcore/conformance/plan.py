@@ -85,6 +85,8 @@ def checks(quick: bool) -> Iterator[Check]:
     for dtype in FLOATS:
         yield c(f"optional.dense[{dtype}]", "optional", t.check_dense(dtype), ("dense",))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
+    yield c("optional.random_permutation", "optional", t.check_random_permutation,
+            ("random_permutation",))
     for name in ("sgd_update", "rmsprop_update", "adam_update"):
         yield c(f"optional.{name}", "optional", t.check_optimizer(name), (name,))
     for dtype in FLOATS:

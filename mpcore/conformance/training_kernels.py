@@ -238,6 +238,22 @@ def check_dropout_mask(ctx: Context) -> None:
                 raise CheckFailedError(f"{what}: the same seed gives different masks")
 
 
+def check_random_permutation(ctx: Context) -> None:
+    np = ctx.np
+    k = ctx.kernel("random_permutation")
+    for n in (0, 1, 1000):
+        what = f"random_permutation({n})"
+        a = ctx.host(k(n, 11), what)
+        if a.dtype != np.int64 or a.shape != (n,):
+            raise CheckFailedError(f"{what}: returned {a.dtype.name} {a.shape}, not int64 ({n},)")
+        if not np.array_equal(np.sort(a), np.arange(n)):
+            raise CheckFailedError(f"{what}: not a permutation of range({n})")
+        if not np.array_equal(a, ctx.host(k(n, 11), what)):
+            raise CheckFailedError(f"{what}: the same seed gives different orders")
+    if np.array_equal(ctx.host(k(1000, 11), "a"), ctx.host(k(1000, 12), "b")):
+        raise CheckFailedError("random_permutation(1000): seeds 11 and 12 give the same order")
+
+
 def check_optimizer(name: str) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
         np = ctx.np

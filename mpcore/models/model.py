@@ -11,7 +11,6 @@ the progress bar refreshes (at most a few times a second) and at the end of each
 
 from __future__ import annotations
 
-import random as _pyrandom
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -370,10 +369,8 @@ class Model(Layer):
             cbs.on_epoch_begin(epoch)
             order = None
             if shuffle:
-                perm = list(range(n))
                 with _random.shared():  # the same shuffle on every rank
-                    _pyrandom.Random(_random.next_seed()).shuffle(perm)
-                order = ops.constant(perm, dtype="int64", backend=backend)
+                    order = ops.random_permutation(n, backend=backend)
             bar = _progress.progress_bar(epoch, epochs, steps) if verbose == 1 else None
             start = last_refresh = time.perf_counter()
             for step in range(steps):

@@ -145,3 +145,23 @@ def random_normal(shape: Any, mean: float = 0.0, stddev: float = 1.0, dtype: Any
     s = _random.next_seed() if seed is None else int(seed)
     return Tensor(be.kernels()["random_normal"](shape_tuple(shape), dt, s, float(mean),
                                                 float(stddev)), be, dt)
+
+
+def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> Tensor:
+    """A random order of ``range(n)`` as int64 (``fit``'s shuffle). ``seed=None`` draws the next
+    seed of ``mp.random``. Drawn by the backend's optional ``random_permutation`` kernel where it
+    has one (the built-in backends all draw NumPy's PCG64 permutation on the host, so the order is
+    the same on every backend, and much faster than a shuffle in Python), else by Python's
+    ``random.Random(seed).shuffle``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"random_permutation needs a whole number n >= 0, got {n!r}")
+    be = resolve_backend(backend)
+    s = _random.next_seed() if seed is None else int(seed)
+    kernel = be.kernels().get("random_permutation")
+    if kernel is not None:
+        return Tensor(kernel(n, s), be, "int64")
+    import random as _pyrandom
+
+    order = list(range(n))
+    _pyrandom.Random(s).shuffle(order)
+    return Tensor(be.kernels()["asarray"](order, "int64"), be, "int64")
