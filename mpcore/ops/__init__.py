@@ -107,5 +107,6 @@ __all__ = [
     "random_uniform", "reciprocal", "relu", "relu_grad", "relu_grad_bias", "reshape",
     "rmsprop_update", "rsqrt", "sgd_update", "shape", "sigmoid", "sign", "softmax",
     "sparse_softmax_cross_entropy", "sqrt", "square", "squeeze", "stack", "stop_gradient",
-    "subtract", "sum", "take", "tanh", "transpose", "unscale_and_check", "where", "zeros", "zeros_like",
+    "subtract", "sum", "take", "tanh", "transpose", "unscale_and_check", "where", "zeros",
+    "zeros_like",
 ]
