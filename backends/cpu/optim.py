@@ -19,6 +19,7 @@ from mpcore_xp import F32, LOW
 from .elementwise import quiet
 
 _f32 = np.float32
+_F32_DTYPE = np.dtype(np.float32)
 #: Elements per block: 128 KB of float32, so a block of each operand and the scratch fit in L2
 #: (benchmarks/ measures the choice).
 BLOCK = 32768
@@ -41,17 +42,27 @@ def _flat(*arrays: np.ndarray | None) -> bool:
     view and in-place writes reach the arrays)."""
     first = arrays[0]
     assert first is not None
-    return all(a is None or (a.dtype == np.float32 and a.shape == first.shape
-                             and a.flags.c_contiguous) for a in arrays)
+    shape = first.shape
+    for a in arrays:
+        if a is not None and not (a.dtype == _F32_DTYPE and a.shape == shape
+                                  and a.flags.c_contiguous):
+            return False
+    return True
 
 
 def _run(arrays: list[np.ndarray | None], body: Callable[..., None],
          fallback: Callable[[], None]) -> None:
-    if _flat(*arrays) and arrays[0].size:  # type: ignore[union-attr]
+    first = arrays[0]
+    assert first is not None
+    n = first.size
+    if not (n and _flat(*arrays)):
+        fallback()
+    elif n <= BLOCK:   # one block (a bias, a small layer): no generator, no views of views
+        body(*[None if a is None else a.reshape(-1) for a in arrays],
+             np.empty(n, np.float32), np.empty(n, np.float32))
+    else:
         for block in _blocks(arrays):
             body(*block)
-    else:
-        fallback()
 
 
 def _skip(flag: Any) -> bool:
