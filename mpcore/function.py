@@ -313,7 +313,8 @@ class _Identity:
         return self._hash
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any],
+               tensors: list[Tensor]) -> tuple[Any, ...]:
     def key(value: Any) -> Any:
         if isinstance(value, Tensor):
             return ("tensor", value._backend.name, value._dtype, value.shape,
@@ -333,7 +334,7 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     # for both, so f(b, a) must trace again
     first: dict[int, int] = {}
     aliases = tuple(first.setdefault(id(t._data), n)
-                    for n, t in enumerate(_tensors((args, kwargs))))
+                    for n, t in enumerate(tensors))
     extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
     return (_policy.global_policy().name, key(args), key(kwargs), aliases, extra)
 
@@ -379,14 +380,15 @@ class Function:
             # a GradientTape (a replay is not recorded on tapes: gradients must flow)
             return self._fn(*args, **kwargs)
         args, kwargs = _as_tensors(args), _as_tensors(kwargs)
-        signature = _signature(args, kwargs)
+        tensors = _tensors((args, kwargs))
+        signature = _signature(args, kwargs, tensors)
         if self._key is not None:
             signature = (*signature, self._key())
-        program = self._programs.get(signature)
-        if program is not None:
+        runner = self._runners.get(signature)
+        if runner is not None:
             _local.replaying += 1
             try:
-                return self._runners[signature]([t._data for t in _tensors((args, kwargs))])
+                return runner([t._data for t in tensors])
             finally:
                 _local.replaying -= 1
         return self._trace(signature, args, kwargs)

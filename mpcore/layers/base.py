@@ -216,12 +216,20 @@ class Layer:
 
     @property
     def trainable_weights(self) -> list[Variable]:
-        if not self.trainable:
-            return []
-        out = [v for v in self._weights if v.trainable]
+        out: list[Variable] = []
+        if self.trainable:
+            self._collect_trainable(out, set())
+        return out
+
+    def _collect_trainable(self, out: list[Variable], seen: set[int]) -> None:
+        # one walk and one set for the whole tree (a traced step reads this at every call)
+        for v in self._weights:
+            if v.trainable and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
         for layer in self._sublayers():
-            out += layer.trainable_weights
-        return _unique(out)
+            if layer.trainable:
+                layer._collect_trainable(out, seen)
 
     trainable_variables = trainable_weights
 
@@ -366,16 +374,6 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}, built={self.built}>"
-
-
-def _unique(variables: list[Variable]) -> list[Variable]:
-    seen: set[int] = set()
-    out = []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
 
 
 # --- Input --------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def test_edited_lists_and_a_backends_overrides_apply(monkeypatch: pytest.MonkeyP
     graph = _train_graph(model)
     kernels = graph.split("\n\n")[0]
     assert "dense(bfloat16" in kernels and "matmul(float32[128, 4], float32[32, 4]" in kernels
-    assert "matmul#16(multiply#15) -> float32  [deny propagated forward" in graph
+    assert "matmul#19(relu_grad_bias#18) -> float32  [deny propagated forward" in graph
 
 
 def test_eager_dispatch_has_no_hook_when_nothing_is_on() -> None:
