@@ -28,7 +28,7 @@ import functools
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from mpcore import backend as _backend
@@ -38,11 +38,9 @@ from mpcore import tape as _tape
 from mpcore import tensor as _tensor
 from mpcore import trace_hooks as _hooks
 from mpcore.ops import dispatch as _dispatch
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, fold_constants
+from mpcore.program import Assign, Program, WholeCall, fold_constants
+from mpcore.recorder import Recorder
 from mpcore.tensor import Tensor, Variable
-
-#: Kernels that take a seed, and the seed's position among their arguments.
-_SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
 
 
 class TraceError(RuntimeError):
@@ -51,134 +49,11 @@ class TraceError(RuntimeError):
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.recorder: _Recorder | None = None
+        self.recorder: Recorder | None = None
         self.replaying = 0
 
 
 _local = _Local()
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.steps: list[Any] = []
-        self.slot_of: dict[int, int] = {}
-        self.slots = 0
-        # arrays that cannot be watched by a weak reference, held so that no id is reused
-        self.pinned: list[Any] = []
-        self.variable_of: dict[int, Variable] = {}
-        self.created: list[str] = []
-        self.drawn: set[int] = set()
-        self.whole_depth = 0
-        self.fallback = False
-        self.refused: str | None = None
-        self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
-        #: the backends whose kernels the trace called (their compile_program may run it)
-        self.backends: dict[int, Any] = {}
-
-    # slots ---------------------------------------------------------------------------------
-    def new_slot(self, array: Any) -> int:
-        i = self.slots
-        self.slots += 1
-        key = id(array)
-        self.slot_of[key] = i
-        try:
-            # an array that dies during the trace is read by no later call; its id may then be
-            # reused by a new array, which must get a slot of its own
-            weakref.finalize(array, self.slot_of.pop, key, None)
-        except TypeError:
-            self.pinned.append(array)
-        return i
-
-    def spec(self, value: Any) -> Spec:
-        if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return ("c", value)
-        slot = self.slot_of.get(id(value))
-        if slot is not None:
-            return ("s", slot)
-        variable = self.variable_of.get(id(value))
-        if variable is not None and variable._data is value:
-            return ("v", variable)
-        return ("c", value)                    # captured from outside the step
-
-    def bind(self, value: Any) -> Spec:
-        """Slots for what a call returned (arrays, or lists/tuples of them)."""
-        if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.bind(v) for v in value])
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return ("c", value)
-        slot = self.slot_of.get(id(value))
-        return ("s", slot if slot is not None else self.new_slot(value))
-
-    # tensors in the arguments of a call kept whole --------------------------------------------
-    def tensor_spec(self, value: Any) -> Spec:
-        if isinstance(value, Variable):
-            return ("c", value)
-        if isinstance(value, Tensor):
-            return ("T", self.spec(value._data), value._backend, value._dtype)
-        if isinstance(value, dict):
-            return ("d", {k: self.tensor_spec(v) for k, v in value.items()})
-        if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.tensor_spec(v) for v in value])
-        return ("c", value)
-
-    def tensor_bind(self, value: Any) -> Spec:
-        if isinstance(value, Variable):
-            return ("c", value)
-        if isinstance(value, Tensor):
-            return ("T", self.bind(value._data), value._backend, value._dtype)
-        if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.tensor_bind(v) for v in value])
-        return ("c", value)
-
-    # the kernel table while tracing -----------------------------------------------------------
-    def table(self, backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
-        if self.whole_depth:
-            return table
-        view = self.tables.get(id(table))
-        if view is None:
-            view = {name: self._recording(backend, name, kernel) for name, kernel in table.items()}
-            self.tables[id(table)] = view
-        return view
-
-    def _recording(self, backend: Any, name: str, kernel: Callable[..., Any]) -> Any:
-        seed_at = _SEEDED.get(name)
-
-        def call(*args: Any) -> Any:
-            if self.whole_depth:
-                return kernel(*args)
-            specs = [self.spec(a) for a in args]
-            if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
-                specs[seed_at] = ("r",)
-            out = kernel(*args)
-            self.backends.setdefault(id(backend), backend)
-            self.steps.append(KernelCall(kernel, specs, self.bind(out),
-                                          _describe(backend, name, args, out), name=name,
-                                          dtype=_dtype_name(out)))
-            return out
-
-        return call
-
-
-def _dtype_name(out: Any) -> str:
-    first = out[0] if isinstance(out, (list, tuple)) and out else out
-    dtype = getattr(first, "dtype", None)
-    return "" if dtype is None else str(getattr(dtype, "name", dtype))
-
-
-def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
-    def of(x: Any) -> str:
-        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-        if shape is not None and dtype is not None:
-            return f"{dtype}{list(shape)}"
-        if isinstance(x, (list, tuple)):
-            return "(" + ", ".join(of(v) for v in x) + ")"
-        return repr(x) if isinstance(x, (int, float, bool, str, type(None))) else type(x).__name__
-
-    category = backend.categories().get(name)
-    cat = category.value if category is not None else "-"
-    return f"{name}({', '.join(of(a) for a in args)}) -> {of(out)}  [{cat}]"
 
 
 # --- tracing ------------------------------------------------------------------------------------
@@ -395,7 +270,7 @@ class Function:
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
-        recorder = _Recorder()
+        recorder = Recorder()
         recorder.fallback = self._fallback
         for variable in _tensor.live_variables():
             recorder.variable_of[id(variable._data)] = variable
