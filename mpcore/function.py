@@ -63,14 +63,28 @@ def in_traced_step() -> bool:
     return _local.recorder is not None or _local.replaying > 0
 
 
-def kept_whole(method: Callable[..., Any]) -> Callable[..., Any]:
+def kept_whole(method: Callable[..., Any] | None = None, *,
+               unless: str | None = None) -> Any:
     """Record calls of ``method`` as one call that each replay makes again, eagerly (for
-    methods whose Python state changes between steps: optimizer updates, loss scaling)."""
+    methods whose Python state changes between steps: optimizer updates, loss scaling).
+
+    ``unless`` names a method of the instance (the first argument) that says when a call may be
+    recorded kernel by kernel instead: it returns None (keep the call whole) or a guard value,
+    which the trace then depends on (a call whose guard value differs traces again, see
+    :func:`guard`); such a call records its own per-step Python work with :func:`on_replay`."""
+    if method is None:
+        return functools.partial(kept_whole, unless=unless)
+
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         recorder = _local.recorder
         if recorder is None or recorder.whole_depth:
             return method(*args, **kwargs)
+        if unless is not None:
+            check = getattr(args[0], unless)
+            if check() is not None:
+                recorder.guards.setdefault(check, None)
+                return method(*args, **kwargs)
         # an iterator argument (zip(grads, variables)) is read once: keep what it gave
         args = tuple(list(a) if _is_iterator(a) else a for a in args)
         spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec(kwargs)])
@@ -84,6 +98,25 @@ def kept_whole(method: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return wrapper
+
+
+def recording_kernels() -> bool:
+    """Whether kernel calls made here are being recorded one by one (a trace, outside any call
+    kept whole)."""
+    recorder = _local.recorder
+    return recorder is not None and not recorder.whole_depth
+
+
+def on_replay(fn: Callable[..., Any], *args: Any) -> None:
+    """While recording kernel by kernel: add a call of ``fn(*args)`` that each replay makes at
+    this point (the Python state a recorded step changes, e.g. an optimizer's step count; the
+    trace has done that work itself). Tensors among ``args`` are the replay's."""
+    recorder = _local.recorder
+    if recorder is None or recorder.whole_depth:
+        return
+    spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec({})])
+    recorder.steps.append(WholeCall(fn, spec, ("c", None),
+                                    f"{getattr(fn, '__qualname__', fn)}(...)  [on each replay]"))
 
 
 def _is_iterator(value: Any) -> bool:
@@ -235,6 +268,9 @@ class Function:
         self.eager_reason: str | None = None
         self._programs: dict[tuple[Any, ...], Program] = {}
         self._runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
+        #: What traces depend on besides the arguments (an optimizer's hyperparameters, when
+        #: its update is recorded kernel by kernel): called at every call, part of the signature.
+        self._guards: list[Callable[[], Any]] = []
         self._traced_once = False
         #: How many traces were made (a first trace that created variables counts).
         self.tracing_count = 0
@@ -259,7 +295,7 @@ class Function:
         signature = _signature(args, kwargs, tensors)
         if self._key is not None:
             signature = (*signature, self._key())
-        runner = self._runners.get(signature)
+        runner = self._runners.get(self._guarded(signature))
         if runner is not None:
             _local.replaying += 1
             try:
@@ -267,6 +303,9 @@ class Function:
             finally:
                 _local.replaying -= 1
         return self._trace(signature, args, kwargs)
+
+    def _guarded(self, signature: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (*signature, tuple(g() for g in self._guards)) if self._guards else signature
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
@@ -327,6 +366,10 @@ class Function:
                                   "compile_program", None)
         runnable = fold_constants(program)
         runner = compile_program(runnable) if compile_program is not None else None
+        for check in recorder.guards:   # what this trace depends on: part of its signature
+            if check not in self._guards:
+                self._guards.append(check)
+        signature = self._guarded(signature)
         self._runners[signature] = runner or runnable.compile()
         self._programs[signature] = self._last = program
         return out

@@ -23,8 +23,9 @@ from typing import Any
 from mpcore import arguments as _args
 from mpcore import clipping as _clipping
 from mpcore import ops
+from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
-from mpcore.function import kept_whole
+from mpcore.function import kept_whole, on_replay, recording_kernels
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
 
@@ -46,6 +47,19 @@ def _check_learning_rate(value: Any) -> LearningRate:
 class Optimizer:
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
+
+    #: Whether a traced step may record this optimizer's update kernel by kernel (its update
+    #: reads no step count; see :meth:`_recordable`), instead of calling it whole each replay.
+    _records_updates = False
+    #: What changes at every step; setting anything else is a change of hyperparameters.
+    _STEP_STATE = frozenset({"iterations", "last_gradients", "last_variables", "last_flag",
+                             "_micro_steps", "_hyper_version"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._STEP_STATE:
+            # a recorded update holds the hyperparameters as constants: a change retraces
+            object.__setattr__(self, "_hyper_version", getattr(self, "_hyper_version", 0) + 1)
+        object.__setattr__(self, name, value)
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
@@ -181,7 +195,30 @@ class Optimizer:
         return cls(**config)
 
     # --- updates ------------------------------------------------------------------------
-    @kept_whole
+    def _recordable(self) -> int | None:
+        """While tracing: whether the step may record this update kernel by kernel (a constant
+        learning rate, no clipping, no accumulation, no distribution, an update that reads no
+        step count) and then the version of the hyperparameters it records (a new version
+        retraces); None keeps the call whole, replayed eagerly."""
+        if (not self._records_updates or callable(self._learning_rate)
+                or self.clipping is not None or (self.gradient_accumulation_steps or 1) > 1
+                or _distribution.distribution() is not None):
+            return None
+        return self._hyper_version
+
+    def finish_recorded_update(self, flag: Tensor | None, grads: list[Tensor],
+                               variables: list[Variable]) -> None:
+        """What a recorded update does besides its kernels, at each replay: the step count,
+        the last gradients and flag, and the cached casts of what its kernels updated in place
+        dropped."""
+        self.last_gradients, self.last_variables, self.last_flag = grads, variables, flag
+        self.iterations += 1
+        for var in variables:
+            var.mark_updated()
+            for slot in self._slots[id(var)].values():
+                slot.mark_updated()
+
+    @kept_whole(unless="_recordable")
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
                         ) -> bool | Tensor:
         """Apply one step; variables whose gradient is None are left alone.
@@ -199,6 +236,9 @@ class Optimizer:
         #: The device flag that gated the last update (None: nothing to check, or a
         #: micro-step of an accumulation); LossScaleMonitor reads it.
         self.last_flag = used if updated else None
+        if recording_kernels():          # the update's kernels were recorded: the rest too
+            on_replay(self.finish_recorded_update, self.last_flag, self.last_gradients,
+                      self.last_variables)
         return True if flag is None else flag
 
     def minimize(self, loss: Callable[[], Tensor], var_list: Sequence[Variable]) -> bool:
@@ -300,6 +340,8 @@ class SGD(Optimizer):
     """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
     ``var -= lr*g`` without momentum."""
 
+    _records_updates = True
+
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None,
                  **options: Any) -> None:
@@ -322,6 +364,8 @@ class SGD(Optimizer):
 class RMSprop(Optimizer):
     """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
     ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
+
+    _records_updates = True
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,

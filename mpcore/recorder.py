@@ -31,6 +31,8 @@ class Recorder:
         self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
         #: the backends whose kernels the trace called (their compile_program may run it)
         self.backends: dict[int, Any] = {}
+        #: checks whose values the trace depends on (see ``function.kept_whole``), in order
+        self.guards: dict[Callable[[], Any], None] = {}
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:

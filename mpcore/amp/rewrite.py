@@ -167,8 +167,11 @@ class _Session:
         global _unscaled_warned
         if dtype != "float16" or _unscaled_warned:
             return
-        updates = {step.fn for step in self.recorder.steps if type(step) is WholeCall}
-        if _PLAIN_UPDATE in updates and _SCALED_UPDATE not in updates:
+        # a plain update kept whole, or recorded kernel by kernel (then its per-step part is
+        # a call of the optimizer's bound finish_recorded_update)
+        updates = {getattr(step.fn, "__func__", step.fn) for step in self.recorder.steps
+                   if type(step) is WholeCall}
+        if updates & _PLAIN_UPDATES and _SCALED_UPDATE not in updates:
             _unscaled_warned = True
             warnings.warn(
                 "the mixed precision graph rewrite runs this step in float16, but its optimizer "
@@ -290,7 +293,8 @@ class _RewrittenOptimizer(LossScaleOptimizer):
 _eager_logged = False
 _unscaled_warned = False
 #: the update methods a step's kept-whole calls name (see _Session._check_update)
-_PLAIN_UPDATE = Optimizer.apply_gradients.__wrapped__          # type: ignore[attr-defined]
+_PLAIN_UPDATES = {Optimizer.apply_gradients.__wrapped__,        # type: ignore[attr-defined]
+                  Optimizer.finish_recorded_update}
 _SCALED_UPDATE = LossScaleOptimizer.apply_gradients.__wrapped__  # type: ignore[attr-defined]
 
 

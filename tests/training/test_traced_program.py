@@ -100,3 +100,115 @@ def test_the_fused_cross_entropy_backward_equals_the_composite_bit_for_bit() -> 
     _, probs = be.kernels()["sparse_softmax_cross_entropy"](logits, labels)
     want = (probs - (labels[:, None] == np.arange(7)).astype(np.float32)) * g[:, None]
     np.testing.assert_array_equal(fused(probs, labels, g), want)
+
+
+# --- an optimizer's update recorded kernel by kernel ------------------------------------------
+def _mlp(policy: str, opt: mp.optimizers.Optimizer) -> tuple[mp.Model, mp.optimizers.Optimizer]:
+    from conftest import mlp_and_optimizer
+
+    model, _ = mlp_and_optimizer(policy)      # the traced-step tests' MLP, dropout included
+    return model, opt
+
+
+def _train(policy: str, make_opt: object, traced: bool, steps: int = 4,
+           change_lr_at: int | None = None, bad_step: int | None = None
+           ) -> tuple[list[float], list[np.ndarray], mp.optimizers.Optimizer, object]:
+    from conftest import custom_training_step
+
+    model, opt = _mlp(policy, make_opt())  # type: ignore[operator]
+    step = custom_training_step(model, opt)
+    if traced:
+        step = mp.function(step)
+    rng = np.random.default_rng(2)
+    losses = []
+    for i in range(steps):
+        if i == change_lr_at:
+            opt.learning_rate = 0.05
+        x = rng.random((16, 20), dtype=np.float32)
+        if i == bad_step:
+            x[0, 0] = np.inf
+        losses.append(float(np.asarray(step(mp.constant(x), mp.constant(rng.integers(0, 4, 16))))))
+    return losses, model.get_weights(), opt, step
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("make_opt", [lambda: mp.optimizers.RMSprop(0.01),
+                                      lambda: mp.optimizers.SGD(0.1, momentum=0.9)],
+                         ids=["rmsprop", "sgd-momentum"])
+def test_a_plain_update_is_recorded_kernel_by_kernel_and_equals_eager(policy: str,
+                                                                       make_opt: object) -> None:
+    eager = _train(policy, make_opt, traced=False)
+    traced = _train(policy, make_opt, traced=True)
+    assert traced[0] == eager[0]
+    for a, b in zip(traced[1], eager[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    opt, step = traced[2], traced[3]
+    assert opt.iterations == eager[2].iterations == 4
+    graph = str(step.graph)  # type: ignore[attr-defined]
+    assert "[kept whole]" not in graph and "finish_recorded_update(...)  [on each replay]" in graph
+    assert len(opt.last_gradients) == len(opt.last_variables) == 4
+    assert opt.last_gradients[0].shape == (20, 16)
+
+
+def test_changing_a_hyperparameter_after_the_trace_retraces_and_takes_effect() -> None:
+    make = lambda: mp.optimizers.RMSprop(0.01)  # noqa: E731
+    eager = _train("float32", make, traced=False, change_lr_at=2)
+    traced = _train("float32", make, traced=True, change_lr_at=2)
+    assert traced[0] == eager[0]
+    for a, b in zip(traced[1], eager[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the first call made the slots (run eagerly), the second traced, the new rate retraced
+    assert traced[3].tracing_count == 3  # type: ignore[attr-defined]
+    assert "0.05" in str(traced[3].graph)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda: mp.optimizers.RMSprop(lambda step: 0.01 / (1 + step)),  # a schedule: step-dependent
+    lambda: mp.optimizers.Adam(0.01),                                 # reads the step count
+    lambda: mp.optimizers.RMSprop(0.01, clipnorm=1.0),
+    lambda: mp.optimizers.RMSprop(0.01, gradient_accumulation_steps=2),
+], ids=["schedule", "adam", "clipping", "accumulation"])
+def test_updates_that_hold_per_step_state_stay_whole_and_equal_eager(make_opt: object) -> None:
+    eager = _train("float32", make_opt, traced=False)
+    traced = _train("float32", make_opt, traced=True)
+    assert traced[0] == eager[0]
+    for a, b in zip(traced[1], eager[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert "[kept whole]" in str(traced[3].graph)  # type: ignore[attr-defined]
+
+
+def test_a_non_finite_step_of_a_recorded_update_is_skipped_as_eagerly() -> None:
+    make = lambda: mp.optimizers.RMSprop(0.01)  # noqa: E731
+    eager = _train("float32", make, traced=False, bad_step=2)
+    traced = _train("float32", make, traced=True, bad_step=2)
+    for a, b in zip(traced[1], eager[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert np.isfinite(a).all()
+    assert not bool(np.asarray(_train("float32", make, traced=True, steps=3,
+                                      bad_step=2)[2].last_flag))
+
+
+def test_casts_cached_before_a_recorded_update_are_not_read_after_it() -> None:
+    """The update writes the weights in place at each replay; a bfloat16 copy a layer cached
+    eagerly must not survive it (an eager predict after traced steps sees the new weights)."""
+    make = lambda: mp.optimizers.RMSprop(0.01)  # noqa: E731
+    x = np.random.default_rng(4).random((8, 20), dtype=np.float32)
+    # eager and traced training alike: an eager call of the model before and after each step
+    results = []
+    for traced in (False, True):
+        from conftest import custom_training_step
+
+        model, opt = _mlp("mixed_bfloat16", make())
+        step = custom_training_step(model, opt)
+        step = mp.function(step) if traced else step
+        rng = np.random.default_rng(6)
+        seen = []
+        for _ in range(3):
+            seen.append(np.asarray(model(mp.constant(x))))   # caches the bfloat16 weights
+            step(mp.constant(rng.random((16, 20), dtype=np.float32)),
+                 mp.constant(rng.integers(0, 4, 16)))
+        seen.append(np.asarray(model(mp.constant(x))))
+        results.append(seen)
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(results[1][0], results[1][-1])
