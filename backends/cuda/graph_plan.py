@@ -21,7 +21,10 @@ work (which a capture cannot record). Everything else is a *host step*, run at e
 - a kernel the backend names as uncapturable (``uncapturable``: the GEMMs, since CuPy refuses
   cuBLAS calls while a stream captures);
 - a kernel from outside the backend's own modules (a plugin's ``KernelSet``): nothing tells
-  whether it keeps Python state or uploads host data, so it is not trusted in a graph;
+  whether it keeps Python state or uploads host data, so it is not trusted in a graph (the
+  CUDA backend's own kernels and ``mpcore_xp``'s were read for this: no Python state, no
+  device array cached by a kernel for later calls; ``_true_flag`` is made by optimizer
+  updates, which are host steps);
 - an argument of a kind a graph cannot hold (anything but slots, variables, constants, tensors
   and lists or tuples of them);
 - whatever the runner finds out while capturing (``refused``: a kernel that synchronizes, reads

@@ -231,7 +231,9 @@ class GraphRunner:
         self.launches = 0
         self._pool: Any = None
         self._stream: Any = None
-        self._stream_ptr: int | None = None
+        self._stream_ptr: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+        self._inside = threading.local()
         self._graph_memory: set[int] = set()
         self._default: Callable[[list[Any]], Any] | None = None
         self._warned_stream = False
@@ -249,20 +251,31 @@ class GraphRunner:
     def __call__(self, inputs: list[Any]) -> Any:
         if self.reason is not None:
             return self.default(inputs)
-        ptr = self.cp.cuda.get_current_stream().ptr
+        cuda = self.cp.cuda
+        where = (cuda.runtime.getDevice(), cuda.get_current_stream().ptr)
         if self._stream_ptr is None:
-            self._stream_ptr = ptr
-        elif ptr != self._stream_ptr:
+            self._stream_ptr = where
+        elif where != self._stream_ptr:
+            # the graphs' pointers are on their device, and their buffers are ordered on
+            # their stream only
             if not self._warned_stream:
                 self._warned_stream = True
-                logger.info("traced step on CUDA: called on another stream than its graphs'; "
-                            "such calls run the default replay")
+                logger.info("traced step on CUDA: called on another device or stream than "
+                            "its graphs'; such calls run the default replay")
             return self.default(inputs)
-        env: dict[int, Any] = {}
-        for j, i in enumerate(self.program.inputs):
-            env[i] = inputs[j]
-        self._run_pieces(self.plan.pieces, env)
-        return self._output(self.program.output, env)
+        if getattr(self._inside, "call", False):     # re-entered from one of its host steps
+            return self.default(inputs)
+        # one call at a time: the buffers and held arrays are the runner's, not the call's
+        with self._lock:
+            self._inside.call = True
+            try:
+                env: dict[int, Any] = {}
+                for j, i in enumerate(self.program.inputs):
+                    env[i] = inputs[j]
+                self._run_pieces(self.plan.pieces, env)
+                return self._output(self.program.output, env)
+            finally:
+                self._inside.call = False
 
     # --- running ------------------------------------------------------------------------------
     def _run_pieces(self, pieces: list[Segment | int], env: dict[int, Any]) -> None:

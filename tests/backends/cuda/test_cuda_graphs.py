@@ -160,3 +160,21 @@ def test_capture_can_be_turned_off(runners: list[Any], monkeypatch: pytest.Monke
     same_training("float32", XS)
     assert runners and all(getattr(r, "captured", None) is False for r in runners)
     assert not any(isinstance(r, graphs.GraphRunner) for r in runners)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_fit_with_jit_compile_equals_eager_fit(runners: list[Any], policy: str) -> None:
+    x = np.concatenate(XS_BAD if policy == "mixed_float16" else XS)
+    y = np.concatenate(YS)
+    results = []
+    for jit in (False, True):
+        model, opt = mlp_and_optimizer(policy)
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=opt,
+                      metrics=["accuracy"], jit_compile=jit)
+        history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+        results.append((history.history, model.get_weights()))
+    np.testing.assert_array_equal(np.array(results[0][0]["loss"]),
+                                  np.array(results[1][0]["loss"]))
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert the_graph_runner(runners).captured
