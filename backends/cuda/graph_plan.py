@@ -107,6 +107,12 @@ class Plan:
     def segments(self) -> list[Segment]:
         return [p for p in self.pieces if isinstance(p, Segment)]
 
+    def within(self, start: int, stop: int) -> list[Segment | int]:
+        """The pieces that begin in steps ``start`` to ``stop - 1`` (after a capture refused a
+        step of a segment, the new plan's pieces for that segment's steps)."""
+        return [p for p in self.pieces
+                if start <= (p.start if isinstance(p, Segment) else p) < stop]
+
     def summary(self) -> str:
         """One line: what is captured, and the host steps grouped by reason."""
         if self.reason is not None:

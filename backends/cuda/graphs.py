@@ -1,15 +1,19 @@
 """Traced steps on CUDA: a program's capturable runs of kernel calls replayed as CUDA graphs.
 
-:meth:`CudaBackend.compile_program <mpcore_cuda.backend.CudaBackend.compile_program>` returns
-what is made here. :func:`mpcore_cuda.graph_plan.plan` splits the program into *segments*
-(runs of kernel calls a graph may hold) and *host steps* (run at each replay as the default
-replay runs them: calls kept whole, assignments, seeded kernels, cuBLAS GEMMs, plugins'
-kernels). A :class:`GraphRunner` captures each segment with CuPy's stream capture at its first
-run (the first replay) and launches the graph from then on; the results are bit for bit the
-default replay's, because the same kernels run on the same values in the same order. Where no
-segment is possible the default replay (``Program.compile``) runs, with ``captured = False`` and
-the ``reason`` on it; ``MPCORE_CUDA_GRAPHS=0`` (or ``backend.graphs = False``) turns capture
-off. Every decision is logged on the ``mpcore_cuda.graphs`` logger (INFO).
+:meth:`CudaBackend.compile_program <mpcore_cuda.backend.CudaBackend.compile_program>` returns what
+is made here. :func:`mpcore_cuda.graph_plan.plan` splits the program into *segments* (runs of
+kernel calls a graph may hold) and *host steps* (run at each replay as the default replay runs
+them: calls kept whole, assignments, seeded kernels, host-array uploads, cuBLAS GEMMs, plugins'
+kernels). A :class:`GraphRunner` captures each segment with CuPy's stream capture at its first run
+(the first replay) and launches the graph from then on; the results are bit for bit the default
+replay's, because the same kernels run on the same values in the same order. Where no segment is
+possible the default replay (``Program.compile``) runs, with ``captured = False`` and the
+``reason`` on it; ``MPCORE_CUDA_GRAPHS=0`` (or ``backend.graphs = False``) turns capture off, and
+so does ``CUPY_ENABLE_UMP=1`` (CuPy then wraps host arrays as device arrays without a copy: a graph
+would keep pointers to host memory). A call on another device or stream than the runner's first, or
+one re-entered from a host step, runs the default replay; calls from several threads take turns
+(the buffers are the runner's). Every decision is logged on the ``mpcore_cuda.graphs`` logger
+(INFO).
 
 What a graph needs, and how the runner keeps it true:
 
@@ -36,7 +40,8 @@ What a graph needs, and how the runner keeps it true:
   free the pool's cached blocks on an out-of-memory retry (that would free memory a graph
   uses); the capture then fails and the segment stays on the host. Capture runs in CuPy's
   default *relaxed* mode, in which the pool may still call ``cudaMalloc`` while capturing.
-- *Host work cannot be captured.* A capture records device work only: a kernel call that
+- *Host work cannot be captured.* The plan keeps the known cases on the host; beyond them, a
+  capture records device work only: a kernel call that
   synchronizes or reads the device raises (CuPy and CUDA refuse it), so does a cuBLAS call
   (CuPy refuses cuBLAS while capturing), and an upload of host data through CuPy's pinned
   staging buffer raises too (the runner installs a pinned allocator that refuses while it
@@ -329,9 +334,7 @@ class GraphRunner:
         if not self.plan.segments:
             self.reason = self.plan.reason
             self.graphs.clear()
-        self._run_pieces([p for p in self.plan.pieces
-                          if seg.start <= (p.start if isinstance(p, Segment) else p) < seg.stop],
-                         env)
+        self._run_pieces(self.plan.within(seg.start, seg.stop), env)
 
     def _drop(self, key: tuple[int, int]) -> None:
         self.graphs.pop(key, None)

@@ -151,6 +151,10 @@ def test_a_refused_step_splits_its_segment() -> None:
     # which hands its own result to the second
     assert reads(program.steps[1].out)[0] in split.segments[0].outputs
     assert split.segments[1].inputs == tuple(reads(program.steps[2].out))
+    # the runner then runs the new pieces of the refused segment's steps, in order
+    assert split.within(0, len(program.steps)) == split.pieces
+    inner = split.within(1, len(program.steps))
+    assert inner[0] == 2 and isinstance(inner[1], gp.Segment) and len(inner) == 2
     # refusing next to a border leaves a run too short to capture
     short = cuda_rules(program, refused={1: "x"})
     assert short.host[0] == gp.SHORT

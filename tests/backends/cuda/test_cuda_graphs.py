@@ -177,4 +177,5 @@ def test_fit_with_jit_compile_equals_eager_fit(runners: list[Any], policy: str) 
                                   np.array(results[1][0]["loss"]))
     for a, b in zip(results[0][1], results[1][1], strict=True):
         np.testing.assert_array_equal(a, b)
-    assert the_graph_runner(runners).captured
+    the_graph_runner(runners)       # the train step's (fit traces other steps too)
+    assert any(r.captured for r in runners if isinstance(r, graphs.GraphRunner))
