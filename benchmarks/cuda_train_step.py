@@ -5,6 +5,8 @@ by side with the PyTorch peer (``torch_mlp.py --device cuda``) in the same run.
     python benchmarks/cuda_train_step.py                       # float32 and mixed_float16
     python benchmarks/cuda_train_step.py --policy float32 mixed_float16 mixed_bfloat16
     python benchmarks/cuda_train_step.py --backend cpu --units 64 --batch 128 --no-peer  # smoke
+    python benchmarks/cuda_train_step.py --jit --units 64 --batch 128 --no-peer   # mp.function
+    MPCORE_CUDA_GRAPHS=0 python benchmarks/cuda_train_step.py --jit ...   # without CUDA graphs
 
 The loop uses the public API only: Variables read in the compute dtype (``read_as``), ops
 (``matmul``, ``bias_add``, ``relu``, ``sparse_softmax_cross_entropy`` in float32), a
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import math
 import os
 import statistics
@@ -43,7 +46,7 @@ class GuideLoop:
     """The guide's custom training loop over 784-units-units-10 Dense layers."""
 
     def __init__(self, backend: mp.Backend, policy: str, units: int, batch: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, jit: bool = False) -> None:
         self.policy = mp.Policy(policy)
         self.compute = self.policy.compute_dtype
         rng = np.random.default_rng(seed)
@@ -66,6 +69,8 @@ class GuideLoop:
         self.applied = 0
         self.flags: list[Any] = []
         self.steps = 0
+        # traced: the step's kernels replayed (on CUDA, runs of them as CUDA graphs)
+        self.traced = mp.function(self.traced_step) if jit else None
 
     def forward(self) -> mp.Tensor:
         h = self.x
@@ -79,7 +84,23 @@ class GuideLoop:
         # the guide's float32 output: softmax (fused with the loss) in float32
         return mp.ops.mean(mp.ops.sparse_softmax_cross_entropy(self.y, mp.ops.cast(h, "float32")))
 
+    def traced_step(self) -> mp.Tensor:
+        """The step for ``mp.function``: its Python side effects happen at the trace only,
+        so it returns the loss and counts nothing."""
+        with mp.GradientTape() as tape:
+            loss = self.forward()
+            target = self.optimizer.get_scaled_loss(loss) if self.scaled else loss
+        grads = tape.gradient(target, self.variables)
+        if self.scaled:
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return loss
+
     def step(self) -> None:
+        if self.traced is not None:
+            self.loss = self.traced()
+            self.steps += 1
+            return
         with mp.GradientTape() as tape:
             loss = self.forward()
             target = self.optimizer.get_scaled_loss(loss) if self.scaled else loss
@@ -97,16 +118,22 @@ class GuideLoop:
         self.steps += 1
         self.loss = loss
 
-    def applied_steps(self) -> int:
+    def applied_steps(self) -> int | None:
+        if self.traced is not None:
+            return None              # the replays' flags stay on the device
         count = self.applied + sum(bool(flag) for flag in self.flags)
         self.applied, self.flags = count, []
         return count
 
 
 def measure(backend: mp.Backend, policy: str, units: int, batch: int, steps: int,
-            warmup: int) -> dict[str, Any]:
+            warmup: int, jit: bool = False) -> dict[str, Any]:
     record: dict[str, Any] = {"bench": "cuda_train_step", "backend": backend.name,
                               "policy": policy, "units": units, "batch": batch}
+    if jit:
+        record["jit"] = True
+        record["cuda_graphs"] = os.environ.get("MPCORE_CUDA_GRAPHS", "") not in ("0", "off",
+                                                                                 "false", "no")
     try:
         record["device"] = backend.device().name
         verdict = mp.check_policy(policy, backend)
@@ -116,7 +143,7 @@ def measure(backend: mp.Backend, policy: str, units: int, batch: int, steps: int
             return {**record, "skipped": verdict.reason}
     except Exception as exc:
         return {**record, "skipped": f"{type(exc).__name__}: {exc}"}
-    loop = GuideLoop(backend, policy, units, batch)
+    loop = GuideLoop(backend, policy, units, batch, jit=jit)
     for _ in range(warmup):
         loop.step()
     backend.synchronize()
@@ -160,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default=None, help="path of torch_mlp.py (default: "
                                                   + " or ".join(PEER_PATHS) + ")")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--jit", action="store_true",
+                    help="trace the step with mp.function (the graph plans go to stderr)")
     a = ap.parse_args(argv)
+    if a.jit:
+        logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
+        logging.getLogger("mpcore_cuda.graphs").setLevel(logging.INFO)
     try:
         backend = mp.get_backend(a.backend)
         backend.kernels()
@@ -170,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ours: dict[str, dict[str, Any]] = {}
     for policy in a.policy:
-        ours[policy] = measure(backend, policy, a.units, a.batch, a.steps, a.warmup)
+        ours[policy] = measure(backend, policy, a.units, a.batch, a.steps, a.warmup, a.jit)
         print(json.dumps(ours[policy]), flush=True)
     peer_path = a.peer or next((p for p in PEER_PATHS if os.path.exists(p)), None)
     peers: dict[str, dict[str, Any]] = {}

@@ -115,6 +115,16 @@ class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaSha
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
 
+    #: Whether traced steps capture CUDA graphs (``MPCORE_CUDA_GRAPHS=0`` turns them off too).
+    graphs = True
+
+    def compile_program(self, program: Any) -> Any:
+        """A traced step's runs of kernel calls as CUDA graphs (:mod:`.graphs`; the plan in
+        :mod:`.graph_plan`), or the default replay where nothing can be captured."""
+        from .graphs import compile_program
+
+        return compile_program(self, program)
+
     def _contig(self, x: Any) -> Any:
         """``x`` C-contiguous, as every ``kernels.cu`` kernel reads its operands."""
         return self.cp.ascontiguousarray(x)
