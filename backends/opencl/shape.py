@@ -12,6 +12,10 @@ import numpy as np
 from .arrays import CLArray, contiguous_strides
 from .views import ViewKernels, basic_index, broadcast_strides
 
+#: Rows at least this long are gathered by the 3-D ``take_rows`` kernel (shorter ones would
+#: leave most of a work-group idle).
+_ROW_MIN = 32
+
 
 class ShapeKernels(ViewKernels):
     """Mixin of :class:`~mpcore_opencl.backend.OpenCLBackend`: the shape and indexing kernels."""
@@ -54,6 +58,13 @@ class ShapeKernels(ViewKernels):
         prog = self._prog("index.cl", ("A", self._dt(x)), ("O", self._dt(x)),
                           ("L", self._dt(indices)))
         rt = self.runtime
+        outer = math.prod(shape[:axis])
+        if inner >= _ROW_MIN and out.size:
+            # rows of a matrix (fit's batch gather): one work-item per row, no divisions
+            rt.launch(prog["take_rows"], outer * indices.size, np.int32(outer * indices.size),
+                      np.int32(size), np.int32(indices.size), np.int32(inner), x.data,
+                      indices.data, out.data, rt.error_record())
+            return out
         rt.launch(prog["take"], out.size, np.int32(out.size), np.int32(size),
                   np.int32(indices.size), np.int32(inner), x.data, indices.data, out.data,
                   rt.error_record())

@@ -37,6 +37,26 @@ __kernel void take(const int n, const int axis_size, const int nidx, const int i
     STORE_O(po, i, LOAD_A(pa, ((long)o * axis_size + pos) * inner + in));
 }
 
+/* The same gather, one work-item per gathered row of `inner` elements (outer * nidx items):
+ * no divisions per element, and few work-groups (on CPU devices a work-group's scheduling
+ * costs more than a short row's copy). */
+__kernel void take_rows(const int rows, const int axis_size, const int nidx, const int inner,
+                        __global const A_ST *pa, __global const L_ST *pidx, __global O_ST *po,
+                        __global int *err) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    const int j = r % nidx;
+    const long pos = index_pos(pidx, j, axis_size);
+    const long out0 = (long)r * inner;
+    if (pos < 0) {
+        record_error(err, ERR_TAKE, (long)LOAD_L(pidx, j), axis_size);
+        for (int in = 0; in < inner; ++in) STORE_O(po, out0 + in, 0);
+        return;
+    }
+    const long in0 = ((long)(r / nidx) * axis_size + pos) * inner;
+    for (int in = 0; in < inner; ++in) STORE_O(po, out0 + in, LOAD_A(pa, in0 + in));
+}
+
 /* One work-item per (outer, inner) column walks every index in order: duplicates add up
  * deterministically, with no atomics (which 16-bit storage could not use). */
 __kernel void take_grad(const int outer, const int axis_size, const int nidx, const int inner,

@@ -84,6 +84,34 @@ def test_take_out_of_range_reads_nothing_and_raises(cl: Any, idx_dtype: str) -> 
 
 
 @needs_device
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("idx_dtype", ["int64", "int32", "uint16"])
+def test_take_of_whole_rows_equals_numpy_and_reports_bad_rows(cl: Any, dtype: str,
+                                                             idx_dtype: str) -> None:
+    """Rows of 32 elements or more are gathered one work-item per row (fit's batch gather):
+    along axis 0 of a matrix and along a middle axis, repeated and negative indices, and an
+    index out of range read as zeros and raised at the next read, as the element-wise kernel."""
+    rng = np.random.default_rng(3)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = (rng.random((50, 40)) * 100).astype(np_dtype)
+    idx = np.array([49, 0, 7, 7, 31], dtype=idx_dtype)
+    if not idx_dtype.startswith("u"):
+        idx[2] = -3
+    got = host(cl, cl.take(cl.asarray(x, dtype), cl.asarray(idx, idx_dtype), 0))
+    np.testing.assert_array_equal(got, np.take(x, idx.astype(np.int64), axis=0))
+    x3 = (rng.random((3, 6, 33)) * 100).astype(np_dtype)
+    got = host(cl, cl.take(cl.asarray(x3, dtype), cl.asarray(idx[:3] % 6, idx_dtype), 1))
+    np.testing.assert_array_equal(got, np.take(x3, idx[:3].astype(np.int64) % 6, axis=1))
+    bad = np.array([1, 50, 2], dtype=idx_dtype)
+    out = cl.take(cl.asarray(x, dtype), cl.asarray(bad, idx_dtype), 0)
+    with pytest.raises(IndexError, match=r"index 50 is out of bounds for an axis of size 50"):
+        host(cl, out)
+    want = np.zeros((3, 40), np_dtype)
+    want[0], want[2] = x[1], x[2]
+    np.testing.assert_array_equal(host(cl, out), want)
+
+
+@needs_device
 def test_take_grad_drops_out_of_range_indices_and_raises(cl: Any) -> None:
     g = np.ones((3, 2), dtype=np.float32)
     idx = np.array([0, 7, -1])
