@@ -110,22 +110,36 @@ def _constant(spec: Spec, known: dict[int, Any]) -> bool:
     return False                            # a variable, a fresh seed, a tensor
 
 
-def _value(spec: Spec, known: dict[int, Any]) -> Any:
+def evaluate(spec: Spec, env: dict[int, Any]) -> Any:
+    """The value ``spec`` stands for, the slots' arrays in ``env`` (what a line written by
+    :class:`ProgramWriter` computes; for backends that run a program step by step)."""
     kind = spec[0]
+    if kind == "s":
+        return env[spec[1]]
     if kind == "c":
         return spec[1]
-    if kind == "s":
-        return known[spec[1]]
-    items = [_value(s, known) for s in spec[1]]
+    if kind == "v":
+        return spec[1]._data
+    if kind == "r":
+        return _random.next_seed()
+    if kind == "T":
+        return Tensor(evaluate(spec[1], env), spec[2], spec[3])
+    if kind == "d":
+        return {k: evaluate(v, env) for k, v in spec[1].items()}
+    items = [evaluate(s, env) for s in spec[1]]
     return items if kind == "l" else tuple(items)
 
 
-def _bind_known(spec: Spec, value: Any, known: dict[int, Any]) -> None:
-    if spec[0] == "s":
-        known[spec[1]] = value
-    elif spec[0] in ("l", "t"):
+def bind(spec: Spec, value: Any, env: dict[int, Any]) -> None:
+    """Put what a call returned into the slots of ``spec`` (arrays, tensors, lists of them)."""
+    kind = spec[0]
+    if kind == "s":
+        env[spec[1]] = value
+    elif kind == "T":
+        bind(spec[1], value._data, env)
+    elif kind in ("l", "t"):
         for item, v in zip(spec[1], value):
-            _bind_known(item, v, known)
+            bind(item, v, env)
 
 
 def _substitute(spec: Spec, known: dict[int, Any]) -> Spec:
@@ -154,7 +168,7 @@ def fold_constants(program: Program) -> Program:
     for step in program.steps:
         if (type(step) is KernelCall and step.name not in IN_PLACE
                 and all(_constant(a, known) for a in step.args)):
-            _bind_known(step.out, step.kernel(*[_value(a, known) for a in step.args]), known)
+            bind(step.out, step.kernel(*[evaluate(a, known) for a in step.args]), known)
             continue
         steps.append(step)
     if not known:

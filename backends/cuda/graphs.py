@@ -60,7 +60,17 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, plan_frees, reads
+from mpcore.program import (
+    Assign,
+    KernelCall,
+    Program,
+    Spec,
+    WholeCall,
+    bind,
+    evaluate,
+    plan_frees,
+    reads,
+)
 from mpcore.tensor import Tensor
 
 from .graph_plan import Plan, Segment, own_kernel, plan, variables_read
@@ -144,48 +154,18 @@ class _Captured:
         return any(env[slot] is not array for slot, array in self.direct.items())
 
 
-def _value(spec: Spec, env: dict[int, Any]) -> Any:
-    kind = spec[0]
-    if kind == "s":
-        return env[spec[1]]
-    if kind == "c":
-        return spec[1]
-    if kind == "v":
-        return spec[1]._data
-    if kind == "r":
-        from mpcore import random as _random
-        return _random.next_seed()
-    if kind == "T":
-        return Tensor(_value(spec[1], env), spec[2], spec[3])
-    if kind == "d":
-        return {k: _value(v, env) for k, v in spec[1].items()}
-    items = [_value(s, env) for s in spec[1]]
-    return items if kind == "l" else tuple(items)
-
-
-def _bind(spec: Spec, value: Any, env: dict[int, Any]) -> None:
-    kind = spec[0]
-    if kind == "s":
-        env[spec[1]] = value
-    elif kind == "T":
-        _bind(spec[1], value._data, env)
-    elif kind in ("l", "t"):
-        for j, item in enumerate(spec[1]):
-            _bind(item, value[j], env)
-
-
 def _run_step(step: Any, env: dict[int, Any]) -> None:
     """One step as the default replay runs it (``Program.compile`` writes the same calls)."""
     kind = type(step)
     if kind is KernelCall:
-        _bind(step.out, step.kernel(*[_value(a, env) for a in step.args]), env)
+        bind(step.out, step.kernel(*[evaluate(a, env) for a in step.args]), env)
     elif kind is WholeCall:
         args, kwargs = step.args[1]
-        _bind(step.out, step.fn(*_value(args, env), **_value(kwargs, env)), env)
+        bind(step.out, step.fn(*evaluate(args, env), **evaluate(kwargs, env)), env)
     else:
         assert kind is Assign
         var = step.variable
-        var.assign(Tensor(_value(step.value, env), var._backend, var._dtype))
+        var.assign(Tensor(evaluate(step.value, env), var._backend, var._dtype))
     for i in step.free:
         env.pop(i, None)
 
@@ -358,7 +338,7 @@ class GraphRunner:
             return items if kind == "l" else tuple(items)
         if kind == "d":
             return {k: self._output(v, env) for k, v in spec[1].items()}
-        return _value(spec, env)
+        return evaluate(spec, env)
 
     # --- capturing ----------------------------------------------------------------------------
     def _raw_malloc(self, size: int) -> Any:

@@ -25,7 +25,17 @@ from typing import Any
 
 import pyopencl as cl
 
-from mpcore.program import Assign, KernelCall, Program, ProgramWriter, Spec, WholeCall, plan_frees
+from mpcore.program import (
+    Assign,
+    KernelCall,
+    Program,
+    ProgramWriter,
+    Spec,
+    WholeCall,
+    bind,
+    evaluate,
+    plan_frees,
+)
 from mpcore.tensor import Tensor
 
 from .arrays import CLArray
@@ -157,32 +167,10 @@ class _Recorder:
         self.refused: dict[int, str] = {}
 
     def value(self, spec: Spec) -> Any:
-        kind = spec[0]
-        if kind == "s":
-            return self.env[spec[1]]
-        if kind == "c":
-            return spec[1]
-        if kind == "v":
-            return spec[1]._data
-        if kind == "r":
-            from mpcore import random as _random
-            return _random.next_seed()
-        if kind == "T":
-            return Tensor(self.value(spec[1]), spec[2], spec[3])
-        if kind == "d":
-            return {k: self.value(v) for k, v in spec[1].items()}
-        items = [self.value(s) for s in spec[1]]
-        return items if kind == "l" else tuple(items)
+        return evaluate(spec, self.env)
 
     def bind(self, spec: Spec, value: Any) -> None:
-        kind = spec[0]
-        if kind == "s":
-            self.env[spec[1]] = value
-        elif kind == "T":
-            self.bind(spec[1], value._data)
-        elif kind in ("l", "t"):
-            for j, item in enumerate(spec[1]):
-                self.bind(item, value[j])
+        bind(spec, value, self.env)
 
     def run(self, inputs: list[Any]) -> Any:
         for j, i in enumerate(self.program.inputs):

@@ -14,7 +14,7 @@ from mpcore_cuda import CudaBackend, graphs
 from mpcore_cuda import graph_plan as gp
 
 import mpcore as mp
-from mpcore.program import Assign, Program, WholeCall, reads
+from mpcore.program import Assign, Program, WholeCall, evaluate, reads
 
 #: The cpu backend's own kernels play the part of the CUDA backend's (audited) ones; plugin
 #: kernels (the oneDNN GEMMs, where that plugin is installed) stay untrusted.
@@ -240,7 +240,7 @@ def test_host_steps_run_as_the_default_replay(monkeypatch: Any, policy: str) -> 
             env = dict(zip(program.inputs, inputs, strict=True))
             for step in program.steps:
                 graphs._run_step(step, env)
-            return graphs._value(program.output, env)
+            return evaluate(program.output, env)
         return run
 
     monkeypatch.setattr(mp.get_backend("cpu"), "compile_program", interpret)
