@@ -84,31 +84,28 @@ class GuideLoop:
         # the guide's float32 output: softmax (fused with the loss) in float32
         return mp.ops.mean(mp.ops.sparse_softmax_cross_entropy(self.y, mp.ops.cast(h, "float32")))
 
-    def traced_step(self) -> mp.Tensor:
-        """The step for ``mp.function``: its Python side effects happen at the trace only,
-        so it returns the loss and counts nothing."""
+    def update(self) -> tuple[mp.Tensor, Any]:
+        """Forward, backward and update: the loss and what ``apply_gradients`` returned (with
+        loss scaling, a bool: the step's one device-to-host read, the loss-scale decision)."""
         with mp.GradientTape() as tape:
             loss = self.forward()
             target = self.optimizer.get_scaled_loss(loss) if self.scaled else loss
         grads = tape.gradient(target, self.variables)
         if self.scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients(zip(grads, self.variables))
-        return loss
+        return loss, self.optimizer.apply_gradients(zip(grads, self.variables))
+
+    def traced_step(self) -> mp.Tensor:
+        """The step for ``mp.function``: its Python side effects happen at the trace only,
+        so it returns the loss and counts nothing."""
+        return self.update()[0]
 
     def step(self) -> None:
         if self.traced is not None:
             self.loss = self.traced()
             self.steps += 1
             return
-        with mp.GradientTape() as tape:
-            loss = self.forward()
-            target = self.optimizer.get_scaled_loss(loss) if self.scaled else loss
-        grads = tape.gradient(target, self.variables)
-        if self.scaled:
-            grads = self.optimizer.get_unscaled_gradients(grads)
-        # With loss scaling this is the step's one device-to-host read (the loss-scale decision)
-        applied = self.optimizer.apply_gradients(zip(grads, self.variables))
+        loss, applied = self.update()
         if isinstance(applied, bool):
             self.applied += applied
         else:
