@@ -104,9 +104,10 @@ class LinalgKernels(KernelFamily):
                                                       (b, bp, n, pn, vw, b_rs, b_ks)):
             prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"),
                               native=native)
-            rt.launch(prog["pack"], dst.size, np.int32(rows), np.int32(k), np.int32(panels),
-                      np.int64(rs), np.int64(ks), np.int64(src.size // nb), np.int64(dst.size),
-                      src.data, dst.data)
+            local = min(rt.local, k)
+            rt.launch_nd(prog["pack_k"], (-(-k // local) * local, panels, nb), (local, 1, 1),
+                         np.int32(rows), np.int32(k), np.int32(panels), np.int64(rs),
+                         np.int64(ks), np.int64(src.size // nb), src.data, dst.data)
         prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"),
                           native=native)
         rt.launch_nd(prog["gemm_packed"], (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),

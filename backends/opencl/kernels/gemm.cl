@@ -109,19 +109,22 @@ GEMM(gemm_tt, 1, 1)
  * A and B blocks (a few tens of KiB) stay in L1/L2 while they are reused, instead of each work-item
  * streaming its whole panels through the cache. Spilling the accumulators at each barrier costs
  * one store and load per KC multiply-adds. */
-__kernel void pack(const int rows, const int K, const int P, const long rs, const long ks,
-                   const long stride, const long total, __global const A_ST *X,
-                   __global A_CT *Xp) {
-    const long i = get_global_id(0);
-    if (i >= total) return;
-    const int w = i % PW;
-    long t = i / PW;
-    const int k = t % K;
-    t /= K;
-    const int p = t % P;
-    const long b = t / P;
-    const int row = p * PW + w;
-    Xp[i] = row < rows ? (A_CT)LOAD_A(X, b * stride + row * rs + k * ks) : (A_CT)0;
+/* Packing over a 3-D range (k, panel, batch): each work-item writes the PW consecutive
+ * elements of one (panel, k), with no division per element (a 1-D range over elements spent
+ * most of its time in the divisions that recover (batch, panel, k, w) from the index). */
+__kernel void pack_k(const int rows, const int K, const int P, const long rs, const long ks,
+                     const long stride, __global const A_ST *X, __global A_CT *Xp) {
+    const int k = get_global_id(0);
+    if (k >= K) return;
+    const int p = get_global_id(1);
+    const long b = get_global_id(2);
+    __global A_CT *dst = Xp + ((b * P + p) * (long)K + k) * PW;
+    const long src = b * stride + (long)k * ks;
+    _Pragma("unroll")
+    for (int w = 0; w < PW; ++w) {
+        const int row = p * PW + w;
+        dst[w] = row < rows ? (A_CT)LOAD_A(X, src + (long)row * rs) : (A_CT)0;
+    }
 }
 
 __kernel void gemm_packed(const int M, const int N, const int K, const int PM, const int PN,

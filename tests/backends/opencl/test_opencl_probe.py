@@ -170,12 +170,12 @@ def test_a_missing_kernel_is_rebuilt_uncached_then_named(runtime: Any) -> None:
     slots = (("A", "float32"), ("O", "float32"))
     options = ("-DTSM=64", "-DTSN=64", "-DTSK=16", "-DWPM=8", "-DVW=4", "-DMPCORE_TEST=1")
     prog = runtime.program("gemm.cl", slots, options=options)
-    assert "gemm_nn" in prog.kernels  # the tiled variant: no "pack" in it
+    assert "gemm_nn" in prog.kernels  # the tiled variant: no "pack_k" in it
     with pytest.raises(mp.KernelBuildError) as info:
-        prog["pack"]
+        prog["pack_k"]
     message = str(info.value)
     device = runtime.device
-    assert "gemm.cl (A=float32, O=float32) built without kernel 'pack'" in message
+    assert "gemm.cl (A=float32, O=float32) built without kernel 'pack_k'" in message
     assert "even with the caches bypassed" in message
     assert device.name.strip() in message and device.driver_version.strip() in message
     assert "-DTSM=64" in message and "build log:" in message
@@ -231,15 +231,15 @@ _BUILD_ALL = textwrap.dedent("""
     print(json.dumps(built))
 """)
 EXPECTED = {
-    "gemm packed pack": {"pack", "gemm_packed"},
-    "gemm packed": {"pack", "gemm_packed"},
+    "gemm packed pack": {"pack_k", "gemm_packed"},
+    "gemm packed": {"pack_k", "gemm_packed"},
     "gemm tiled": {"gemm_nn", "gemm_nt", "gemm_tn", "gemm_tt"},
     "elementwise": {"k_add", "k_copy", "k_copy_s", "copy_w", "fill", "where_bc", "bias_add"},
     "random": {"random_uniform", "random_normal", "dropout_mask"},
     "reduce": {"reduce_sum", "reduce_max", "reduce_argmax"},
     "image": {"extract_patches", "max_pool2d"},
     "nn.cl": {"relu_grad", "softmax", "sparse_xent", "sparse_xent_grad"},
-    "index.cl": {"take", "take_grad", "one_hot"},
+    "index.cl": {"take", "take_rows", "take_grad", "one_hot"},
     "optim": {"unscale", "all_finite", "sgd", "rmsprop", "adam"},
 }
 
