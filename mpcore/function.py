@@ -37,6 +37,7 @@ from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
 from mpcore import trace_hooks as _hooks
+from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, Program, WholeCall, fold_constants
 from mpcore.recorder import Recorder
@@ -346,7 +347,7 @@ class Function:
         if recorder.refused is not None:
             self.eager_reason = recorder.refused
             warnings.warn(f"{self.__name__} runs eagerly: {recorder.refused}", RuntimeWarning,
-                          stacklevel=3)
+                          stacklevel=_user_frames.stacklevel())
             return out
         if recorder.created:
             self._traced_once = True

@@ -26,6 +26,8 @@ import struct
 import warnings
 from typing import Any
 
+from mpcore import user_frames as _user_frames
+
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -231,7 +233,7 @@ class DynamicLossScale(LossScale):
                 f"{self._stuck} overflowing steps in a row: the gradients overflow even "
                 "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
                 "or keep the layer that overflows in float32 (dtype='float32').",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning, stacklevel=_user_frames.stacklevel())
         return False
 
     def get_config(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from mpcore import loss_scale as _ls
 from mpcore import ops
+from mpcore import user_frames as _user_frames
 from mpcore.distribution import gradients as _distributed
 from mpcore.function import in_traced_step, kept_whole
 from mpcore.optimizers import Optimizer, split_grads_and_vars
@@ -136,7 +137,7 @@ class LossScaleOptimizer(Optimizer):
                 warnings.warn("LossScaleOptimizer.apply_gradients was called without "
                               "get_scaled_loss()/get_unscaled_gradients(): the gradients are "
                               "applied as given (not unscaled); only the Inf/NaN check is done",
-                              UserWarning, stacklevel=2)
+                              UserWarning, stacklevel=_user_frames.stacklevel())
                 self._warned = True
             flag = ops.all_finite(grads) if grads else None
         elif not _same_tensors(grads, self._unscaled_grads):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpcore import registry, trace_hooks
+from mpcore import user_frames as _user_frames
 from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.painting import OpNode, Painting, label, paint
@@ -177,7 +178,8 @@ class _Session:
                 "the mixed precision graph rewrite runs this step in float16, but its optimizer "
                 "is not a LossScaleOptimizer: it trains without loss scaling, and small "
                 "gradients underflow to zero. Compile with the optimizer that "
-                "enable_mixed_precision_graph_rewrite returned", UserWarning, stacklevel=2)
+                "enable_mixed_precision_graph_rewrite returned", UserWarning,
+                stacklevel=_user_frames.stacklevel())
 
     def describe(self) -> list[str]:
         plan = self.plan
