@@ -116,7 +116,18 @@ def on_replay(fn: Callable[..., Any], *args: Any) -> None:
     if recorder is None or recorder.whole_depth:
         return
     spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec({})])
-    recorder.steps.append(WholeCall(fn, spec, ("c", None),
+    call = fn
+    if hasattr(fn, "__self__"):
+        # a method: the program does not keep its object alive (a function given optimizers
+        # as arguments would otherwise hold every one it saw)
+        method = weakref.WeakMethod(fn)
+
+        def call(*args: Any) -> Any:
+            bound = method()
+            return None if bound is None else bound(*args)
+
+        call.__wrapped__ = fn.__func__  # type: ignore[attr-defined]
+    recorder.steps.append(WholeCall(call, spec, ("c", None),
                                     f"{getattr(fn, '__qualname__', fn)}(...)  [on each replay]"))
 
 
@@ -184,7 +195,13 @@ def _refuse_host_read(tensor: Tensor) -> None:
 
 def _on_variable(variable: Variable, event: str) -> None:
     recorder = _local.recorder
-    if recorder is None or recorder.whole_depth:
+    if recorder is None:
+        return
+    if recorder.whole_depth:
+        # assigned inside a call kept whole (which each replay makes again): a later read of
+        # the variable in the step reads its array then, not the trace's as a constant
+        if event != "create":
+            recorder.variable_of[id(variable._data)] = variable
         return
     if event == "create":
         recorder.created.append(variable.name)
@@ -271,7 +288,7 @@ class Function:
         self._runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
         #: What traces depend on besides the arguments (an optimizer's hyperparameters, when
         #: its update is recorded kernel by kernel): called at every call, part of the signature.
-        self._guards: list[Callable[[], Any]] = []
+        self._guards: list[weakref.WeakMethod[Callable[[], Any]]] = []   # (not kept alive)
         self._traced_once = False
         #: How many traces were made (a first trace that created variables counts).
         self.tracing_count = 0
@@ -306,7 +323,10 @@ class Function:
         return self._trace(signature, args, kwargs)
 
     def _guarded(self, signature: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (*signature, tuple(g() for g in self._guards)) if self._guards else signature
+        if not self._guards:
+            return signature
+        return (*signature, tuple(None if (check := ref()) is None else check()
+                                  for ref in self._guards))
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
@@ -366,10 +386,12 @@ class Function:
         compile_program = getattr(backends[0] if len(backends) == 1 else None,
                                   "compile_program", None)
         runnable = fold_constants(program)
+        program.folded = runnable.folded   # print(graph) marks them
         runner = compile_program(runnable) if compile_program is not None else None
         for check in recorder.guards:   # what this trace depends on: part of its signature
-            if check not in self._guards:
-                self._guards.append(check)
+            ref = weakref.WeakMethod(check)
+            if ref not in self._guards:
+                self._guards.append(ref)
         signature = self._guarded(signature)
         self._runners[signature] = runner or runnable.compile()
         self._programs[signature] = self._last = program

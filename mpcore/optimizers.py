@@ -48,18 +48,14 @@ class Optimizer:
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
 
-    #: Whether a traced step may record this optimizer's update kernel by kernel (its update
-    #: reads no step count; see :meth:`_recordable`), instead of calling it whole each replay.
-    _records_updates = False
-    #: What changes at every step; setting anything else is a change of hyperparameters.
-    _STEP_STATE = frozenset({"iterations", "last_gradients", "last_variables", "last_flag",
-                             "_micro_steps", "_hyper_version"})
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self._STEP_STATE:
-            # a recorded update holds the hyperparameters as constants: a change retraces
-            object.__setattr__(self, "_hyper_version", getattr(self, "_hyper_version", 0) + 1)
-        object.__setattr__(self, name, value)
+    #: The attributes a recorded update holds as constants (its guard compares their values),
+    #: or () where updates are not recorded: a traced step then calls ``apply_gradients``
+    #: whole at each replay. Set by the class itself, not inherited: a subclass may compute
+    #: its rate or step size in Python at each step (see :meth:`_recordable`).
+    _recorded_hyperparameters: tuple[str, ...] = ()
+    #: How many settings of the hyperparameters a recorded update is traced for; beyond, it is
+    #: kept whole (a rate changed at every step, a warm-up set by a callback, retraces no more).
+    _MAX_RECORDED_SETTINGS = 4
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
@@ -195,16 +191,25 @@ class Optimizer:
         return cls(**config)
 
     # --- updates ------------------------------------------------------------------------
-    def _recordable(self) -> int | None:
-        """While tracing: whether the step may record this update kernel by kernel (a constant
-        learning rate, no clipping, no accumulation, no distribution, an update that reads no
-        step count) and then the version of the hyperparameters it records (a new version
-        retraces); None keeps the call whole, replayed eagerly."""
-        if (not self._records_updates or callable(self._learning_rate)
-                or self.clipping is not None or (self.gradient_accumulation_steps or 1) > 1
+    def _recordable(self) -> tuple[Any, ...] | None:
+        """While tracing: whether the step may record this update kernel by kernel, and then
+        the hyperparameters it records (their values: the guard of the trace, so that another
+        setting retraces); None keeps the call whole, replayed eagerly. Recorded: the built-in
+        SGD and RMSprop (a subclass opts in by naming ``_recorded_hyperparameters`` itself) with
+        a constant learning rate, no clipping, no accumulation, no distribution, and at most
+        :data:`_MAX_RECORDED_SETTINGS` settings seen."""
+        names = type(self).__dict__.get("_recorded_hyperparameters")
+        if (not names or callable(self._learning_rate) or self.clipping is not None
+                or (self.gradient_accumulation_steps or 1) > 1
                 or _distribution.distribution() is not None):
             return None
-        return self._hyper_version
+        setting = tuple(getattr(self, name) for name in names)
+        seen = self.__dict__.setdefault("_recorded_settings", set())
+        if setting not in seen:
+            if len(seen) >= self._MAX_RECORDED_SETTINGS:
+                return None
+            seen.add(setting)
+        return setting
 
     def finish_recorded_update(self, flag: Tensor | None, grads: list[Tensor],
                                variables: list[Variable]) -> None:
@@ -340,7 +345,7 @@ class SGD(Optimizer):
     """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
     ``var -= lr*g`` without momentum."""
 
-    _records_updates = True
+    _recorded_hyperparameters = ("_learning_rate", "momentum", "nesterov", "use_fused_kernels")
 
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None,
@@ -365,7 +370,8 @@ class RMSprop(Optimizer):
     """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
     ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
 
-    _records_updates = True
+    _recorded_hyperparameters = ("_learning_rate", "rho", "momentum", "epsilon",
+                                 "use_fused_kernels")
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,

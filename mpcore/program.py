@@ -65,9 +65,12 @@ class Program:
     inputs: list[int]
     output: Spec
     lines: list[str] = field(default_factory=list)
+    #: The indices of the recorded steps :func:`fold_constants` ran once (not replayed).
+    folded: set[int] = field(default_factory=set)
 
     def __str__(self) -> str:
-        return "\n".join(self.lines)
+        return "\n".join(f"{line}  (folded: run once)" if n in self.folded else line
+                         for n, line in enumerate(self.lines))
 
     def compile(self) -> Callable[[list[Any]], Any]:
         """The program as one Python function of its inputs' arrays."""
@@ -102,7 +105,11 @@ IN_PLACE = frozenset({"sgd_update", "rmsprop_update", "adam_update"})
 def _constant(spec: Spec, known: dict[int, Any]) -> bool:
     kind = spec[0]
     if kind == "c":
-        return True
+        # Python values only: an array captured from outside the step may be the caller's
+        # (the CPU's constant() does not copy a NumPy array), changed between calls; a replay
+        # reads it as it is then, and so must every call that depends on it
+        value = spec[1]
+        return value is None or isinstance(value, (bool, int, float, str, bytes))
     if kind == "s":
         return spec[1] in known
     if kind in ("l", "t"):
@@ -162,13 +169,17 @@ def fold_constants(program: Program) -> Program:
     then makes only the calls whose operands change. Kernels are pure functions of their
     operands, except the in-place updates (:data:`IN_PLACE`), which are never folded; a folded
     result is never written into (an assignment copies its value), so sharing it between
-    replays is safe. The program's inputs, variables and fresh seeds are never constants."""
+    replays is safe. Constants are Python values (shapes, fill values, dtypes) and the results
+    of folded calls; the program's inputs, variables, fresh seeds and arrays captured from
+    outside the step never are. ``folded`` on the result holds the indices of the steps folded."""
     known: dict[int, Any] = {}
     steps = []
-    for step in program.steps:
+    folded = set()
+    for n, step in enumerate(program.steps):
         if (type(step) is KernelCall and step.name not in IN_PLACE
                 and all(_constant(a, known) for a in step.args)):
             bind(step.out, step.kernel(*[evaluate(a, known) for a in step.args]), known)
+            folded.add(n)
             continue
         steps.append(step)
     if not known:
@@ -183,8 +194,10 @@ def fold_constants(program: Program) -> Program:
         else:
             step = Assign(step.variable, _substitute(step.value, known), step.text)
         kept.append(step)
-    return Program(kept, program.slots, program.inputs, _substitute(program.output, known),
-                   program.lines)
+    result = Program(kept, program.slots, program.inputs, _substitute(program.output, known),
+                     program.lines)
+    result.folded = folded
+    return result
 
 
 def plan_frees(program: Program) -> None:

@@ -112,8 +112,9 @@ class Recorder:
                 specs[seed_at] = ("r",)
             out = kernel(*args)
             self.backends.setdefault(id(backend), backend)
+            shown = [_FreshSeed() if spec == ("r",) else a for a, spec in zip(args, specs)]
             self.steps.append(KernelCall(kernel, specs, self.bind(out),
-                                          _describe(backend, name, args, out), name=name,
+                                          _describe(backend, name, shown, out), name=name,
                                           dtype=_dtype_name(out)))
             return out
 
@@ -126,13 +127,21 @@ def _dtype_name(out: Any) -> str:
     return "" if dtype is None else str(getattr(dtype, "name", dtype))
 
 
+class _FreshSeed:
+    """Shown in a graph line where a replay draws a new seed (the trace's would mislead)."""
+
+
 def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
     def of(x: Any) -> str:
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
             return f"{dtype}{list(shape)}"
-        if isinstance(x, (list, tuple)):
-            return "(" + ", ".join(of(v) for v in x) + ")"
+        if isinstance(x, _FreshSeed):
+            return "<fresh seed>"
+        if isinstance(x, list):
+            return "[" + ", ".join(of(v) for v in x) + "]"
+        if isinstance(x, tuple):
+            return "(" + ", ".join(of(v) for v in x) + ("," if len(x) == 1 else "") + ")"
         return repr(x) if isinstance(x, (int, float, bool, str, type(None))) else type(x).__name__
 
     category = backend.categories().get(name)

@@ -170,7 +170,7 @@ class _Session:
             return
         # a plain update kept whole, or recorded kernel by kernel (then its per-step part is
         # a call of the optimizer's bound finish_recorded_update)
-        updates = {getattr(step.fn, "__func__", step.fn) for step in self.recorder.steps
+        updates = {getattr(step.fn, "__wrapped__", step.fn) for step in self.recorder.steps
                    if type(step) is WholeCall}
         if updates & _PLAIN_UPDATES and _SCALED_UPDATE not in updates:
             _unscaled_warned = True

@@ -6,6 +6,7 @@ of any tensor).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from mpcore import dtypes as _dt
@@ -147,16 +148,29 @@ def random_normal(shape: Any, mean: float = 0.0, stddev: float = 1.0, dtype: Any
                                                 float(stddev)), be, dt)
 
 
+def _whole(op: str, name: str, value: Any) -> int:
+    """``value`` as a whole number >= 0 (a Python or NumPy integer; not a bool, float or
+    string), else a ValueError naming ``op`` and ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"{op} needs a whole number {name} >= 0, got {value!r}")
+    return number
+
+
 def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> Tensor:
     """A random order of ``range(n)`` as int64 (``fit``'s shuffle). ``seed=None`` draws the next
     seed of ``mp.random``. Drawn by the backend's optional ``random_permutation`` kernel where it
     has one (the built-in backends all draw NumPy's PCG64 permutation on the host, so the order is
     the same on every backend, and much faster than a shuffle in Python), else by Python's
     ``random.Random(seed).shuffle``."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"random_permutation needs a whole number n >= 0, got {n!r}")
+    n = _whole("random_permutation", "n", n)
     be = resolve_backend(backend)
-    s = _random.next_seed() if seed is None else int(seed)
+    s = _random.next_seed() if seed is None else _whole("random_permutation", "seed", seed)
     kernel = be.kernels().get("random_permutation")
     if kernel is not None:
         return Tensor(kernel(n, s), be, "int64")

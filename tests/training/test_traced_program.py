@@ -72,10 +72,21 @@ def test_random_permutation_is_a_seeded_order_of_range_n(backend: mp.Backend, n:
                                                                               backend="cpu")))
 
 
-@pytest.mark.parametrize("n", [-1, 2.0, True, "3"])
+@pytest.mark.parametrize("n", [-1, 2.0, True, "3", None])
 def test_random_permutation_refuses_what_is_not_a_count(n: object) -> None:
     with pytest.raises(ValueError, match="whole number n >= 0"):
         mp.ops.random_permutation(n)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", [-1, 3.7, True, "3", [1, 2]])
+def test_random_permutation_refuses_a_seed_that_is_not_a_whole_number(seed: object) -> None:
+    with pytest.raises(ValueError, match="whole number seed >= 0"):
+        mp.ops.random_permutation(4, seed=seed)  # type: ignore[arg-type]
+
+
+def test_random_permutation_takes_numpy_integers() -> None:
+    a = mp.ops.random_permutation(np.int64(5), seed=np.uint32(2))
+    assert sorted(np.asarray(a).tolist()) == list(range(5))
 
 
 def test_a_traced_permutation_draws_a_fresh_order_at_each_replay() -> None:
@@ -212,3 +223,131 @@ def test_casts_cached_before_a_recorded_update_are_not_read_after_it() -> None:
     for a, b in zip(*results, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(results[1][0], results[1][-1])
+
+
+# --- defects found by a trial of the above (each names what it checks) ------------------------
+def _sgd_step(opt: mp.optimizers.Optimizer, v: mp.Variable) -> object:
+    def step(x: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = mp.ops.sum(mp.ops.matmul(x, v))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        return mp.ops.multiply(v, 1.0)              # read after the update, in the same step
+
+    return step
+
+
+def _run(make_opt: object, traced: bool, steps: int, per_step: object = None
+         ) -> tuple[list[np.ndarray], object]:
+    mp.set_global_policy("float32")
+    v = mp.Variable(np.linspace(0.5, 1.5, 16, dtype=np.float32).reshape(4, 4))
+    opt = make_opt()  # type: ignore[operator]
+    step = _sgd_step(opt, v)
+    fn = mp.function(step) if traced else step
+    x = mp.constant(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    outs = []
+    for i in range(steps):
+        if per_step is not None:
+            per_step(opt, i)  # type: ignore[operator]
+        outs.append(np.asarray(fn(x)))
+    return outs, fn
+
+
+def test_a_rate_set_at_every_step_retraces_a_few_times_then_runs_whole() -> None:
+    def warm_up(opt: mp.optimizers.Optimizer, i: int) -> None:
+        opt.learning_rate = 0.1 * min(1.0, (i + 1) / 10)
+        opt.learning_rate = opt.learning_rate      # the same value again: no new setting
+        opt.note = "unrelated"                      # not a hyperparameter
+
+    make = lambda: mp.optimizers.SGD(0.1, momentum=0.9)  # noqa: E731
+    eager, _ = _run(make, False, 20, warm_up)
+    traced, fn = _run(make, True, 20, warm_up)
+    for a, b in zip(traced, eager, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # 4 settings recorded (the first by the call that made the slots, run eagerly), then one
+    # trace with the update kept whole, which every later rate reuses
+    assert fn.tracing_count == 4 + 1  # type: ignore[attr-defined]
+    assert "[kept whole]" in str(fn.graph)  # type: ignore[attr-defined]
+
+
+class _WarmupSGD(mp.optimizers.SGD):
+    def _update_variable(self, var: mp.Variable, grad: mp.Tensor, slots: dict, lr: float,
+                         step: int, flag: object) -> None:
+        super()._update_variable(var, grad, slots, lr * min(1.0, step / 10), step, flag)
+
+
+class _DecaySGD(mp.optimizers.SGD):
+    @property
+    def learning_rate(self) -> float:
+        return 0.1 * 0.5 ** self.iterations
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cls", [_WarmupSGD, _DecaySGD])
+def test_a_subclass_that_computes_its_rate_per_step_is_kept_whole(cls: type) -> None:
+    eager, _ = _run(lambda: cls(0.1), False, 6)
+    traced, fn = _run(lambda: cls(0.1), True, 6)
+    for a, b in zip(traced, eager, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert "[kept whole]" in str(fn.graph)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda: mp.optimizers.Adam(0.1),
+    lambda: mp.optimizers.RMSprop(0.1, clipnorm=0.5),
+], ids=["adam", "rmsprop-clipped"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_variable_read_after_an_update_kept_whole_is_the_new_value(make_opt: object,
+                                                                    fused: bool) -> None:
+    def make() -> mp.optimizers.Optimizer:
+        opt = make_opt()  # type: ignore[operator]
+        opt.use_fused_kernels = fused          # unfused: the update assigns new arrays
+        return opt
+
+    eager, _ = _run(make, False, 4)
+    traced, _ = _run(make, True, 4)
+    for a, b in zip(traced, eager, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(traced[2], traced[3])
+
+
+def test_a_captured_host_array_is_read_as_it_is_at_each_call() -> None:
+    mp.set_global_policy("float32")
+    w = np.array([1.0, 2.0, 3.0], np.float32)
+
+    def f(x: mp.Tensor) -> mp.Tensor:
+        return x * mp.constant(w) + mp.ops.sum(mp.constant(w))
+
+    traced = mp.function(f)
+    x = mp.constant(np.ones(3, np.float32))
+    for value in (1.0, 10.0, -2.0):
+        w[:] = value
+        np.testing.assert_array_equal(np.asarray(traced(x)), np.asarray(f(x)))
+
+
+def test_a_traced_function_does_not_keep_the_optimizers_it_saw_alive() -> None:
+    import gc
+    import weakref
+
+    mp.set_global_policy("float32")
+    v = mp.Variable(np.ones((2, 2), np.float32))
+
+    @mp.function
+    def step(opt: mp.optimizers.Optimizer, x: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = mp.ops.sum(mp.ops.matmul(x, v))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        return loss
+
+    refs = []
+    for _ in range(3):
+        opt = mp.optimizers.SGD(0.1)
+        for _ in range(2):
+            step(opt, mp.constant(np.ones((1, 2), np.float32)))
+        refs.append(weakref.ref(opt))
+    del opt
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    step(mp.optimizers.SGD(0.1), mp.constant(np.ones((1, 2), np.float32)))  # still works
