@@ -26,6 +26,7 @@ from mpcore import ops
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
 from mpcore.function import kept_whole, on_replay, recording_kernels
+from mpcore.hyperparameters import Hyperparameters
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
 
@@ -44,7 +45,7 @@ def _check_learning_rate(value: Any) -> LearningRate:
                          f"float, got {value!r}") from None
 
 
-class Optimizer:
+class Optimizer(Hyperparameters):
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
 

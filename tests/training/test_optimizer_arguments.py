@@ -122,3 +122,54 @@ def test_adam_weight_decay_none_is_no_decay() -> None:
 def test_configs_round_trip_through_the_checks(opt: optimizers.Optimizer) -> None:
     again = type(opt).from_config(opt.get_config())
     assert again.get_config() == opt.get_config()
+
+
+# --- hyperparameters set after construction (a trial found them stored unchecked, and
+# ``opt.clipnorm = x`` read by nothing) -----------------------------------------------------------
+@pytest.mark.parametrize(("make", "name", "value", "match"), [
+    (lambda: mp.optimizers.RMSprop(), "rho", 1.5, "rho"),
+    (lambda: mp.optimizers.RMSprop(), "epsilon", -1, "epsilon"),
+    (lambda: mp.optimizers.SGD(), "momentum", -3, "momentum"),
+    (lambda: mp.optimizers.SGD(), "nesterov", "yes", "nesterov"),
+    (lambda: mp.optimizers.Adam(), "beta_2", 1.0, "beta_2"),
+    (lambda: mp.optimizers.Adam(), "gradient_accumulation_steps", 0, "gradient_accumulation"),
+    (lambda: mp.optimizers.SGD(), "use_fused_kernels", "no", "use_fused_kernels"),
+])
+def test_a_hyperparameter_set_later_is_checked_as_at_construction(make: Any, name: str,
+                                                                  value: Any, match: str) -> None:
+    opt = make()
+    before = getattr(opt, name)
+    with pytest.raises(ValueError, match=match):
+        setattr(opt, name, value)
+    assert getattr(opt, name) == before
+
+
+def test_clipping_set_later_is_the_clipping_given_at_construction() -> None:
+    rng = np.random.default_rng(1)
+    grads = [mp.constant(rng.normal(0, 5, (3, 2)).astype(np.float32))]
+    results = []
+    for late in (False, True):
+        v = mp.Variable(np.ones((3, 2), np.float32))
+        opt = mp.optimizers.SGD(0.1) if late else mp.optimizers.SGD(0.1, clipnorm=0.01)
+        if late:
+            opt.clipnorm = 0.01
+        assert opt.clipnorm == 0.01 and opt.clipping == ("clipnorm", 0.01)
+        opt.apply_gradients(zip(grads, [v]))
+        results.append(v.numpy())
+    np.testing.assert_array_equal(*results)
+    opt.clipnorm = None
+    assert opt.clipping is None
+    opt.clipvalue = 1.0
+    with pytest.raises(ValueError):
+        opt.global_clipnorm = 1.0          # at most one clipping option
+
+
+def test_momentum_needing_a_slot_the_optimizer_lacks_is_refused_with_what_to_do() -> None:
+    v = mp.Variable(np.ones(3, np.float32))
+    opt = mp.optimizers.SGD(0.1)
+    opt.apply_gradients([(mp.constant(np.ones(3, np.float32)), v)])
+    with pytest.raises(ValueError, match=r"momentum=0.9 needs the slot\(s\) \['momentum'\].*"
+                                         r"make a new optimizer"):
+        opt.momentum = 0.9
+    assert opt.momentum == 0.0
+    opt.momentum = 0.0                    # no new slot needed: fine
