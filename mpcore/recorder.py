@@ -26,6 +26,7 @@ class Recorder:
         self.created: list[str] = []
         self.drawn: set[int] = set()
         self.whole_depth = 0
+        self.kernel_depth = 0
         self.fallback = False
         self.refused: str | None = None
         self.tables: dict[int, dict[str, Callable[..., Any]]] = {}
@@ -105,12 +106,20 @@ class Recorder:
         seed_at = _SEEDED.get(name)
 
         def call(*args: Any) -> Any:
-            if self.whole_depth:
+            if self.whole_depth or self.kernel_depth:
+                # inside a call kept whole, or a kernel calling another through the table
+                # (the CPU's 16-bit bias gradient sums with the matmul kernel): the outer call
+                # is the step; recording the inner one too would replay it twice, the second
+                # time on the trace's arrays
                 return kernel(*args)
             specs = [self.spec(a) for a in args]
             if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
                 specs[seed_at] = ("r",)
-            out = kernel(*args)
+            self.kernel_depth += 1
+            try:
+                out = kernel(*args)
+            finally:
+                self.kernel_depth -= 1
             self.backends.setdefault(id(backend), backend)
             shown = [_FreshSeed() if spec == ("r",) else a for a, spec in zip(args, specs)]
             self.steps.append(KernelCall(kernel, specs, self.bind(out),

@@ -351,3 +351,21 @@ def test_a_traced_function_does_not_keep_the_optimizers_it_saw_alive() -> None:
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
     step(mp.optimizers.SGD(0.1), mp.constant(np.ones((1, 2), np.float32)))  # still works
+
+
+def test_a_kernel_calling_another_through_the_table_is_recorded_once() -> None:
+    """The CPU's 16-bit bias gradient sums with the matmul kernel it takes from the kernel
+    table: only the outer call is the step's (the inner one was recorded too, and replayed on
+    the trace's arrays, found in the mixed_bfloat16 guide step's graph)."""
+    mp.set_global_policy("float32")
+    rng = np.random.default_rng(8)
+
+    def f(g: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
+        return mp.ops.relu_grad_bias(g, y)[1]
+
+    traced = mp.function(f)
+    for _ in range(3):
+        g = mp.constant(rng.normal(size=(16, 8)).astype(np.float32), dtype="bfloat16")
+        y = mp.constant(rng.normal(size=(16, 8)).astype(np.float32), dtype="bfloat16")
+        np.testing.assert_array_equal(np.asarray(traced(g, y)), np.asarray(f(g, y)))
+    assert _calls(traced.graph) == ["relu_grad_bias"]
