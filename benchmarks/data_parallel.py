@@ -55,8 +55,8 @@ class TimedEngine:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._engine, name)
-        if name not in ("allreduce", "allreduce_values", "allgather_values", "broadcast",
-                        "broadcast_values", "barrier"):
+        if name not in ("allreduce", "allreduce_buckets", "allreduce_values",
+                        "allgather_values", "broadcast", "broadcast_values", "barrier"):
             return attr
 
         def timed(*args: Any, **kwargs: Any) -> Any:

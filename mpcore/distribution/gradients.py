@@ -80,22 +80,12 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
     dist.batch_fraction = None
     weight = 1.0 / dist.world_size if fraction is None else fraction
     out: list[Tensor | None] = [None] * len(grads)
-    for bucket in layout.buckets:
-        # one copy of the gradients in all: the weighted copy of a lone gradient, or the
-        # concatenation, which the engine weights in place (its memory is ours)
-        if len(bucket) == 1:
-            total = dist.engine.allreduce(ops.multiply(grads[bucket[0]], weight), "sum")
-        else:
-            flat = ops.concat([ops.reshape(grads[i], (-1,)) for i in bucket])
-            total = dist.engine.allreduce(flat, "sum", scale=weight)
-        if len(bucket) == 1:
-            out[bucket[0]] = total
-            continue
-        offset = 0
-        for i in bucket:
-            n = grads[i].size
-            out[i] = ops.reshape(total[offset:offset + n], grads[i].shape)
-            offset += n
+    # one pass over the gradients in all: the engine weights them as it packs them
+    sums = dist.engine.allreduce_buckets([[grads[i] for i in b] for b in layout.buckets],
+                                         weight, layout.signature)
+    for bucket, totals in zip(layout.buckets, sums):
+        for i, total in zip(bucket, totals):
+            out[i] = total
     return out  # type: ignore[return-value]
 
 
