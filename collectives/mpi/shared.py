@@ -3,17 +3,21 @@
 MPICH's and Open MPI's all-reduce of a large buffer between ranks of one node pushes it
 through small shared-memory cells: each rank copies its buffer in, the other's out, adds, and
 copies the sums back (measured here: ~3.3 ms for 7.1 MB between 2 ranks, ~6% of a training
-step of the guide's MLP). With a shared window (``MPI_Win_allocate_shared``, standard since
-MPI-3) every rank writes its weighted gradients once into its own segment, sums its slice of
-every rank's segments, and then reads the whole sum in place (~0.7 ms for the same bytes).
+step of the guide's MLP). In a shared window (``MPI_Win_allocate_shared``, standard since
+MPI-3) each rank sums one slice of the values: it writes the weighted parts of its gradients
+that the other ranks sum into its staging row, adds its own part of its slice to theirs into
+the row of sums, and then every rank reads the sums in place (~0.6 ms for the same bytes).
 
 One window per dtype holds every bucket (bucket boundaries only matter to an all-reduce per
-buffer), and a step waits at three barriers, each non-blocking with the collective deadline:
-the windows are free (every rank has read the last sums, which rank 0's segment holds), the
-segments are written, the slices are summed. Each slice is summed once, in rank order, and
-read by every rank, so the ranks get the same bits; for 2 ranks they are the bits of MPI's
-SUM (``w0 + w1``: float addition commutes). Memory: one segment per rank, the size of the
-gradients (a rank's RSS also counts the pages of the others' segments it reads).
+buffer), and a step waits at two barriers, each non-blocking with the collective deadline: the
+staging rows are written, the slices are summed. The sums of one call stay valid until the
+next: a rank writes sums only after the next call's first barrier, which every rank reaches
+after it has read them, and a staging row is rewritten only after the last call's second
+barrier, once every rank has read it. Each slice is summed once, in rank order, and read by
+every rank, so the ranks get the same bits; for 2 ranks they are the bits of MPI's SUM
+(``w0 + w1``: float addition commutes). Memory: the window is (ranks + 1) times the gradients,
+of which each rank's own slice of its staging row is never touched (no page behind it): the
+size of the gradients per rank.
 
 The blocking calls MPI offers for shared memory (``Comm.Split_type``,
 ``Win.Allocate_shared``) come after a barrier with the deadline, so a rank that died before
@@ -35,14 +39,17 @@ SHARED_ENV = "MPCORE_MPI_SHARED_MEMORY"
 
 
 class _Window:
-    """One bucket's window: a segment of ``n`` values per rank, all mapped on every rank."""
+    """One dtype's window on rank 0's memory: row 0 the sums, row 1 + q rank q's staging
+    row, ``n`` values each; ``slices[r]`` the values rank r sums."""
 
     def __init__(self, mpi: Any, node: Any, n: int, dtype: np.dtype) -> None:
         self.n, self.dtype = n, dtype
-        self.win = mpi.Win.Allocate_shared(n * dtype.itemsize, dtype.itemsize, comm=node)
-        self.segments = [np.frombuffer(self.win.Shared_query(q)[0], dtype=dtype, count=n)
-                         for q in range(node.Get_size())]
-
+        size = node.Get_size()
+        nbytes = (size + 1) * n * dtype.itemsize if node.Get_rank() == 0 else 0
+        self.win = mpi.Win.Allocate_shared(nbytes, dtype.itemsize, comm=node)
+        rows = np.frombuffer(self.win.Shared_query(0)[0], dtype=dtype, count=(size + 1) * n)
+        self.sums, self.staging = rows[:n], rows[n:].reshape(size, n)
+        self.slices = [(r * n // size, (r + 1) * n // size) for r in range(size)]
 
 class SharedBuckets:
     """The shared-memory buckets of one MPI engine (``engine``: its ``comm``, ``wait``,
@@ -83,7 +90,7 @@ class SharedBuckets:
                   key: Hashable) -> list[list[Tensor]]:
         eng = self.engine
         # one window per dtype, its values in bucket order: bucket boundaries only matter
-        # to an all-reduce per buffer, and one exchange for all of them waits 3 times
+        # to an all-reduce per buffer, and one exchange for all of them waits twice
         places: list[list[tuple[np.dtype, int]]] = []
         sizes: dict[np.dtype, int] = {}
         for bucket in buckets:
@@ -93,25 +100,25 @@ class SharedBuckets:
                 row.append((dtype, sizes.get(dtype, 0)))
                 sizes[dtype] = sizes.get(dtype, 0) + t.size
             places.append(row)
-        by_dtype = {dtype: self._window(key, dtype, n) for dtype, n in sizes.items()}
-        windows = list(by_dtype.values())
-        what = (f"the gradient buckets ({', '.join(f'{n} {d}' for d, n in sizes.items())} "
-                "values) in shared memory")
-        rank, size = eng.rank, eng.size
-        eng.wait(eng.comm.Ibarrier(), f"a barrier ({what}: the last sums read)")
+        windows = {dtype: self._window(key, dtype, n) for dtype, n in sizes.items()}
+        # per dtype: (offset, flat values) of each of this rank's tensors
+        flat: dict[np.dtype, list[tuple[int, np.ndarray]]] = {d: [] for d in sizes}
         for bucket, row in zip(buckets, places):
             for t, (dtype, offset) in zip(bucket, row):
-                mine = by_dtype[dtype].segments[rank]
-                np.multiply(t.data.reshape(-1), dtype.type(scale),
-                            out=mine[offset:offset + t.size])
+                flat[dtype].append((offset, t.data.reshape(-1)))
+        what = (f"the gradient buckets ({', '.join(f'{n} {d}' for d, n in sizes.items())} "
+                "values) in shared memory")
+        rank = eng.rank
+        for dtype, window in windows.items():
+            factor = dtype.type(scale)
+            for r, (lo, hi) in enumerate(window.slices):
+                if r != rank:
+                    _weighted(flat[dtype], lo, hi, factor, window.staging[rank])
         eng.wait(eng.comm.Ibarrier(), f"a barrier ({what}: written)")
-        for window in windows:
-            lo, hi = rank * window.n // size, (rank + 1) * window.n // size
-            total = window.segments[0][lo:hi]
-            for other in window.segments[1:]:
-                np.add(total, other[lo:hi], out=total)
+        for dtype, window in windows.items():
+            _sum_slice(window, rank, flat[dtype], dtype.type(scale))
         eng.wait(eng.comm.Ibarrier(), f"a barrier ({what}: summed)")
-        return [[Tensor(by_dtype[dtype].segments[0][offset:offset + t.size].reshape(t.shape),
+        return [[Tensor(windows[dtype].sums[offset:offset + t.size].reshape(t.shape),
                         t.backend, t.dtype) for t, (dtype, offset) in zip(bucket, row)]
                 for bucket, row in zip(buckets, places)]
 
@@ -124,3 +131,33 @@ class SharedBuckets:
             window = self._windows[(key, dtype)] = _Window(self.engine.MPI, self._node, n,
                                                           dtype)
         return window
+
+
+def _weighted(parts: list[tuple[int, np.ndarray]], lo: int, hi: int, factor: Any,
+              out: np.ndarray) -> None:
+    """``out[lo:hi]`` = ``factor`` times the values ``lo:hi`` of ``parts`` (offset, flat
+    array) laid end to end."""
+    for offset, values in parts:
+        a, b = max(lo, offset), min(hi, offset + values.size)
+        if a < b:
+            np.multiply(values[a - offset:b - offset], factor, out=out[a:b])
+
+
+def _sum_slice(window: _Window, rank: int, mine: list[tuple[int, np.ndarray]],
+               factor: Any) -> None:
+    """The sums of ``rank``'s slice, in rank order (((w0 + w1) + w2) + ...), this rank's
+    weighted values read from its own arrays, the others' from their staging rows."""
+    lo, hi = window.slices[rank]
+    if lo == hi:
+        return
+    total, staging = window.sums[lo:hi], window.staging[:, lo:hi]
+    _weighted(mine, lo, hi, factor, window.sums)  # w_rank, into the sums
+    if rank == 1:
+        np.add(staging[0], total, out=total)  # w0 + w1 (float addition commutes)
+    elif rank > 1:
+        before = staging[0] + staging[1]
+        for q in range(2, rank):
+            before += staging[q]
+        np.add(before, total, out=total)
+    for q in range(rank + 1, len(window.slices)):
+        np.add(total, staging[q], out=total)

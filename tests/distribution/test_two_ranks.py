@@ -229,7 +229,7 @@ def test_a_rank_stuck_between_two_exchanges_ends_the_job_at_the_deadline(
     assert proc.returncode != 0
     assert elapsed < 30  # rank 1 would sleep for 120 s
     assert ("rank 0 of 2: a barrier (the gradient buckets (35 float32, 8 float64 values) in "
-            "shared memory: the last sums read) did not finish within 2 s") in proc.stderr
+            "shared memory: written) did not finish within 2 s") in proc.stderr
 
 
 def test_a_warning_of_every_rank_is_shown_once(tmp_path: Path) -> None:
