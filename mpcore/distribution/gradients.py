@@ -1,9 +1,11 @@
 """Averaging gradients over the ranks, and agreeing on the "all finite" flag.
 
-The gradients are packed into buckets of about ``bucket_bytes`` (in variable order; a gradient
-that size or larger travels alone, without a copy) and each bucket is summed with one flat
-all-reduce, each rank's gradients weighted by its share of the global batch first (so a sum of
-finite values cannot overflow). Before the first bucket of every step, the ranks exchange a
+The gradients are grouped into buckets of about ``bucket_bytes`` (in variable order; a
+gradient that size or larger is a bucket of its own) and the engine sums every bucket of a step
+(``Collectives.allreduce_buckets``), each rank's gradients weighted by its share of the global
+batch first (so a sum of finite values cannot overflow): one flat all-reduce per bucket by
+default, all of them in one shared-memory exchange with the MPI engine when every rank is on
+one node. Before the first bucket of every step, the ranks exchange a
 small header (the bucket layout's signature, the loss scale, the step, ``mp.random``'s
 counter): ranks that disagree get an error naming each rank's values instead of exchanging
 buffers of different sizes (which some MPIs silently corrupt) or drifting apart. A new set of
