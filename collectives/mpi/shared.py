@@ -61,6 +61,7 @@ class SharedBuckets:
         self._node: Any = None
         self._usable: bool | None = None
         self._windows: dict[Hashable, _Window] = {}
+        self._kept: list[_Window] = []  # a window replaced under its key stays mapped
 
     @property
     def on_one_node(self) -> bool | None:
@@ -123,15 +124,15 @@ class SharedBuckets:
                 for bucket, row in zip(buckets, places)]
 
     def _window(self, key: Hashable, dtype: np.dtype, n: int) -> _Window:
+        # kept for the job's life, never freed: the sums handed out are views of it (one
+        # window per set of trained variables and dtype: the core's key fixes the shapes)
         window = self._windows.get((key, dtype))
         if window is None or window.n != n:
             self.engine.barrier("the allocation of the gradient buckets' shared memory")
-            if window is not None:
-                window.win.Free()
-            window = self._windows[(key, dtype)] = _Window(self.engine.MPI, self._node, n,
-                                                          dtype)
+            window = _Window(self.engine.MPI, self._node, n, dtype)
+            self._windows[(key, dtype)] = window
+            self._kept.append(window)
         return window
-
 
 def _weighted(parts: list[tuple[int, np.ndarray]], lo: int, hi: int, factor: Any,
               out: np.ndarray) -> None:
