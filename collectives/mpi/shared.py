@@ -51,6 +51,7 @@ class _Window:
         self.sums, self.staging = rows[:n], rows[n:].reshape(size, n)
         self.slices = [(r * n // size, (r + 1) * n // size) for r in range(size)]
 
+
 class SharedBuckets:
     """The shared-memory buckets of one MPI engine (``engine``: its ``comm``, ``wait``,
     ``barrier``)."""
@@ -69,23 +70,25 @@ class SharedBuckets:
         return self._usable
 
     def usable(self, buckets: Sequence[Sequence[Tensor]]) -> bool:
-        """Whether these buckets can take this path: host arrays of dtypes MPI sums, on a
-        job whose ranks share one node (asked once: every rank gets the same answer)."""
-        if not self.enabled or self.engine.size < 2:
-            return False
-        if not all(isinstance(t.data, np.ndarray) and t.size
-                   for bucket in buckets for t in bucket):
+        """Whether these buckets take this path: host arrays, on a job whose ranks share one
+        node and all leave it on. The first call asks every rank (a rank with
+        ``MPCORE_MPI_SHARED_MEMORY=0`` keeps them all on MPI's all-reduce: a rank in a
+        barrier here and another in an all-reduce would pair collectives that differ)."""
+        if self.engine.size < 2 or not all(isinstance(t.data, np.ndarray) and t.size
+                                           for bucket in buckets for t in bucket):
             return False  # another backend's arrays: MPI's all-reduce through host copies
         if self._usable is None:
             eng = self.engine
-            eng.barrier("the shared-memory check of the gradient buckets")
+            # a collective with the deadline before the blocking Split_type
+            everyone = eng.allreduce_values([1.0 if self.enabled else 0.0], "min")[0] > 0.5
             node = eng.comm.Split_type(eng.MPI.COMM_TYPE_SHARED, key=eng.rank)
             self._usable = node.Get_size() == eng.size
             if self._usable:
                 self._node = node
             else:
                 node.Free()
-        return self._usable
+            self.enabled = self.enabled and everyone
+        return self.enabled and self._usable
 
     def allreduce(self, buckets: Sequence[Sequence[Tensor]], scale: float,
                   key: Hashable) -> list[list[Tensor]]:

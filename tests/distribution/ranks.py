@@ -5,7 +5,8 @@ Scenarios: ``train`` (fit under float32, traced float32, mixed_float16, float32 
 gradient accumulation and bfloat16; float32 again with the buckets through MPI's all-reduce
 instead of shared memory; the engine's buckets of several dtypes both ways; the guide's custom
 loop with an Inf in rank 1's shard; a checkpoint resumed; the NCCL unique-id bootstrap over
-MPI), ``warn`` (every rank warns), and the faults ``raise``, ``stall``, ``stall_buckets``
+MPI), ``warn`` (every rank warns), ``shared_off`` (shared memory turned off on rank 1 only), and
+the faults ``raise``, ``stall``, ``stall_buckets``
 (during a shared-memory exchange), ``mismatch``, ``scale``, ``apart`` (different calls) and
 ``rewrite`` (on one rank). Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
@@ -162,7 +163,7 @@ def train(out: Path) -> None:
     save(out, "nccl_uid", [np.asarray(uid)])
 
 
-def faults(scenario: str) -> None:
+def faults(scenario: str, out: Path) -> None:
     rank = mp.distribution.rank()
     if scenario == "raise":
         x, y = data()
@@ -180,6 +181,13 @@ def faults(scenario: str) -> None:
         if rank == 1:
             time.sleep(120)
         engine.allreduce_buckets(buckets(rank), 0.5, "stall")
+    elif scenario == "shared_off":  # MPCORE_MPI_SHARED_MEMORY=0 on rank 1 only
+        engine = mp.distribution.distribution().engine
+        if rank == 1:
+            engine.shared.enabled = False
+        model, _ = fit("float32")
+        save(out, "shared_off", model.get_weights(),
+             enabled=engine.shared.enabled)
     elif scenario == "warn":  # every rank warns: rank 0 alone shows it
         warnings.warn("every rank warns", UserWarning, stacklevel=1)
         mp.distribution.distribution().engine.barrier("the warning test")
@@ -210,8 +218,8 @@ def faults(scenario: str) -> None:
         model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, jit_compile=True)
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     else:
-        raise ValueError(f"unknown scenario {scenario!r}; valid: train, warn, raise, stall, "
-                         "stall_buckets, mismatch, scale, apart, rewrite")
+        raise ValueError(f"unknown scenario {scenario!r}; valid: train, warn, shared_off, raise, "
+                         "stall, stall_buckets, mismatch, scale, apart, rewrite")
 
 
 def main() -> None:
@@ -227,7 +235,7 @@ def main() -> None:
     if scenario == "train":
         train(out)
     else:
-        faults(scenario)
+        faults(scenario, out)
 
 
 if __name__ == "__main__":

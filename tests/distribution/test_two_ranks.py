@@ -129,6 +129,16 @@ def test_shared_memory_buckets_give_the_bits_of_mpis_all_reduce(trained: Path) -
         assert info0["history"][key] == load(trained, "fit_float32", 0)[1]["history"][key]
 
 
+def test_shared_memory_off_on_one_rank_keeps_every_rank_on_the_all_reduce(
+        tmp_path: Path) -> None:
+    proc, _ = run_job("shared_off", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0, info0 = load(tmp_path, "shared_off", 0)
+    w1, info1 = load(tmp_path, "shared_off", 1)
+    assert info0["enabled"] is False and info1["enabled"] is False
+    assert bitwise(w0, w1)
+
+
 def test_buckets_of_several_dtypes_sum_the_ranks_weighted_shares(trained: Path) -> None:
     sums0, _ = load(trained, "buckets", 0)
     sums1, _ = load(trained, "buckets", 1)
