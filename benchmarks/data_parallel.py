@@ -20,7 +20,10 @@ rank's rows) under tracemalloc, after the timed epochs. The third configuration,
 independent processes of batch B/N side by side with no communication, is the ceiling this
 machine allows (cores, memory bandwidth, the other workers' load), so the speedup can be read
 against it; a rank's peak less that process's (the same local batch) is what the gradient
-buckets add, to be read against ``gradient_mb``, the gradients' size.
+buckets add, to be read against ``gradient_mb``, the gradients' size. Where the buckets go
+through MPI-3 shared memory (``shared_memory_buckets``: every rank on this node), that peak
+is near 0: the window is MPI's memory, not Python's, and shows in the max RSS instead (the
+pages a rank touches: its staging row, the others' rows' parts it sums, the sums).
 The summary holds the medians and ranges over the rounds, ``speedup`` being the
 median of the per-round ratios, and the machine's load average when it started and ended.
 """
@@ -55,8 +58,8 @@ class TimedEngine:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._engine, name)
-        if name not in ("allreduce", "allreduce_values", "allgather_values", "broadcast",
-                        "broadcast_values", "barrier"):
+        if name not in ("allreduce", "allreduce_buckets", "allreduce_values",
+                        "allgather_values", "broadcast", "broadcast_values", "barrier"):
             return attr
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -113,12 +116,15 @@ def worker(args: argparse.Namespace) -> None:
     rows = timed.allgather_values(mine) if timed is not None else [mine]
     if mp.distribution.rank() != 0:
         return
+    # whether the gradient buckets went through MPI-3 shared memory (None: one process)
+    shared = getattr(getattr(timed, "shared", None), "on_one_node", None)
     for rank, (epoch_s, collective_s, rss_start, rss_max, peak) in enumerate(rows):
         print(json.dumps({"rank": rank, "ranks": len(rows), "epoch_s": epoch_s,
                           "samples_per_s": n / epoch_s,
                           "allreduce_share": collective_s / epoch_s,
                           "rss_at_start_mb": rss_start, "max_rss_mb": rss_max,
-                          "peak_step_mb": peak, "gradient_mb": gradient_mb}), flush=True)
+                          "peak_step_mb": peak, "gradient_mb": gradient_mb,
+                          "shared_memory_buckets": shared}), flush=True)
 
 
 def run(args: argparse.Namespace, config: str) -> list[dict[str, Any]]:
@@ -192,6 +198,7 @@ def main() -> None:
         "allreduce_share_rank0": summary(shares),
         "max_rss_mb_single": summary(single_rss), "max_rss_mb_per_rank": summary(rank_rss),
         "bucket_peak_added_mb": summary(added), "gradient_mb": one["gradient_mb"],
+        "shared_memory_buckets": many[0]["shared_memory_buckets"],
         "loadavg_start": load_start, "loadavg_end": os.getloadavg()}), flush=True)
 
 

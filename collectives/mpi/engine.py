@@ -1,17 +1,21 @@
 """The MPI engine: mpi4py's non-blocking collectives on host buffers, each waited for with a
 deadline (``Test`` polling; past the deadline the job is aborted with a message naming the
 rank and the collective). CPU arrays are reduced in place; another backend's arrays go through
-a host copy (``to_host``) and back (its ``asarray`` kernel)."""
+a host copy (``to_host``) and back (its ``asarray`` kernel). Gradient buckets of CPU arrays,
+when every rank is on one node, are summed in MPI-3 shared memory (:mod:`mpcore_mpi.shared`).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
+from mpcore_mpi.shared import SharedBuckets
 
 from mpcore.backend import Backend
 from mpcore.distribution.collectives import MPI_HINT, Collectives, check_reduction
@@ -81,6 +85,8 @@ class MpiCollectives(Collectives):
         if self.size > 1:
             abort_on_uncaught_exception(MPI.COMM_WORLD)
         self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+        #: Gradient buckets in MPI-3 shared memory when every rank is on this node.
+        self.shared = SharedBuckets(self)
 
     def wait(self, request: Any, what: str) -> None:
         """Poll ``request`` until done, or abort the job at the deadline."""
@@ -94,6 +100,8 @@ class MpiCollectives(Collectives):
                 self.abort(timeout_message(self.rank, self.size, what, self.timeout))
             if now - start > _SPIN_S:
                 time.sleep(1e-4)
+            else:  # a spinning rank lends its core to whatever else is runnable on it
+                os.sched_yield()
 
     def abort(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -125,6 +133,12 @@ class MpiCollectives(Collectives):
         self.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, mpi_op),
                   f"an all-reduce ({op}) of {buf.size} {x.dtype} values")
         return self._back(x, buf, own)
+
+    def allreduce_buckets(self, buckets: Sequence[Sequence[Tensor]], scale: float,
+                          key: Hashable) -> list[list[Tensor]]:
+        if all(t.dtype in REDUCIBLE for b in buckets for t in b) and self.shared.usable(buckets):
+            return self.shared.allreduce(buckets, scale, key)
+        return super().allreduce_buckets(buckets, scale, key)
 
     def broadcast(self, x: Tensor, root: int = 0) -> Tensor:
         buf, own = self._host(x, "broadcast")

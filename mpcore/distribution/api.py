@@ -12,6 +12,7 @@ rank's own stream: the masks are independent over the global batch, as Keras 3's
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 from mpcore import random as _random
@@ -97,6 +98,25 @@ class RankZeroFilter(logging.Filter):
 _RANK_ZERO = RankZeroFilter()
 
 
+def show_warnings_on_rank_zero() -> None:
+    """Python warnings are shown by rank 0 only, for the reason of :class:`RankZeroFilter`:
+    every rank runs the same program and would print the same warning. The filters still
+    apply on every rank before anything is shown, so a warning made an error (``-W error``,
+    ``simplefilter("error")``) raises on the rank that hit it. Wraps ``warnings.showwarning``
+    once (a ``catch_warnings`` block restores the one it found)."""
+    previous = warnings.showwarning
+    if getattr(previous, "mpcore_rank_zero", False):
+        return
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, file: Any = None, line: str | None = None) -> None:
+        if rank() == 0:
+            previous(message, category, filename, lineno, file, line)
+
+    showwarning.mpcore_rank_zero = True  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
+
+
 def set_distribution(value: DataParallel | None) -> None:
     """Train under ``value`` from now on (None: one process again)."""
     global _current
@@ -109,6 +129,7 @@ def set_distribution(value: DataParallel | None) -> None:
     # Keras 3 draws one mask for it); initial weights and fit's shuffle draw mp.random.shared
     _random.set_stream(0 if value is None else value.rank)
     logging.getLogger("mpcore").addFilter(_RANK_ZERO)  # once: a logger keeps a set of them
+    show_warnings_on_rank_zero()
     _current = value
 
 

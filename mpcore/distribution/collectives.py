@@ -15,7 +15,7 @@ deadline of :mod:`mpcore.distribution.faults`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mpcore.distribution.faults import DistributionError
@@ -65,6 +65,30 @@ class Collectives:
     def broadcast(self, x: Tensor, root: int = 0) -> Tensor:
         """Rank ``root``'s ``x`` on every rank (same shape and dtype everywhere)."""
         raise NotImplementedError
+
+    def allreduce_buckets(self, buckets: Sequence[Sequence[Tensor]], scale: float,
+                          key: Hashable) -> list[list[Tensor]]:
+        """The sums over the ranks of the tensors of each bucket (a bucket holds one dtype),
+        each rank's times ``scale`` first. ``key`` names the set of buckets (the same at
+        every step): an engine may keep buffers for it and return views of them, so the sums
+        are valid until the next call with the same ``key`` (the optimizer reads them at
+        once). This default makes one flat all-reduce per bucket: a lone tensor weighted
+        into a copy, several packed into one (weighted in place, the copy being ours)."""
+        from mpcore import ops
+
+        sums = []
+        for bucket in buckets:
+            if len(bucket) == 1:
+                sums.append([self.allreduce(ops.multiply(bucket[0], scale), "sum")])
+                continue
+            total = self.allreduce(ops.concat([ops.reshape(t, (-1,)) for t in bucket]),
+                                   "sum", scale=scale)
+            out, offset = [], 0
+            for t in bucket:
+                out.append(ops.reshape(total[offset:offset + t.size], t.shape))
+                offset += t.size
+            sums.append(out)
+        return sums
 
     # --- small control values (Python floats) --------------------------------------------
     def allreduce_values(self, values: Sequence[float], op: str = "sum") -> list[float]:

@@ -1,9 +1,11 @@
 """Averaging gradients over the ranks, and agreeing on the "all finite" flag.
 
-The gradients are packed into buckets of about ``bucket_bytes`` (in variable order; a gradient
-that size or larger travels alone, without a copy) and each bucket is summed with one flat
-all-reduce, each rank's gradients weighted by its share of the global batch first (so a sum of
-finite values cannot overflow). Before the first bucket of every step, the ranks exchange a
+The gradients are grouped into buckets of about ``bucket_bytes`` (in variable order; a
+gradient that size or larger is a bucket of its own) and the engine sums every bucket of a step
+(``Collectives.allreduce_buckets``), each rank's gradients weighted by its share of the global
+batch first (so a sum of finite values cannot overflow): one flat all-reduce per bucket by
+default, all of them in one shared-memory exchange with the MPI engine when every rank is on
+one node. Before the first bucket of every step, the ranks exchange a
 small header (the bucket layout's signature, the loss scale, the step, ``mp.random``'s
 counter): ranks that disagree get an error naming each rank's values instead of exchanging
 buffers of different sizes (which some MPIs silently corrupt) or drifting apart. A new set of
@@ -80,22 +82,12 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
     dist.batch_fraction = None
     weight = 1.0 / dist.world_size if fraction is None else fraction
     out: list[Tensor | None] = [None] * len(grads)
-    for bucket in layout.buckets:
-        # one copy of the gradients in all: the weighted copy of a lone gradient, or the
-        # concatenation, which the engine weights in place (its memory is ours)
-        if len(bucket) == 1:
-            total = dist.engine.allreduce(ops.multiply(grads[bucket[0]], weight), "sum")
-        else:
-            flat = ops.concat([ops.reshape(grads[i], (-1,)) for i in bucket])
-            total = dist.engine.allreduce(flat, "sum", scale=weight)
-        if len(bucket) == 1:
-            out[bucket[0]] = total
-            continue
-        offset = 0
-        for i in bucket:
-            n = grads[i].size
-            out[i] = ops.reshape(total[offset:offset + n], grads[i].shape)
-            offset += n
+    # one pass over the gradients in all: the engine weights them as it packs them
+    sums = dist.engine.allreduce_buckets([[grads[i] for i in b] for b in layout.buckets],
+                                         weight, layout.signature)
+    for bucket, totals in zip(layout.buckets, sums):
+        for i, total in zip(bucket, totals):
+            out[i] = total
     return out  # type: ignore[return-value]
 
 

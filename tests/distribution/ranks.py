@@ -2,10 +2,13 @@
 OUT``), and the model and data they share with the single-process references.
 
 Scenarios: ``train`` (fit under float32, traced float32, mixed_float16, float32 with
-gradient accumulation and bfloat16; the guide's custom loop with an Inf in rank 1's shard;
-a checkpoint resumed; the NCCL unique-id bootstrap over MPI), and the faults ``raise``, ``stall``,
-``mismatch``, ``scale``, ``apart`` (different calls) and ``rewrite`` (on one
-rank). Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
+gradient accumulation and bfloat16; float32 again with the buckets through MPI's all-reduce
+instead of shared memory; the engine's buckets of several dtypes both ways; the guide's custom
+loop with an Inf in rank 1's shard; a checkpoint resumed; the NCCL unique-id bootstrap over
+MPI), ``warn`` (every rank warns), ``shared_off`` (shared memory turned off on rank 1 only), and
+the faults ``raise``, ``stall``, ``stall_buckets``
+(during a shared-memory exchange), ``mismatch``, ``scale``, ``apart`` (different calls) and
+``rewrite`` (on one rank). Each rank writes what it ended with to ``OUT/<name>.rank<r>.npz``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,16 @@ def custom_loop(shards: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
             "nonfinite": opt.last_nonfinite}
 
 
+def buckets(rank: int) -> list[list[Any]]:
+    """Buckets of two dtypes (float32 in two of them), rank-dependent values."""
+    rng = np.random.default_rng(rank)
+    return [[mp.constant(rng.normal(size=(5, 3)).astype(np.float32)),
+             mp.constant(rng.normal(size=7).astype(np.float32))],
+            [mp.constant(rng.normal(size=(2, 4)))],  # float64
+            [mp.constant(rng.normal(size=9).astype(np.float32)),
+             mp.constant(rng.normal(size=4).astype(np.float32))]]
+
+
 def save(out: Path, name: str, arrays: list[np.ndarray], **info: Any) -> None:
     rank = mp.distribution.rank()
     np.savez(out / f"{name}.rank{rank}.npz", *arrays)
@@ -87,6 +101,21 @@ def train(out: Path) -> None:
         model, history = fit(policy, jit, accumulate)
         save(out, name, model.get_weights(), history=history,
              scale=getattr(model.optimizer, "loss_scale", lambda: 0.0)())
+    # the same fit with every bucket through MPI's all-reduce, not shared memory
+    engine = mp.distribution.distribution().engine
+    engine.shared.enabled = False
+    model, history = fit("float32")
+    engine.shared.enabled = True
+    save(out, "fit_float32_allreduce", model.get_weights(), history=history,
+         on_one_node=engine.shared.on_one_node)
+    # the engine's buckets of several dtypes, both ways
+    sums = []
+    for shared in (True, False):
+        engine.shared.enabled = shared
+        sums += [t.numpy() for bucket in engine.allreduce_buckets(buckets(rank), 0.5, "dtypes")
+                 for t in bucket]
+    engine.shared.enabled = True
+    save(out, "buckets", sums)
     # dropout: each rank its own masks; initial weights: the same on every rank
     mask = mp.ops.dropout_mask((256,), 0.5).numpy()
     save(out, "streams", [mask, *build("float32").get_weights()])
@@ -134,7 +163,7 @@ def train(out: Path) -> None:
     save(out, "nccl_uid", [np.asarray(uid)])
 
 
-def faults(scenario: str) -> None:
+def faults(scenario: str, out: Path) -> None:
     rank = mp.distribution.rank()
     if scenario == "raise":
         x, y = data()
@@ -146,6 +175,22 @@ def faults(scenario: str) -> None:
         if rank == 1:
             time.sleep(120)  # stuck, not dead: only the deadline ends the job
         mp.distribution.distribution().engine.barrier("the stall test")
+    elif scenario == "stall_buckets":  # rank 1 stuck between two exchanges
+        engine = mp.distribution.distribution().engine
+        engine.allreduce_buckets(buckets(rank), 0.5, "stall")
+        if rank == 1:
+            time.sleep(120)
+        engine.allreduce_buckets(buckets(rank), 0.5, "stall")
+    elif scenario == "shared_off":  # MPCORE_MPI_SHARED_MEMORY=0 on rank 1 only
+        engine = mp.distribution.distribution().engine
+        if rank == 1:
+            engine.shared.enabled = False
+        model, _ = fit("float32")
+        save(out, "shared_off", model.get_weights(),
+             enabled=engine.shared.enabled)
+    elif scenario == "warn":  # every rank warns: rank 0 alone shows it
+        warnings.warn("every rank warns", UserWarning, stacklevel=1)
+        mp.distribution.distribution().engine.barrier("the warning test")
     elif scenario == "mismatch":
         x, y = data()
         model = build("float32", units=16 if rank == 0 else 12)
@@ -173,8 +218,8 @@ def faults(scenario: str) -> None:
         model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, jit_compile=True)
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     else:
-        raise ValueError(f"unknown scenario {scenario!r}; valid: train, raise, stall, "
-                         "mismatch, scale, apart, rewrite")
+        raise ValueError(f"unknown scenario {scenario!r}; valid: train, warn, shared_off, raise, "
+                         "stall, stall_buckets, mismatch, scale, apart, rewrite")
 
 
 def main() -> None:
@@ -190,7 +235,7 @@ def main() -> None:
     if scenario == "train":
         train(out)
     else:
-        faults(scenario)
+        faults(scenario, out)
 
 
 if __name__ == "__main__":

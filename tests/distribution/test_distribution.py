@@ -10,6 +10,7 @@ import logging
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,23 @@ def test_a_save_on_rank_0_alone_is_named_in_the_barriers_timeout(
     assert (tmp_path / "w.ckpt").is_file()
     assert waits == [f"rank 0 writing {tmp_path / 'w.ckpt'}; under a distribution every rank "
                      "calls save_weights/save_checkpoint, not rank 0 alone"]
+
+
+def test_warnings_are_shown_by_rank_0_alone_and_raised_on_every_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpcore.distribution import api
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        api.show_warnings_on_rank_zero()
+        api.show_warnings_on_rank_zero()  # wraps once
+        monkeypatch.setattr(api, "rank", lambda: 1)
+        warnings.warn("on rank 1", UserWarning, stacklevel=1)
+        assert seen == []
+        warnings.simplefilter("error")  # a warning made an error still raises on rank 1
+        with pytest.raises(UserWarning, match="an error on rank 1"):
+            warnings.warn("an error on rank 1", UserWarning, stacklevel=1)
+        warnings.simplefilter("always")
+        monkeypatch.setattr(api, "rank", lambda: 0)
+        warnings.warn("on rank 0", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["on rank 0"]

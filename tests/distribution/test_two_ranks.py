@@ -119,6 +119,39 @@ def test_a_pure_bfloat16_policy_trains_with_gradients_averaged_in_float32(
     assert np.allclose(info0["history"]["loss"], history["loss"], rtol=2 ** -5)
 
 
+def test_shared_memory_buckets_give_the_bits_of_mpis_all_reduce(trained: Path) -> None:
+    w0, info0 = load(trained, "fit_float32_allreduce", 0)
+    w1, _ = load(trained, "fit_float32_allreduce", 1)
+    assert info0["on_one_node"] is True  # so fit_float32 went through shared memory
+    assert bitwise(w0, w1)
+    assert bitwise(w0, load(trained, "fit_float32", 0)[0])
+    for key in ("loss", "accuracy"):
+        assert info0["history"][key] == load(trained, "fit_float32", 0)[1]["history"][key]
+
+
+def test_shared_memory_off_on_one_rank_keeps_every_rank_on_the_all_reduce(
+        tmp_path: Path) -> None:
+    proc, _ = run_job("shared_off", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0, info0 = load(tmp_path, "shared_off", 0)
+    w1, info1 = load(tmp_path, "shared_off", 1)
+    assert info0["enabled"] is False and info1["enabled"] is False
+    assert bitwise(w0, w1)
+
+
+def test_buckets_of_several_dtypes_sum_the_ranks_weighted_shares(trained: Path) -> None:
+    sums0, _ = load(trained, "buckets", 0)
+    sums1, _ = load(trained, "buckets", 1)
+    assert bitwise(sums0, sums1)
+    half = len(sums0) // 2
+    shared, allreduce = sums0[:half], sums0[half:]
+    assert bitwise(shared, allreduce)
+    assert [s.dtype for s in shared] == ["float32", "float32", "float64", "float32", "float32"]
+    mine = [[t.numpy() for bucket in ranks.buckets(rank) for t in bucket] for rank in (0, 1)]
+    want = [a * a.dtype.type(0.5) + b * b.dtype.type(0.5) for a, b in zip(*mine)]
+    assert bitwise(shared, want)
+
+
 def test_dropout_masks_differ_between_ranks_but_initial_weights_do_not(trained: Path) -> None:
     (mask0, *w0), _ = load(trained, "streams", 0)
     (mask1, *w1), _ = load(trained, "streams", 1)
@@ -198,6 +231,21 @@ def test_a_stuck_rank_ends_the_job_at_the_collective_deadline(tmp_path: Path) ->
     assert elapsed < 30  # rank 1 would sleep for 120 s
     assert "rank 0 of 2: a barrier (the stall test) did not finish within 2 s" in proc.stderr
     assert "MPCORE_COLLECTIVE_TIMEOUT" in proc.stderr
+
+
+def test_a_rank_stuck_between_two_exchanges_ends_the_job_at_the_deadline(
+        tmp_path: Path) -> None:
+    proc, elapsed = run_job("stall_buckets", tmp_path, MPCORE_COLLECTIVE_TIMEOUT="2")
+    assert proc.returncode != 0
+    assert elapsed < 30  # rank 1 would sleep for 120 s
+    assert ("rank 0 of 2: a barrier (the gradient buckets (35 float32, 8 float64 values) in "
+            "shared memory: written) did not finish within 2 s") in proc.stderr
+
+
+def test_a_warning_of_every_rank_is_shown_once(tmp_path: Path) -> None:
+    proc, _ = run_job("warn", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count("UserWarning: every rank warns") == 1
 
 
 def test_ranks_with_different_variables_get_an_error_at_the_first_collective(
