@@ -224,3 +224,15 @@ def test_traced_vs_eager() -> None:
     low, high = record["traced_vs_eager_range"]
     assert 0 < low <= record["traced_vs_eager_median"] <= high
     assert set(record["peak_traced_mb"]) == {"eager", "traced"}
+
+
+def test_opencl_step_profile() -> None:
+    pytest.importorskip("pyopencl", reason='pip install -e ".[pocl]" (in the test extra)')
+    try:
+        mp.get_backend("opencl")
+    except mp.BackendUnavailableError as exc:
+        pytest.skip(f"opencl: {exc}")
+    (record,) = run("opencl_step_profile.py", "--units", "8", "--batch", "16", "--steps", "2")
+    names = [k["kernel"] for k in record["kernels"]]
+    assert any(n.startswith("gemm") for n in names) and "take_rows" in names  # rows of 784
+    assert record["device_us_per_step"] > 0 and record["launches_per_step"] > 0
