@@ -188,6 +188,7 @@ def test_updates_that_hold_per_step_state_stay_whole_and_equal_eager(make_opt: o
     assert "[kept whole]" in str(traced[3].graph)  # type: ignore[attr-defined]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # Inf * 0
 def test_a_non_finite_step_of_a_recorded_update_is_skipped_as_eagerly() -> None:
     make = lambda: mp.optimizers.RMSprop(0.01)  # noqa: E731
     eager = _train("float32", make, traced=False, bad_step=2)
