@@ -60,6 +60,22 @@ class LossScaleOptimizer(Optimizer):
         self.name = f"LossScaleOptimizer({inner_optimizer.name})"
 
     # --- delegation ---------------------------------------------------------------------
+    #: Hyperparameters that live on the inner optimizer: set and read through the wrapper
+    #: (``opt.momentum = 0.9``, ``opt.clipnorm = 1.0``), not shadowed on it.
+    _FORWARDED = frozenset({*Optimizer._CHECKS, "clipping"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FORWARDED and "_inner" in self.__dict__:
+            setattr(self._inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("_inner")
+        if name in self._FORWARDED and inner is not None:
+            return getattr(inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def inner_optimizer(self) -> Optimizer:
         return self._inner

@@ -173,3 +173,15 @@ def test_momentum_needing_a_slot_the_optimizer_lacks_is_refused_with_what_to_do(
         opt.momentum = 0.9
     assert opt.momentum == 0.0
     opt.momentum = 0.0                    # no new slot needed: fine
+
+
+def test_a_loss_scale_optimizer_sets_and_reads_hyperparameters_on_its_inner_optimizer() -> None:
+    inner = mp.optimizers.SGD(0.1)
+    lso = mp.mixed_precision.LossScaleOptimizer(inner)
+    lso.momentum = 0.5                         # before the first step: the inner one's
+    lso.clipnorm = 1.0
+    assert inner.momentum == 0.5 and inner.clipping == ("clipnorm", 1.0)
+    assert lso.momentum == 0.5 and lso.clipnorm == 1.0
+    with pytest.raises(ValueError, match="momentum"):
+        lso.momentum = 2.0
+    assert "momentum" not in vars(lso)
