@@ -24,7 +24,7 @@ class Hyperparameters:
 
     #: The checks a hyperparameter passes whenever it is set, at construction or later (Keras
     #: users set them on the optimizer): name -> check(value) -> the value stored.
-    _CHECKS: dict[str, Callable[[Any], Any]] = {
+    CHECKS: dict[str, Callable[[Any], Any]] = {
         "gradient_accumulation_steps": lambda v: (
             None if v is None else _args.integer("gradient_accumulation_steps", v, 1)),
         "momentum": lambda v: _args.number("momentum", v, 0.0, 1.0),
@@ -39,7 +39,7 @@ class Hyperparameters:
     }
 
     def __setattr__(self, name: str, value: Any) -> None:
-        check = self._CHECKS.get(name)
+        check = self.CHECKS.get(name)
         if check is None:
             object.__setattr__(self, name, value)
             return

@@ -62,7 +62,7 @@ class LossScaleOptimizer(Optimizer):
     # --- delegation ---------------------------------------------------------------------
     #: Hyperparameters that live on the inner optimizer: set and read through the wrapper
     #: (``opt.momentum = 0.9``, ``opt.clipnorm = 1.0``), not shadowed on it.
-    _FORWARDED = frozenset({*Optimizer._CHECKS, "clipping"})
+    _FORWARDED = frozenset({*Optimizer.CHECKS, "clipping"})
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._FORWARDED and "_inner" in self.__dict__:
