@@ -36,6 +36,7 @@ class Hyperparameters:
         "beta_2": lambda v: _args.number("beta_2", v, 0.0, 1.0, high_open=True),
         "weight_decay": lambda v: 0.0 if v is None else _args.number("weight_decay", v, 0.0),
         "use_fused_kernels": lambda v: _args.flag("use_fused_kernels", v),
+        "clipping": lambda v: _checked_clipping(v),
     }
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -46,6 +47,11 @@ class Hyperparameters:
         value = check(value)
         built = self.__dict__.get("_slots")
         old = self.__dict__.get(name, value)
+        done = self.__dict__.get("_micro_steps", 0)
+        if name == "gradient_accumulation_steps" and done and value != old:
+            raise ValueError(f"gradient_accumulation_steps cannot change in the middle of an "
+                             f"accumulation ({done} of {old} micro-steps done): change it right "
+                             "after an update")
         object.__setattr__(self, name, value)
         missing = {n for slots in (built or {}).values() for n in self.slot_names()
                    if n not in slots}
@@ -73,3 +79,15 @@ class Hyperparameters:
                          lambda self, v: self._set_clip_option("clipvalue", v))
     global_clipnorm = property(lambda self: self._clip_option("global_clipnorm"),
                                lambda self, v: self._set_clip_option("global_clipnorm", v))
+
+
+def _checked_clipping(value: Any) -> tuple[str, float] | None:
+    """``clipping`` set directly: None or one (option, threshold) pair, checked as the
+    constructor's ``clipnorm``/``clipvalue``/``global_clipnorm`` are."""
+    if value is None:
+        return None
+    options = ("clipnorm", "clipvalue", "global_clipnorm")
+    if not (isinstance(value, tuple) and len(value) == 2 and value[0] in options):
+        raise ValueError(f"clipping must be None or (option, threshold) with option one of "
+                         f"{', '.join(options)}, got {value!r}")
+    return _clipping.check(**{**dict.fromkeys(options), value[0]: value[1]})

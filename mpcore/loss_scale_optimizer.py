@@ -60,19 +60,19 @@ class LossScaleOptimizer(Optimizer):
         self.name = f"LossScaleOptimizer({inner_optimizer.name})"
 
     # --- delegation ---------------------------------------------------------------------
-    #: Hyperparameters that live on the inner optimizer: set and read through the wrapper
-    #: (``opt.momentum = 0.9``, ``opt.clipnorm = 1.0``), not shadowed on it.
-    _FORWARDED = frozenset({*Optimizer.CHECKS, "clipping"})
-
+    # Hyperparameters live on the inner optimizer (those its CHECKS list, its own class's
+    # included): set and read through the wrapper (``opt.momentum = 0.9``, ``opt.clipnorm``),
+    # not shadowed on it.
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._FORWARDED and "_inner" in self.__dict__:
-            setattr(self._inner, name, value)
+        inner = self.__dict__.get("_inner")
+        if inner is not None and name in inner.CHECKS:
+            setattr(inner, name, value)
         else:
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("_inner")
-        if name in self._FORWARDED and inner is not None:
+        if inner is not None and name in inner.CHECKS:
             return getattr(inner, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -99,6 +99,8 @@ class LossScaleOptimizer(Optimizer):
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
         self._inner.learning_rate = value
+
+    lr = learning_rate
 
     @property
     def use_fused_kernels(self) -> bool:  # type: ignore[override]

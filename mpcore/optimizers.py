@@ -132,6 +132,10 @@ class Optimizer(Hyperparameters):
     def variables(self) -> list[Variable]:
         return [slot for var in self._var_list for slot in self._slots[id(var)].values()]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the last step's gradients and flag are device tensors, read only within that step
+        return {**self.__dict__, "last_gradients": [], "last_flag": None}
+
     def get_state(self, var_list: Sequence[Variable]) -> dict[str, Any]:
         """Host copies of ``iterations`` and of the slots of ``var_list`` (in that order)."""
         self.build(var_list)

@@ -14,7 +14,9 @@ def _internal_dirs() -> tuple[str, ...]:
     dirs = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and "." not in name and (name == "mpcore" or name.startswith("mpcore_")):
+        # packages only: a user's own single-file module may be named mpcore_something
+        if (path and "." not in name and hasattr(module, "__path__")
+                and (name == "mpcore" or name.startswith("mpcore_"))):
             dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
     return tuple(dirs)
 

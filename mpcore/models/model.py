@@ -201,12 +201,13 @@ class Model(Layer):
                 _trace_hooks.eager_step_hook()
             return compute(*args)
         traced = self._traced.get(kind)
-        if traced is None:
+        if traced is None or traced.optimizer is not self.optimizer:  # (replaced: new slots)
             # which variables train is read inside the step: a change retraces
             traced = self._traced[kind] = function(
                 compute, fallback=self.jit_compile == "auto",
                 key=lambda: tuple(id(v) for v in self.trainable_variables))
             traced.__name__ = f"the {kind} step of model {self.name!r}"
+            traced.optimizer = self.optimizer
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:

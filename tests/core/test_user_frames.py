@@ -50,3 +50,24 @@ def test_the_rewrite_warning_names_the_fit_call(monkeypatch: pytest.MonkeyPatch)
         assert [w.filename for w in caught if "LossScale" in str(w.message)] == [__file__]
     finally:
         mp.mixed_precision.disable_mixed_precision_graph_rewrite()
+
+
+def test_a_users_single_file_module_named_mpcore_something_is_the_users(
+        tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-trial: importing a user's mpcore_helpers.py made its folder count as mpcore's."""
+    import importlib
+    import sys
+
+    (tmp_path / "mpcore_helpers.py").write_text(  # type: ignore[operator]
+        "import warnings\nfrom mpcore import user_frames\n"
+        "def warn():\n"
+        "    warnings.warn('here', UserWarning, stacklevel=user_frames.stacklevel())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helpers = importlib.import_module("mpcore_helpers")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            helpers.warn()
+        assert caught[0].filename.endswith("mpcore_helpers.py")
+    finally:
+        sys.modules.pop("mpcore_helpers", None)

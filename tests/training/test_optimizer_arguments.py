@@ -185,3 +185,65 @@ def test_a_loss_scale_optimizer_sets_and_reads_hyperparameters_on_its_inner_opti
     with pytest.raises(ValueError, match="momentum"):
         lso.momentum = 2.0
     assert "momentum" not in vars(lso)
+
+
+# --- a re-trial's findings ------------------------------------------------------------------
+def test_lr_set_on_a_loss_scale_optimizer_is_the_inner_rate() -> None:
+    inner = mp.optimizers.SGD(0.01)
+    lso = mp.mixed_precision.LossScaleOptimizer(inner)
+    lso.lr = 0.5
+    assert inner.learning_rate == lso.learning_rate == lso.lr == 0.5
+    assert "_learning_rate" not in vars(lso)
+
+
+def test_a_subclass_hyperparameter_is_forwarded_by_a_loss_scale_optimizer() -> None:
+    class Decaying(mp.optimizers.RMSprop):
+        CHECKS = {**mp.optimizers.RMSprop.CHECKS, "decay": float}
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.decay = 0.5
+
+    inner = Decaying(0.01)
+    lso = mp.mixed_precision.LossScaleOptimizer(inner)
+    lso.decay = 0.9
+    assert inner.decay == lso.decay == 0.9
+
+
+def test_accumulation_steps_cannot_change_in_the_middle_of_an_accumulation() -> None:
+    v = mp.Variable(np.zeros(1, np.float32))
+    opt = mp.optimizers.SGD(1.0, gradient_accumulation_steps=4)
+    g = mp.constant(np.ones(1, np.float32))
+    for _ in range(3):
+        opt.apply_gradients([(g, v)])
+    for value in (2, None):
+        with pytest.raises(ValueError, match=r"middle of an accumulation \(3 of 4"):
+            opt.gradient_accumulation_steps = value
+    opt.apply_gradients([(g, v)])
+    np.testing.assert_array_equal(v.numpy(), [-1.0])       # the mean of 4
+    opt.gradient_accumulation_steps = 2                     # right after an update: fine
+
+
+@pytest.mark.parametrize(("value", "match"), [
+    (("clipnorm", -5.0), "clipnorm"),
+    (("clipnrom", 1.0), "one of clipnorm, clipvalue, global_clipnorm"),
+    ("clipnorm", "one of clipnorm"),
+])
+def test_clipping_set_directly_is_checked(value: Any, match: str) -> None:
+    opt = mp.optimizers.SGD(1.0)
+    with pytest.raises(ValueError, match=match):
+        opt.clipping = value
+    assert opt.clipping is None
+    opt.clipping = ("clipvalue", 0.5)
+    assert opt.clipvalue == 0.5
+
+
+def test_an_optimizer_that_has_stepped_pickles_without_its_last_tensors() -> None:
+    import pickle
+
+    v = mp.Variable(np.ones(2, np.float32))
+    opt = mp.optimizers.RMSprop(0.01)
+    opt.apply_gradients([(mp.constant(np.ones(2, np.float32)), v)])
+    copy = pickle.loads(pickle.dumps(opt))
+    assert copy.get_config() == opt.get_config() and copy.iterations == 1
+    assert copy.last_gradients == [] and opt.last_gradients

@@ -370,3 +370,21 @@ def test_a_kernel_calling_another_through_the_table_is_recorded_once() -> None:
         y = mp.constant(rng.normal(size=(16, 8)).astype(np.float32), dtype="bfloat16")
         np.testing.assert_array_equal(np.asarray(traced(g, y)), np.asarray(f(g, y)))
     assert _calls(traced.graph) == ["relu_grad_bias"]
+
+
+def test_an_optimizer_replaced_without_compile_trains_in_traced_fit_as_eagerly() -> None:
+    """A re-trial: the traced step kept updating the model's old optimizer."""
+    rng = np.random.default_rng(12)
+    x, y = rng.random((32, 20), dtype=np.float32), rng.integers(0, 4, 32)
+    runs = []
+    for jit in (False, True):
+        model, _ = _mlp("float32", mp.optimizers.SGD(0.1))
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.SGD(0.1),
+                      jit_compile=jit)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        old, model.optimizer = model.optimizer, mp.optimizers.RMSprop(0.01)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        runs.append((model.get_weights(), old.iterations, model.optimizer.iterations))
+    assert runs[0][1:] == runs[1][1:] == (4, 4)
+    for a, b in zip(runs[0][0], runs[1][0], strict=True):
+        np.testing.assert_array_equal(a, b)
