@@ -137,12 +137,21 @@ class Optimizer(Hyperparameters):
         return {**self.__dict__, "last_gradients": [], "last_flag": None}
 
     def get_state(self, var_list: Sequence[Variable]) -> dict[str, Any]:
-        """Host copies of ``iterations`` and of the slots of ``var_list`` (in that order)."""
+        """Host copies of ``iterations``, of the slots of ``var_list`` (in that order) that the
+        update uses, and the hyperparameters (a rate or a momentum changed during training
+        resumes as it was; a schedule stays the caller's)."""
         self.build(var_list)
+        active = self.slot_names()
         slots = []
         for var in var_list:
-            slots.append({name: slot.numpy() for name, slot in self._slots[id(var)].items()})
-        state = {"class": type(self).__name__, "iterations": self.iterations, "slots": slots}
+            slots.append({name: slot.numpy() for name, slot in self._slots[id(var)].items()
+                          if name in active})
+        hyper = {name: self.__dict__[name] for name in self.CHECKS
+                 if name in self.__dict__ and name != "gradient_accumulation_steps"}
+        if not callable(self._learning_rate):
+            hyper["learning_rate"] = self._learning_rate
+        state = {"class": type(self).__name__, "iterations": self.iterations, "slots": slots,
+                 "hyperparameters": hyper}
         if (self.gradient_accumulation_steps or 1) > 1:
             state["gradient_accumulation_steps"] = self.gradient_accumulation_steps
             state["micro_steps"] = self._micro_steps
@@ -168,11 +177,17 @@ class Optimizer(Hyperparameters):
                 f"gradient_accumulation_steps={saved_steps}; this {type(self).__name__} has "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps}: create it "
                 f"with gradient_accumulation_steps={saved_steps} to resume exactly")
+        for name, value in state.get("hyperparameters", {}).items():
+            if name != "learning_rate":
+                setattr(self, name, value)         # checked, as any setting is
+            elif not callable(self._learning_rate):
+                self.learning_rate = value
         self.build(var_list)
+        active = set(self.slot_names())
         for var, entry in zip(var_list, state["slots"]):
             slots = self._slots[id(var)]
-            if set(entry) != set(slots):
-                raise ValueError(f"slots {sorted(entry)} do not match {sorted(slots)} for "
+            if set(entry) != active:
+                raise ValueError(f"slots {sorted(entry)} do not match {sorted(active)} for "
                                  f"variable {var.name!r}")
             for name, value in entry.items():
                 slots[name].assign(value)
