@@ -71,8 +71,9 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
 
     ``unless`` names a method of the instance (the first argument) that says when a call may be
     recorded kernel by kernel instead: it returns None (keep the call whole) or a guard value,
-    which the trace then depends on (a call whose guard value differs traces again, see
-    :func:`guard`); such a call records its own per-step Python work with :func:`on_replay`."""
+    which the trace then depends on (called again at every call of the traced function, as part
+    of its signature: another value traces again); such a call records its own per-step Python
+    work with :func:`on_replay`."""
     if method is None:
         return functools.partial(kept_whole, unless=unless)
 
@@ -112,9 +113,10 @@ def on_replay(fn: Callable[..., Any], *args: Any) -> None:
     """While recording kernel by kernel: add a call of ``fn(*args)`` that each replay makes at
     this point (the Python state a recorded step changes, e.g. an optimizer's step count; the
     trace has done that work itself). Tensors among ``args`` are the replay's."""
-    recorder = _local.recorder
-    if recorder is None or recorder.whole_depth:
+    if not recording_kernels():
         return
+    recorder = _local.recorder
+    assert recorder is not None
     spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec({})])
     call = fn
     if hasattr(fn, "__self__"):
@@ -284,7 +286,6 @@ class Function:
         self._key = key
         #: Why this function runs eagerly (``fallback=True`` and a trace was refused), or None.
         self.eager_reason: str | None = None
-        self._programs: dict[tuple[Any, ...], Program] = {}
         self._runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
         #: What traces depend on besides the arguments (an optimizer's hyperparameters, when
         #: its update is recorded kernel by kernel): called at every call, part of the signature.
@@ -394,7 +395,7 @@ class Function:
                 self._guards.append(ref)
         signature = self._guarded(signature)
         self._runners[signature] = runner or runnable.compile()
-        self._programs[signature] = self._last = program
+        self._last = program
         return out
 
 

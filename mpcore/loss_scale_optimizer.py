@@ -102,14 +102,6 @@ class LossScaleOptimizer(Optimizer):
 
     lr = learning_rate
 
-    @property
-    def use_fused_kernels(self) -> bool:  # type: ignore[override]
-        return self._inner.use_fused_kernels
-
-    @use_fused_kernels.setter
-    def use_fused_kernels(self, value: bool) -> None:
-        self._inner.use_fused_kernels = value
-
     def build(self, var_list: Sequence[Variable]) -> None:
         self._inner.build(var_list)
 

@@ -194,10 +194,8 @@ def fold_constants(program: Program) -> Program:
         else:
             step = Assign(step.variable, _substitute(step.value, known), step.text)
         kept.append(step)
-    result = Program(kept, program.slots, program.inputs, _substitute(program.output, known),
-                     program.lines)
-    result.folded = folded
-    return result
+    return Program(kept, program.slots, program.inputs, _substitute(program.output, known),
+                   program.lines, folded)
 
 
 def plan_frees(program: Program) -> None:

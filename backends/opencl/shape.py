@@ -12,8 +12,8 @@ import numpy as np
 from .arrays import CLArray, contiguous_strides
 from .views import ViewKernels, basic_index, broadcast_strides
 
-#: Rows at least this long are gathered by the 3-D ``take_rows`` kernel (shorter ones would
-#: leave most of a work-group idle).
+#: Rows at least this long are gathered one work-item per row (``take_rows``); shorter ones
+#: one work-item per element (``take``), which keeps more work-items busy.
 _ROW_MIN = 32
 
 

@@ -6,9 +6,9 @@ of any tensor).
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
+from mpcore import arguments as _args
 from mpcore import dtypes as _dt
 from mpcore import random as _random
 from mpcore import registry
@@ -148,29 +148,16 @@ def random_normal(shape: Any, mean: float = 0.0, stddev: float = 1.0, dtype: Any
                                                 float(stddev)), be, dt)
 
 
-def _whole(op: str, name: str, value: Any) -> int:
-    """``value`` as a whole number >= 0 (a Python or NumPy integer; not a bool, float or
-    string), else a ValueError naming ``op`` and ``name``."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        number = -1
-    if number < 0:
-        raise ValueError(f"{op} needs a whole number {name} >= 0, got {value!r}")
-    return number
-
-
 def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> Tensor:
     """A random order of ``range(n)`` as int64 (``fit``'s shuffle). ``seed=None`` draws the next
     seed of ``mp.random``. Drawn by the backend's optional ``random_permutation`` kernel where it
     has one (the built-in backends all draw NumPy's PCG64 permutation on the host, so the order is
     the same on every backend, and much faster than a shuffle in Python), else by Python's
     ``random.Random(seed).shuffle``."""
-    n = _whole("random_permutation", "n", n)
+    n = _args.integer("n of random_permutation", n, 0)
     be = resolve_backend(backend)
-    s = _random.next_seed() if seed is None else _whole("random_permutation", "seed", seed)
+    s = (_random.next_seed() if seed is None
+         else _args.integer("seed of random_permutation", seed, 0))
     kernel = be.kernels().get("random_permutation")
     if kernel is not None:
         return Tensor(kernel(n, s), be, "int64")

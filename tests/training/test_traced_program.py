@@ -74,13 +74,13 @@ def test_random_permutation_is_a_seeded_order_of_range_n(backend: mp.Backend, n:
 
 @pytest.mark.parametrize("n", [-1, 2.0, True, "3", None])
 def test_random_permutation_refuses_what_is_not_a_count(n: object) -> None:
-    with pytest.raises(ValueError, match="whole number n >= 0"):
+    with pytest.raises(ValueError, match="n of random_permutation must be an integer >= 0"):
         mp.ops.random_permutation(n)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", [-1, 3.7, True, "3", [1, 2]])
 def test_random_permutation_refuses_a_seed_that_is_not_a_whole_number(seed: object) -> None:
-    with pytest.raises(ValueError, match="whole number seed >= 0"):
+    with pytest.raises(ValueError, match="seed of random_permutation must be an integer >= 0"):
         mp.ops.random_permutation(4, seed=seed)  # type: ignore[arg-type]
 
 
