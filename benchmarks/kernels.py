@@ -1,5 +1,7 @@
-"""Kernel throughput per backend: matmul GFLOP/s per dtype, and GB/s of the multi-tensor
-``unscale_and_check`` and of the fused optimizer updates. One JSON line per measurement.
+"""Kernel throughput per backend: matmul GFLOP/s per dtype, GB/s of the multi-tensor
+``unscale_and_check``, of the fused optimizer updates and of the ``cast`` kernel between
+float32 and each 16-bit dtype (on the CPU beside NumPy's ``astype``, the reference that the
+providers' conversions must beat to be used). One JSON line per measurement.
 
     python benchmarks/kernels.py                 # every available backend
     python benchmarks/kernels.py --quick         # tiny sizes (a smoke run)
@@ -109,6 +111,33 @@ def bench_memory_bound(backend: mp.Backend, units: int, repeats: int) -> None:
               "gbps": round(moved * 4 * numel / t / 1e9, 2)})
 
 
+def bench_casts(backend: mp.Backend, sizes: list[int], repeats: int) -> None:
+    k = backend.kernels()
+    for low in ("bfloat16", "float16"):
+        for n in sizes:
+            wide = k["random_uniform"]((n,), "float32", 3, -1.0, 1.0)
+            narrow = k["cast"](wide, low)
+            for src, dst, x in (("float32", low, wide), (low, "float32", narrow)):
+                record = {"bench": "cast", "backend": backend.name, "from": src, "to": dst,
+                          "elements": n}
+                for label, fn in _cast_runs(backend, k, x, dst):
+                    t = best_time(backend, fn, repeats)
+                    record[f"{label}_us"] = t * 1e6
+                    record[f"{label}_gb_s"] = n * (x.dtype.itemsize + (4 if dst == "float32"
+                                                                       else 2)) / t / 1e9
+                emit(record)
+
+
+def _cast_runs(backend: mp.Backend, k: Any, x: Any, dst: str) -> list[tuple[str, Any]]:
+    runs = [("kernel", lambda: k["cast"](x, dst))]
+    if backend.name == "cpu":
+        import numpy as np
+        from mpcore_xp import DTYPES
+
+        runs.append(("astype", lambda: np.asarray(x).astype(DTYPES[dst])))
+    return runs
+
+
 def _prod(shape: tuple[int, ...]) -> int:
     out = 1
     for d in shape:
@@ -147,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
               "capability": device.capability, "providers": providers(backend)})
         bench_matmul(backend, a.dtypes, sizes, repeats)
         bench_memory_bound(backend, units, repeats)
+        bench_casts(backend, [1 << 12] if a.quick else [1 << 15, 1 << 17, 1 << 18, 1 << 20],
+                    repeats)
     return 0
 
 

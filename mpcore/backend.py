@@ -168,6 +168,21 @@ def set_kernel_set_source(source: KernelSetSource | None) -> None:
 _NO_DEFAULT: Any = object()
 
 
+def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:
+    """``fn.bind(*args)`` where ``fn`` has a ``bind``, else None.
+
+    A kernel (or any callable a kernel calls through, such as the CPU backend's ``convert``)
+    may offer ``bind(*args)``: given the operands of one call, it returns a callable with the
+    same signature and results that does the work for operands like these with less per-call
+    work (a GEMM primitive resolved once, memory handles kept), or None where it would gain
+    nothing. A traced step replays the bound callable (:meth:`Backend.bind_kernel`). What it
+    assumed beyond what a trace's signature fixes (shapes, dtypes and the constant arguments
+    are fixed; strides and contiguity are not), it checks at each call, falling back to the
+    unbound kernel where that differs."""
+    bind = getattr(fn, "bind", None)
+    return None if bind is None else bind(*args)  # type: ignore[no-any-return]
+
+
 class BackendUnavailableError(RuntimeError):
     """Raised when a backend is asked to do work it cannot do here."""
 
@@ -237,6 +252,14 @@ class Backend:
         generic replay (``Program.compile``: one Python call per kernel). A backend may fuse
         elementwise chains, preallocate buffers or capture a device graph here."""
         return None
+
+    def bind_kernel(self, name: str, kernel: Callable[..., Any],
+                    args: tuple[Any, ...]) -> Callable[..., Any] | None:
+        """What a traced step replays for this call of kernel ``name`` (the table's
+        ``kernel``, called with ``args`` while tracing): a callable bound to operands like
+        these (:func:`bind_call`), or None for the kernel itself. The default asks the kernel's
+        own ``bind``; a backend overrides it for its kernel methods."""
+        return bind_call(kernel, *args)
 
     def synchronize(self) -> None:
         """Wait until queued device work is done (for timing). Synchronous backends: no-op."""

@@ -4,10 +4,12 @@ a trace depends on. :mod:`mpcore.function` installs one per trace."""
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mpcore import user_frames as _user_frames
 from mpcore.program import KernelCall, Spec
 from mpcore.tensor import Tensor, Variable
 
@@ -122,12 +124,30 @@ class Recorder:
                 self.kernel_depth -= 1
             self.backends.setdefault(id(backend), backend)
             shown = [_FreshSeed() if spec == ("r",) else a for a, spec in zip(args, specs)]
-            self.steps.append(KernelCall(kernel, specs, self.bind(out),
+            self.steps.append(KernelCall(_bound(backend, name, kernel, args), specs, self.bind(out),
                                           _describe(backend, name, shown, out), name=name,
                                           dtype=_dtype_name(out)))
             return out
 
         return call
+
+
+def _bound(backend: Any, name: str, kernel: Callable[..., Any],
+           args: Sequence[Any]) -> Callable[..., Any]:
+    """What a replay calls for this call of ``kernel``: what the backend binds it to for
+    operands like these (``Backend.bind_kernel``), or the kernel itself. A bind that fails
+    is reported and the kernel replays unbound."""
+    binder = getattr(backend, "bind_kernel", None)
+    if binder is None:
+        return kernel
+    try:
+        bound = binder(name, kernel, tuple(args))
+    except Exception as exc:   # a plugin's bug: the step still replays, unbound
+        warnings.warn(f"backend {getattr(backend, 'name', backend)!r} could not bind kernel "
+                      f"{name!r} for a traced step ({type(exc).__name__}: {exc}); it replays "
+                      "unbound", RuntimeWarning, stacklevel=_user_frames.stacklevel())
+        return kernel
+    return kernel if bound is None else bound
 
 
 def _dtype_name(out: Any) -> str:

@@ -10,11 +10,14 @@ does: vectorised F16C conversions) without any special case here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 from mpcore_xp import DTYPES, F16, F32
+
+from mpcore.backend import bind_call
 
 from .elementwise import quiet
 from .pool import POOL, aligned_empty
@@ -76,6 +79,22 @@ class CpuCreation:
     def cast(self, x: np.ndarray, dtype: str) -> np.ndarray:
         # float32 -> float16 overflow is inf, by design (convert keeps it quiet)
         return self.convert(np.asarray(x), DTYPES[dtype])
+
+    def bind_cast(self, x: np.ndarray, dtype: str) -> Callable[[Any, str], np.ndarray]:
+        """``cast`` for a traced step: straight to the converter that takes arrays like
+        ``x`` (the providers' ``convert`` wrappers decide once, through their ``bind``)."""
+        table = self._kernel_table
+        target = DTYPES[dtype]
+        chosen = (table.get("convert") if table is not None else None) or convert
+        converter = bind_call(chosen, np.asarray(x), target) or chosen
+        cast = self.cast
+
+        def bound(x: Any, dtype_: str) -> np.ndarray:
+            if dtype_ != dtype:
+                return cast(x, dtype_)
+            return converter(np.asarray(x), target)
+
+        return bound
 
     def convert(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         """``x.astype(dtype)`` for every conversion this backend makes (casts, 16-bit GEMM

@@ -43,9 +43,10 @@ from mpcore.backend import Backend, KernelSet
 from mpcore.settings import env_choice
 
 from .creation import ReorderCache, ReorderCast
-from .dnnl import DnnlError, Library, MatmulCache, find_library
+from .dnnl import DnnlError, Library, find_library
 from .elementwise import BinaryCache
 from .linalg import make_dense, make_matmul, upcasting
+from .matmul import MatmulCache
 from .nn import make_relu_grad_bias
 from .optim import MAKERS as UPDATE_MAKERS
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpcore_xp import BF16, F32
+
+from mpcore.backend import bind_call
 
 from .dnnl import DnnlError, Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
@@ -43,6 +46,20 @@ class ReorderCache(PrimitiveCache):
         key = (src.size, src_type, dst_type)
         entry = self._get(key, lambda: self._create(*key))
         self._execute(entry, (src, dst))
+
+    def bind(self, n: int, src_type: str, dst_type: str) -> Callable[[np.ndarray, np.ndarray],
+                                                                      None]:
+        """:meth:`run` for arrays of ``n`` elements on a primitive of its own (outside the
+        LRU, freed with the function returned), for a traced step."""
+        entry = self._create(n, src_type, dst_type)
+        execute = self._execute
+
+        def run(src: np.ndarray, dst: np.ndarray) -> None:
+            execute(entry, (src, dst))
+
+        finalizer = weakref.finalize(run, self._destroy, entry)
+        finalizer.atexit = False      # (the process's end frees the library with it)
+        return run
 
     def _create(self, n: int, src_type: str, dst_type: str) -> Entry:
         lib = self.library.lib
@@ -112,6 +129,10 @@ def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
 #: Smaller conversions stay with the fallback: the cost of a primitive call from Python is
 #: what ml_dtypes' loop takes for a few ten thousand elements (benchmarks/ measures it).
 MIN_ELEMENTS = 1 << 15
+#: ml_dtypes widens bfloat16 with a vectorised loop, several times faster than it narrows:
+#: the reorder's launch and its second thread pay off from about a quarter million elements
+#: (the "cast" lines of benchmarks/kernels.py, beside ``astype``).
+MIN_ELEMENTS_WIDENING = 1 << 18
 
 
 class ReorderCast:
@@ -129,16 +150,45 @@ class ReorderCast:
         #: (source, destination) dtype -> whether the probe found oneDNN's reorder exact
         self.trusted: dict[tuple[np.dtype, np.dtype], bool] = {}
 
+    def _takes(self, x: np.ndarray, dtype: np.dtype) -> tuple[str, str] | None:
+        """The reorder's (source, destination) types where it converts ``x`` to ``dtype``."""
+        types = PAIRS.get((x.dtype, dtype))
+        if types is None or not x.flags.c_contiguous:
+            return None
+        least = MIN_ELEMENTS_WIDENING if x.dtype == BF16 else MIN_ELEMENTS
+        return types if x.size >= least and self._trusts(x.dtype, dtype) else None
+
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        types = PAIRS.get((x.dtype, dtype))
-        if (types is None or x.size < MIN_ELEMENTS or not x.flags.c_contiguous
-                or not self._trusts(x.dtype, dtype)):
+        types = self._takes(x, dtype)
+        if types is None:
             return self.fallback(x, dtype)
         out = self.alloc(x.shape, dtype)
         self.cache.run(x.reshape(-1), out.reshape(-1), *types)
         self.calls += 1
         return out
+
+    def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
+        """For a traced step (``mpcore.backend.bind_call``): conversions of arrays like ``x``
+        on a reorder of their own, or the fallback's (bound in turn) where this does not
+        take them."""
+        dst = np.dtype(dtype)
+        types = self._takes(x, dst)
+        if types is None:
+            return bind_call(self.fallback, x, dst) or self.fallback
+        run = self.cache.bind(x.size, *types)
+        src, shape = x.dtype, x.shape
+
+        def bound(x: np.ndarray, dtype: Any) -> np.ndarray:
+            if (x.dtype != src or x.shape != shape or not x.flags.c_contiguous
+                    or (dtype is not dst and np.dtype(dtype) != dst)):
+                return self(x, dtype)
+            out = self.alloc(shape, dst)
+            run(x, out)   # (a 1-D primitive reads any contiguous array of its length)
+            self.calls += 1
+            return out
+
+        return bound
 
     def _trusts(self, src: np.dtype, dst: np.dtype) -> bool:
         trusted = self.trusted.get((src, dst))

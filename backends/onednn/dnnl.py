@@ -3,8 +3,9 @@
 oneDNN ships no Python bindings, and the wheels on PyPI ship ``libdnnl.so`` without headers, so
 the few C declarations used here are written out by hand (oneDNN v3 C API: opaque memory
 descriptors, ``dnnl_matmul_primitive_desc_create``). Nothing here knows about mpcore tensors:
-:class:`Library` finds and loads the library and opens a CPU engine, :class:`MatmulCache` runs
-``C = op(A) @ op(B)`` on NumPy arrays with primitives cached by problem.
+:class:`Library` finds and loads the library and opens a CPU engine, :class:`PrimitiveCache`
+keeps primitives by problem and runs them on NumPy arrays (its subclasses: the matmul's in
+matmul.py, the binary passes' in elementwise.py, the reorders' in creation.py).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mpcore_xp import DTYPES
 
 from mpcore.extras import install_command
 
@@ -222,17 +223,6 @@ def find_library() -> Library:
     raise DnnlError("; ".join(errors))
 
 
-def _layout(x: np.ndarray) -> tuple[np.ndarray, bool]:
-    """``(array, column_major)``: the operand in a layout oneDNN reads directly, where its
-    last two axes are row- or column-major over dense batch axes. A transposed view of a
-    contiguous array is the column-major case, so the backward pass's operands need no copy."""
-    if x.flags.c_contiguous:
-        return x, False
-    if np.swapaxes(x, -1, -2).flags.c_contiguous:
-        return x, True
-    return np.ascontiguousarray(x), False
-
-
 def _strides(shape: tuple[int, ...], column_major: bool) -> list[int]:
     """Element strides of a dense layout; NumPy's own may be arbitrary on axes of size 1."""
     strides = [0] * len(shape)
@@ -250,7 +240,10 @@ def _strides(shape: tuple[int, ...], column_major: bool) -> list[int]:
 class Entry:
     """A cached primitive with its memory descriptors and its memory objects (one per
     argument, pointed at each call's arrays), the execution arguments built from them, and
-    the lock that serialises the calls that rebind those memory objects."""
+    the lock that serialises the calls that rebind those memory objects. ``pointed`` holds,
+    per memory object, a weak reference to the array it points at (the same array again, a
+    variable or a recycled buffer, needs no new data handle); ``scratch_at`` the scratchpad's
+    address."""
 
     primitive: Any
     pd: Any
@@ -261,6 +254,8 @@ class Entry:
     lock: threading.Lock
     scratch_mem: Any = None
     scratch_bytes: int = 0
+    pointed: list[Any] = field(default_factory=list)
+    scratch_at: int | None = None
 
 
 class PrimitiveCache:
@@ -310,15 +305,26 @@ class PrimitiveCache:
     def _execute(self, entry: Entry, arrays: tuple[np.ndarray, ...],
                  scratch_address: int | None = None) -> None:
         """Point the entry's memory objects at ``arrays`` (in argument order) and its
-        scratchpad at ``scratch_address``, run it, and wait for it."""
+        scratchpad at ``scratch_address``, run it, and wait for it. A memory object already
+        pointing at the same array object keeps its handle: an array's data never moves, and
+        a dead one's weak reference no longer matches, so the handle is set afresh. (Reading
+        an address and setting a handle cost ~1.4 us each through ctypes, as much as the
+        GEMM of a small layer.)"""
         lib = self.library.lib
         with entry.lock:
-            for mem, arr in zip(entry.mems, arrays):
-                _check(lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
-                       "dnnl_memory_set_data_handle")
-            if entry.scratch_mem is not None:
+            pointed = entry.pointed
+            if len(pointed) != len(entry.mems):
+                pointed[:] = [None] * len(entry.mems)
+            for i, arr in enumerate(arrays):
+                ref = pointed[i]
+                if ref is None or ref() is not arr:
+                    _check(lib.dnnl_memory_set_data_handle(entry.mems[i], arr.ctypes.data),
+                           "dnnl_memory_set_data_handle")
+                    pointed[i] = _weak(arr)
+            if entry.scratch_mem is not None and entry.scratch_at != scratch_address:
                 _check(lib.dnnl_memory_set_data_handle(entry.scratch_mem, scratch_address),
                        "dnnl_memory_set_data_handle")
+                entry.scratch_at = scratch_address
             _check(lib.dnnl_primitive_execute(entry.primitive, self.library.stream,
                                               len(entry.args), entry.args),
                    "dnnl_primitive_execute")
@@ -344,142 +350,8 @@ class PrimitiveCache:
                 self._destroy(self._entries.popitem()[1])
 
 
-class MatmulCache(PrimitiveCache):
-    """``op(A) @ op(B) + bias`` through oneDNN matmul primitives, cached (LRU) by shapes,
-    layouts and dtypes. Memory objects are cached with their primitive and pointed at each
-    call's arrays, so a cached call is one ``dnnl_primitive_execute``. No activation is fused:
-    oneDNN's relu post-op is x86's ``maxps(z, 0)``, which turns a NaN ``z`` into 0 (see
-    mpcore_onednn.nn.relu_in_place).
-
-    Primitives use a scratchpad that this cache owns (oneDNN's user scratchpad mode): one
-    buffer per thread, grown to the largest primitive's need (1.3 MB for the transposed
-    operands of a 1024 x 1024 float32 GEMM) and kept, so the memory a call needs besides its
-    operands is never taken from or given back to the allocator during a training step.
-    ``alloc`` lets the caller supply the result arrays (the CPU backend's recycled buffers)."""
-
-    def __init__(self, library: Library, max_entries: int = 256) -> None:
-        super().__init__(library, max_entries)
-        self._scratch = threading.local()
-
-    def info(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
-                "max_entries": self.max_entries,
-                "scratch_bytes": max((e.scratch_bytes for e in self._entries.values()),
-                                     default=0)}
-
-    def _scratch_address(self, nbytes: int) -> int:
-        """The address of this thread's scratchpad buffer, at least ``nbytes`` long."""
-        buf = getattr(self._scratch, "buf", None)
-        if buf is None or buf.size < nbytes + _SCRATCH_ALIGN:
-            buf = np.empty(nbytes + _SCRATCH_ALIGN, np.uint8)
-            self._scratch.buf = buf
-        address = buf.ctypes.data
-        return address + (-address) % _SCRATCH_ALIGN
-
-    def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str,
-               bias: np.ndarray | None = None,
-               alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None,
-               ) -> np.ndarray:
-        """``a @ b + bias`` for arrays of equal rank >= 2 and equal batch shape, in
-        ``out_dtype``; ``a`` and ``b`` may be transposed views (column-major in their last two
-        axes). ``bias`` (1-D, float32 or the operands' dtype) is fused into the primitive: added to
-        the float32 accumulator before the result is written (and rounded, for a 16-bit
-        ``out_dtype``). ``alloc(shape, dtype)``
-        returns the (uninitialised, C-contiguous) result array; default ``np.empty``."""
-        a, a_cm = _layout(a)
-        b, b_cm = _layout(b)
-        in_dtype = _dtype_name(a.dtype)
-        if _dtype_name(b.dtype) != in_dtype:
-            raise ValueError(f"operands differ in dtype: {a.dtype} and {b.dtype}")
-        out_shape = (*a.shape[:-1], b.shape[-1])
-        bias_dtype = None
-        if bias is not None:
-            if bias.shape != (b.shape[-1],):
-                raise ValueError(f"bias of shape {bias.shape} does not match {out_shape}")
-            bias = np.ascontiguousarray(bias)
-            bias_dtype = _dtype_name(bias.dtype)
-        key = (a.shape, a_cm, b.shape, b_cm, in_dtype, out_dtype, bias_dtype)
-        entry = self._get(key, lambda: self._create(key, out_shape))
-        dtype = a.dtype if out_dtype == in_dtype else DTYPES[out_dtype]
-        out = (alloc or np.empty)(out_shape, dtype)
-        if out.shape != out_shape or out.dtype != dtype or not out.flags.c_contiguous:
-            raise ValueError(f"alloc returned {out.dtype} {out.shape}, not a C-contiguous "
-                             f"{dtype} {out_shape}")
-        arrays = (a, b, out) if bias is None else (a, b, out, bias)
-        scratch = (self._scratch_address(entry.scratch_bytes)
-                   if entry.scratch_mem is not None else None)
-        self._execute(entry, arrays, scratch)
-        return out
-
-    def implementation(self, key: tuple[Any, ...]) -> str:
-        return self._entries[key].impl
-
-    def _create(self, key: tuple[Any, ...], out_shape: tuple[int, ...]) -> Entry:
-        a_shape, a_cm, b_shape, b_cm, in_dtype, out_dtype, bias_dtype = key
-        lib = self.library.lib
-        descs: list[Any] = []
-        mems: list[Any] = []
-        scratch_mem = _vp()
-        scratch_bytes = 0
-        pd = _vp()
-        primitive = _vp()
-        attr = _vp()
-        layouts = [(a_shape, a_cm, in_dtype), (b_shape, b_cm, in_dtype),
-                   (out_shape, False, out_dtype)]
-        if bias_dtype is not None:
-            # broadcast over every axis but the last: a (1, ..., 1, N) row
-            layouts.append(((1,) * (len(out_shape) - 1) + out_shape[-1:], False, bias_dtype))
-        try:
-            for shape, cm, dtype in layouts:
-                descs.append(self._desc(shape, dtype, cm))
-            _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)),
-                   "dnnl_primitive_attr_create")
-            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_MODE_USER),
-                   "dnnl_primitive_attr_set_scratchpad_mode")
-            _check(lib.dnnl_matmul_primitive_desc_create(
-                ctypes.byref(pd), self.library.engine, descs[0], descs[1],
-                descs[3] if bias_dtype is not None else None, descs[2], attr),
-                f"dnnl_matmul_primitive_desc_create for {key}")
-            _check(lib.dnnl_primitive_create(ctypes.byref(primitive), pd),
-                   "dnnl_primitive_create")
-            for md in descs:
-                mems.append(self._memory(md))
-            # owned by the primitive descriptor: not destroyed here
-            scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
-            scratch_bytes = lib.dnnl_memory_desc_get_size(scratch_md) if scratch_md else 0
-            if scratch_bytes:
-                scratch_mem = self._memory(scratch_md)
-        except DnnlError:
-            self._destroy(Entry(primitive, pd, descs, mems, None, "", threading.Lock(),
-                                 scratch_mem or None))
-            raise
-        finally:
-            # the primitive descriptor keeps its own copy of the attributes
-            if attr:
-                lib.dnnl_primitive_attr_destroy(attr)
-        info = ctypes.c_char_p()
-        impl = ""
-        if lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(info)) == 0:
-            impl = (info.value or b"").decode(errors="replace")
-        pairs = list(zip([_ARG_SRC, _ARG_WEIGHTS, _ARG_DST, _ARG_BIAS], mems))
-        if scratch_bytes:
-            pairs.append((_ARG_SCRATCHPAD, scratch_mem))
-        args = (_ExecArg * len(pairs))(*(_ExecArg(r, m) for r, m in pairs))
-        return Entry(primitive, pd, descs, mems, args, impl, threading.Lock(),
-                      scratch_mem if scratch_bytes else None, scratch_bytes)
-
-
-
-_NAMES: dict[Any, str] = {}
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    # memoised: np.dtype(...).name costs microseconds, and every call of a matmul asks twice
-    name = _NAMES.get(dtype)
-    if name is not None:
-        return name
-    name = np.dtype(dtype).name
-    if name not in DATA_TYPES:
-        raise ValueError(f"oneDNN matmul here takes {', '.join(DATA_TYPES)}; got {name}")
-    _NAMES[dtype] = name
-    return name
+def _weak(arr: np.ndarray) -> Any:
+    try:
+        return weakref.ref(arr)
+    except TypeError:              # (not an ndarray: never taken for the same array again)
+        return None

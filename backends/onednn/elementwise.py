@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,24 @@ class BinaryCache(PrimitiveCache):
         key = (n, op, src1.size == 1 and n != 1, tuple(post_ops), dtype)
         entry = self._get(key, lambda: self._create(*key))
         self._execute(entry, (src0, src1, dst, *post_operands))
+
+    def bind(self, op: str, n: int, scalar: bool, post_ops: Sequence[PostOp] = (),
+             dtype: str = "float32") -> Callable[..., None]:
+        """:meth:`run` for one problem on a primitive of its own (outside the LRU, freed with
+        the function returned): ``run(src0, src1, dst, *post_operands)`` on C-contiguous arrays
+        of ``n`` elements, of any shape (the caller checks), ``src1`` of one element where
+        ``scalar``. The same array objects at every call (a hyperparameter's one-element
+        array, a variable) keep their memory handles."""
+        entry = self._create(n, op, scalar and n != 1, tuple(post_ops), dtype)
+        execute = self._execute
+
+        def run(src0: np.ndarray, src1: np.ndarray, dst: np.ndarray,
+                *post_operands: np.ndarray) -> None:
+            execute(entry, (src0, src1, dst, *post_operands))
+
+        finalizer = weakref.finalize(run, self._destroy, entry)
+        finalizer.atexit = False      # (the process's end frees the library with it)
+        return run
 
     def _create(self, n: int, op: str, scalar: bool, post_ops: tuple[PostOp, ...],
                 dtype: str) -> Entry:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import DTYPES, LOW
 
-from .dnnl import MatmulCache
+from .matmul import MatmulCache
 from .nn import relu_in_place
 from .optim import Alloc, _mark
 
@@ -67,6 +67,24 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
         out = cache.matmul(a, b, dtype, alloc=alloc)
         return out if out_dtype is None else via_float32[1](out, out_dtype)  # type: ignore[index]
 
+    def bind(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
+        dtype, out_dtype = route(a.dtype)
+        if dtype is None or out_dtype is not None or not _plain(a, b):
+            return None
+        run = cache.bind(np.swapaxes(a, 0, 1) if transpose_a else a,
+                         np.swapaxes(b, 0, 1) if transpose_b else b, dtype, alloc=alloc)
+        if run is None:
+            return None
+        expected = _layouts(a, b, transpose_a, transpose_b)
+
+        def bound(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
+            if _layouts(a, b, transpose_a, transpose_b) != expected:
+                return matmul(a, b, transpose_a, transpose_b)
+            return run(a, b, None)   # a transposed view's data starts where its array's does
+
+        return bound
+
+    matmul.bind = bind  # type: ignore[attr-defined]
     return _mark(matmul, original, cache)
 
 
@@ -98,4 +116,40 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
             out = via_float32[1](out, out_dtype)  # type: ignore[index]
         return out.reshape(*x.shape[:-1], w.shape[-1]) if x.ndim > 2 else out
 
+    def bind(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, activation: str | None) -> Any:
+        dtype, out_dtype = route(x.dtype)
+        if (dtype is None or out_dtype is not None or not _plain(x, w)
+                or activation not in (None, "relu")):
+            return None
+        run = cache.bind(x, w, dtype, None if b is None else b.astype(np.float32, copy=False),
+                         alloc)
+        if run is None:
+            return None
+        expected = (_layouts(x, w, activation),
+                    None if b is None else (b.shape, b.strides, b.dtype))
+
+        def bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                  activation: str | None) -> Any:
+            if (_layouts(x, w, activation),
+                    None if b is None else (b.shape, b.strides, b.dtype)) != expected:
+                return dense(x, w, b, activation)
+            out = run(x, w, None if b is None else b.astype(np.float32, copy=False))
+            if activation == "relu":
+                relu_in_place(out)
+            return out
+
+        return bound
+
+    dense.bind = bind  # type: ignore[attr-defined]
     return _mark(dense, original, cache)
+
+
+def _plain(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two non-empty matrices of one dtype: what a bound GEMM takes."""
+    return a.dtype == b.dtype and a.ndim == b.ndim == 2 and a.size > 0 and b.size > 0
+
+
+def _layouts(a: np.ndarray, b: np.ndarray, *rest: Any) -> tuple[Any, ...]:
+    """What a bound GEMM assumes of its operands: shapes, strides, dtypes (and the other
+    arguments)."""
+    return (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, *rest)

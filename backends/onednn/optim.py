@@ -43,17 +43,27 @@ from .elementwise import BinaryCache
 
 #: Below this many elements the NumPy kernels are faster (a primitive launch costs more).
 MIN_ELEMENTS = 1 << 17
+#: The same for an update bound to a traced step's arrays (its launches cost less).
+BOUND_MIN_ELEMENTS = 1 << 15
 
 _F32 = np.dtype(np.float32)
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
-def _eligible(*arrays: np.ndarray | None) -> bool:
+def _eligible(*arrays: np.ndarray | None, minimum: int | None = None) -> bool:
+    """Whether oneDNN takes these: C-contiguous float32 of one shape, at least ``minimum``
+    elements (default :data:`MIN_ELEMENTS`)."""
     first = arrays[0]
     assert first is not None
-    return first.size >= MIN_ELEMENTS and all(
+    return first.size >= (MIN_ELEMENTS if minimum is None else minimum) and all(
         a is None or (a.dtype == _F32 and a.shape == first.shape and a.flags.c_contiguous)
         for a in arrays)
+
+
+def _like(shape: tuple[int, ...], *arrays: np.ndarray) -> bool:
+    """Whether ``arrays`` are what a bound update was made for: C-contiguous float32 of
+    ``shape``."""
+    return all(a.shape == shape and a.dtype == _F32 and a.flags.c_contiguous for a in arrays)
 
 
 def _skip(flag: Any) -> bool:
@@ -91,6 +101,36 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
         cache.run("mul", g, -_scalar(lr), v, [("div", "full"), ("add", "full")], [tmp, v])
         return None
 
+    def bind(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
+             lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> Any:
+        if mom is not None or momentum or not _eligible(var, grad, ms,
+                                                         minimum=BOUND_MIN_ELEMENTS):
+            return None
+        n, shape, hyper = var.size, var.shape, (lr, rho, momentum, epsilon)
+        decay, keep, eps, minus_lr = (_scalar(1.0 - rho), _scalar(rho), _scalar(epsilon),
+                                      -_scalar(lr))
+        square = cache.bind("mul", n, False, [("mul", "scalar")])
+        average = cache.bind("mul", n, True, [("add", "full")])
+        denominator = cache.bind("add", n, True, [("sqrt",)])
+        step = cache.bind("mul", n, True, [("div", "full"), ("add", "full")])
+
+        def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
+                  lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
+            if (mom is not None or (lr, rho, momentum, epsilon) != hyper
+                    or not _like(shape, var, grad, ms)):
+                return rmsprop_update(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
+            if _skip(flag):
+                return None
+            tmp = alloc(shape, _F32)
+            square(grad, grad, tmp, decay)
+            average(ms, keep, ms, tmp)
+            denominator(ms, eps, tmp)
+            step(grad, minus_lr, var, tmp, var)
+            return None
+
+        return bound
+
+    rmsprop_update.bind = bind  # type: ignore[attr-defined]
     return _mark(rmsprop_update, original, cache)
 
 
@@ -120,6 +160,43 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
             cache.run("add", v, vel, v)
         return None
 
+    def bind(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
+             momentum: float, nesterov: bool, flag: Any) -> Any:
+        if not _eligible(var, grad, velocity, minimum=BOUND_MIN_ELEMENTS):
+            return None
+        n, shape, hyper = var.size, var.shape, (velocity is None, lr, momentum, nesterov)
+        minus_lr, m_ = -_scalar(lr), _scalar(momentum)
+        full = ("add", "full")
+        if velocity is None:
+            plain = cache.bind("mul", n, True, [full])
+        else:
+            step = cache.bind("mul", n, True)
+            average = cache.bind("mul", n, True, [full])
+            ahead = (cache.bind("mul", n, True, [full, full]) if nesterov
+                     else cache.bind("add", n, False))
+
+        def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
+                  momentum: float, nesterov: bool, flag: Any) -> None:
+            if ((velocity is None, lr, momentum, nesterov) != hyper
+                    or not _like(shape, var, grad, *(() if velocity is None else (velocity,)))):
+                return sgd_update(var, grad, velocity, lr, momentum, nesterov, flag)
+            if _skip(flag):
+                return None
+            if velocity is None:
+                plain(grad, minus_lr, var, var)
+                return None
+            tmp = alloc(shape, _F32)
+            step(grad, minus_lr, tmp)
+            average(velocity, m_, velocity, tmp)
+            if nesterov:
+                ahead(velocity, m_, var, tmp, var)
+            else:
+                ahead(var, velocity, var)
+            return None
+
+        return bound
+
+    sgd_update.bind = bind  # type: ignore[attr-defined]
     return _mark(sgd_update, original, cache)
 
 

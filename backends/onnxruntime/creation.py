@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F16, F32
 
+from mpcore.backend import bind_call
+
 #: ONNX TensorProto.DataType codes of the dtypes converted here.
 ONNX_TYPES = {F32: 1, F16: 10}
 #: Smaller conversions stay on NumPy: the fixed cost of a session run is what NumPy's
@@ -114,12 +116,23 @@ class FastCast:
                     self._sessions[key] = sess
         return sess
 
+    def _takes(self, x: np.ndarray, dtype: np.dtype) -> bool:
+        src = x.dtype
+        return (src != dtype and src in ONNX_TYPES and dtype in ONNX_TYPES
+                and x.size >= MIN_ELEMENTS and x.flags.c_contiguous)
+
+    def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
+        """For a traced step (``mpcore.backend.bind_call``): a conversion of arrays like
+        ``x`` this does not take goes straight to the fallback's, bound in turn."""
+        if self._takes(x, np.dtype(dtype)):
+            return self
+        return bind_call(self.fallback, x, dtype) or self.fallback
+
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        src = x.dtype
-        if (src == dtype or src not in ONNX_TYPES or dtype not in ONNX_TYPES
-                or x.size < MIN_ELEMENTS or not x.flags.c_contiguous):
+        if not self._takes(x, dtype):
             return self.fallback(x, dtype)
+        src = x.dtype
         sess = self.session(src, dtype)
         out = self.alloc(x.shape, dtype)
         binding = sess.io_binding()

@@ -86,6 +86,35 @@ def test_retraces_exactly_when_the_signature_changes() -> None:
     assert f.tracing_count == 5
 
 
+def test_tensors_nested_in_a_list_are_another_signature_than_the_same_tensors_flat() -> None:
+    # plain tensor arguments take a quicker signature: it must be the general one's
+    f = mp.function(lambda a, b: mp.ops.add(a[0] if isinstance(a, list) else a, b))
+    a, b = mp.constant([1.0, 2.0]), mp.constant([5.0, 7.0])
+    f(a, b)
+    f([a], b)
+    f(a, b=b)
+    assert f.tracing_count == 3
+    f(b, a)
+    f([b], a)
+    assert f.tracing_count == 3
+
+
+def test_a_kernel_binding_that_fails_is_reported_and_the_step_replays_unbound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = mp.get_backend("cpu")
+
+    def broken(name: str, kernel: Any, args: tuple[Any, ...]) -> Any:
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(backend, "bind_kernel", broken)
+    f = mp.function(lambda a, b: mp.ops.matmul(a, b))
+    a = mp.constant(np.eye(3, dtype=np.float32) * 2, backend=backend)
+    with pytest.warns(RuntimeWarning, match="could not bind kernel 'matmul'.*no luck"):
+        f(a, a)
+    np.testing.assert_array_equal(np.asarray(f(a, a)), np.eye(3) * 4)
+    assert f.tracing_count == 1
+
+
 def test_one_array_passed_twice_is_its_own_signature() -> None:
     f = mp.function(lambda a, b: mp.ops.subtract(a, b))
     a, b = mp.constant([1.0, 2.0]), mp.constant([5.0, 7.0])

@@ -16,7 +16,7 @@ import mpcore_onednn
 import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
-from mpcore_onednn import dnnl
+from mpcore_onednn.matmul import MatmulCache
 from onednn_isa import library_or_skip, run_under
 
 import mpcore as mp
@@ -133,7 +133,7 @@ def test_primitives_are_cached_by_shape_and_layout(forced: Any) -> None:
 
 def test_cache_evicts_least_recently_used() -> None:
     lib = library_or_skip()
-    cache = dnnl.MatmulCache(lib, max_entries=2)
+    cache = MatmulCache(lib, max_entries=2)
     rng = np.random.default_rng(4)
     for n in (3, 4, 5, 3):
         a = rng.standard_normal((2, 6), dtype=np.float32)

@@ -33,8 +33,12 @@ def _reorder_cast(fallback: Any = None) -> Any:
 
 
 def test_reorders_convert_bfloat16_as_astype_bit_for_bit() -> None:
+    from mpcore_onednn.creation import MIN_ELEMENTS_WIDENING
+
     cast = _reorder_cast()
-    every = np.arange(1 << 16, dtype=np.uint16).view(BF16)
+    # every bfloat16, repeated to the size from which widening takes the reorder
+    every = np.tile(np.arange(1 << 16, dtype=np.uint16).view(BF16),
+                    -(-MIN_ELEMENTS_WIDENING // (1 << 16)))
     with np.errstate(invalid="ignore"):     # signalling NaNs among them
         assert_same_bits(cast(every, np.float32), every.astype(np.float32))
     # float32 -> bfloat16 over a sweep of bit patterns (every 4093rd of the 2^32, so every
@@ -95,8 +99,11 @@ def test_reorders_hand_what_they_do_not_convert_to_the_kernel_they_wrap() -> Non
     cast(big[:, ::2], BF16)                           # not contiguous
     cast(big, F16)                                    # a pair it does not make
     cast(big.astype(BF16), F16)
+    # widening 65536 elements: ml_dtypes' loop is faster (see MIN_ELEMENTS_WIDENING)
+    cast(big.astype(BF16), F32)
     assert cast.calls == int(trusted)
-    assert handed == [(F32, BF16)] * (3 - int(trusted)) + [(F32, F16), (BF16, F16)]
+    assert handed == ([(F32, BF16)] * (3 - int(trusted))
+                      + [(F32, F16), (BF16, F16), (BF16, F32)])
 
 
 def test_the_cpu_backend_converts_bfloat16_through_onednn_and_float16_through_the_rest(
@@ -111,7 +118,7 @@ def test_the_cpu_backend_converts_bfloat16_through_onednn_and_float16_through_th
     while hasattr(chain[-1], "fallback"):
         chain.append(chain[-1].fallback)
     reorder = next(k for k in chain if isinstance(k, ReorderCast))
-    x = np.random.default_rng(3).standard_normal((300, 200), dtype=np.float32)
+    x = np.random.default_rng(3).standard_normal((300, 900), dtype=np.float32)  # 270000
     y = mp.ops.cast(mp.constant(x, backend=backend), "bfloat16")
     down = int(reorder.trusted[(F32, BF16)])
     assert reorder.calls == down and np.array_equal(y.numpy(), x.astype(BF16))
