@@ -86,29 +86,35 @@ def bench_memory_bound(backend: mp.Backend, units: int, repeats: int) -> None:
 
     variables = arrays(20)
     slots = [arrays(30, 0.0, 1.0), arrays(40, 0.0, 1.0)]
-    updates: dict[str, tuple[Callable[[int], Any], int]] = {
-        # name -> (call for tensor i, arrays moved per element: reads + writes)
-        "sgd_update": (lambda i: k["sgd_update"](variables[i], grads[i], slots[0][i], 1e-3, 0.9,
-                                                 False, None), 5),
-        "rmsprop_update": (lambda i: k["rmsprop_update"](variables[i], grads[i], slots[1][i],
-                                                         None, 1e-3, 0.9, 0.0, 1e-7, None), 5),
-        "adam_update": (lambda i: k["adam_update"](variables[i], grads[i], slots[0][i],
-                                                   slots[1][i], 1e-3, 0.9, 0.999, 1e-7, 1, 0.0,
-                                                   None), 7),
+    updates: dict[str, tuple[Callable[[int], tuple[Any, ...]], int]] = {
+        # name -> (the arguments for tensor i, arrays moved per element: reads + writes)
+        "sgd_update": (lambda i: (variables[i], grads[i], slots[0][i], 1e-3, 0.9, False, None),
+                       5),
+        "rmsprop_update": (lambda i: (variables[i], grads[i], slots[1][i], None, 1e-3, 0.9,
+                                      0.0, 1e-7, None), 5),
+        "adam_update": (lambda i: (variables[i], grads[i], slots[0][i], slots[1][i], 1e-3, 0.9,
+                                   0.999, 1e-7, 1, 0.0, None), 7),
     }
-    for name, (call, moved) in updates.items():
+    for name, (arguments, moved) in updates.items():
         if name not in k:
             emit({"bench": name, **base,
                   "skipped": f"backend {backend.name!r} has no fused {name} kernel"})
             continue
+        calls = [(k[name], arguments(i)) for i in range(len(shapes))]
+        record = {"bench": name, **base}
+        # "bound": as a traced step replays them (each call bound to its operands, where
+        # the backend binds it)
+        bound = [(backend.bind_kernel(name, kernel, args) or kernel, args)
+                 for kernel, args in calls]
+        for label, chosen in (("", calls), ("bound_", bound)):
+            def run(chosen: list[tuple[Any, tuple[Any, ...]]] = chosen) -> None:
+                for kernel, args in chosen:
+                    kernel(*args)
 
-        def run(call: Callable[[int], Any] = call) -> None:
-            for i in range(len(shapes)):
-                call(i)
-
-        t = best_time(backend, run, repeats)
-        emit({"bench": name, **base, "ms": round(t * 1e3, 4),
-              "gbps": round(moved * 4 * numel / t / 1e9, 2)})
+            t = best_time(backend, run, repeats)
+            record.update({f"{label}ms": round(t * 1e3, 4),
+                           f"{label}gbps": round(moved * 4 * numel / t / 1e9, 2)})
+        emit(record)
 
 
 def bench_casts(backend: mp.Backend, sizes: list[int], repeats: int) -> None:

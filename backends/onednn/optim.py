@@ -28,7 +28,10 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
                                                                check of u)
 
 Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS` go to
-the CPU backend's own kernel (for small arrays the launches cost more than they save).
+the CPU backend's own kernel (for small arrays the launches cost more than they save). In a
+traced step, SGD and RMSprop are bound to their operands (``bind``: the primitives made once,
+the hyperparameters' one-element operands kept, so their memory handles stay set): launches
+cost less there, and arrays from :data:`BOUND_MIN_ELEMENTS` take oneDNN.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from .elementwise import BinaryCache
 
 #: Below this many elements the NumPy kernels are faster (a primitive launch costs more).
 MIN_ELEMENTS = 1 << 17
-#: The same for an update bound to a traced step's arrays (its launches cost less).
+#: The same for an update bound to a traced step's arrays, whose launches cost less
+#: (benchmarks/kernels.py ``--units 64``: "bound_ms" of the updates).
 BOUND_MIN_ELEMENTS = 1 << 15
 
 _F32 = np.dtype(np.float32)

@@ -37,7 +37,13 @@ def test_kernels_quick() -> None:
     memory = {r["bench"]: r for r in records if "units" in r}
     assert memory["unscale_and_check"]["gbps"] > 0
     for name in ("sgd_update", "rmsprop_update", "adam_update"):
-        assert "gbps" in memory[name] or "skipped" in memory[name]
+        assert ("gbps" in memory[name] and "bound_gbps" in memory[name]
+                or "skipped" in memory[name])
+    casts = [r for r in records if r["bench"] == "cast"]
+    assert {(r["from"], r["to"]) for r in casts} == {
+        ("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16"),
+        ("float16", "float32")}
+    assert all(r["kernel_us"] > 0 and r["astype_us"] > 0 for r in casts)
 
 
 def test_train_step_loop_every_policy() -> None:
