@@ -169,7 +169,8 @@ _NO_DEFAULT: Any = object()
 
 
 def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:
-    """``fn.bind(*args)`` where ``fn`` has a ``bind``, else None.
+    """``fn.bind(*args)`` where ``fn`` has a ``bind`` (a method ``m`` of an object with a
+    ``bind_m``: that), else None.
 
     A kernel (or any callable a kernel calls through, such as the CPU backend's ``convert``)
     may offer ``bind(*args)``: given the operands of one call, it returns a callable with the
@@ -180,6 +181,9 @@ def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:
     are fixed; strides and contiguity are not), it checks at each call, falling back to the
     unbound kernel where that differs."""
     bind = getattr(fn, "bind", None)
+    if bind is None:
+        owner, name = getattr(fn, "__self__", None), getattr(fn, "__name__", None)
+        bind = None if owner is None or name is None else getattr(owner, f"bind_{name}", None)
     return None if bind is None else bind(*args)  # type: ignore[no-any-return]
 
 
@@ -257,8 +261,8 @@ class Backend:
                     args: tuple[Any, ...]) -> Callable[..., Any] | None:
         """What a traced step replays for this call of kernel ``name`` (the table's
         ``kernel``, called with ``args`` while tracing): a callable bound to operands like
-        these (:func:`bind_call`), or None for the kernel itself. The default asks the kernel's
-        own ``bind``; a backend overrides it for its kernel methods."""
+        these (:func:`bind_call`), or None for the kernel itself: the kernel's own ``bind``,
+        or for a kernel method ``m`` of a backend, its ``bind_m``."""
         return bind_call(kernel, *args)
 
     def synchronize(self) -> None:

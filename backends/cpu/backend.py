@@ -48,11 +48,6 @@ class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuImage, CpuOpt
     def policy_support(self, policy: str, device: Device) -> Support:
         return cpu_policy_support(policy, device.features, self.fast_dtypes_from_plugins())
 
-    def bind_kernel(self, name: str, kernel: Any, args: tuple[Any, ...]) -> Any:
-        if name == "cast" and kernel == self.cast:     # this backend's own, not a plugin's
-            return self.bind_cast(*args)
-        return super().bind_kernel(name, kernel, args)
-
     def buffer(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised array for a kernel's output: large ones are recycled by
         :data:`POOL` (a training step reuses the memory of the previous one instead of

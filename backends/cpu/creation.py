@@ -87,7 +87,7 @@ class CpuCreation:
         target = DTYPES[dtype]
         chosen = (table.get("convert") if table is not None else None) or convert
         converter = bind_call(chosen, np.asarray(x), target) or chosen
-        cast = self.cast
+        cast = table["cast"] if table is not None else self.cast
 
         def bound(x: Any, dtype_: str) -> np.ndarray:
             if dtype_ != dtype:

@@ -86,6 +86,7 @@ class CpuNn:
     buffer: Any
     convert: Any
     kernels: Any
+    _kernel_table: Any
 
     def relu_grad(self, g: np.ndarray, y: np.ndarray) -> np.ndarray:
         if not _blocked(g, y):
@@ -115,6 +116,28 @@ class CpuNn:
         for block in _masked_blocks(g, y, out):
             total += np.add.reduce(block, axis=0, dtype=_F32)
         return out, self._rounded(total, g.dtype)
+
+    def bind_relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> Any:
+        """``relu_grad_bias`` of 16-bit matrices for a traced step: the bias gradient's GEMV
+        bound to its operands (a row of ones made once), the rest as the kernel does it;
+        None elsewhere (the float32 kernel has no per-call work worth saving)."""
+        if g.dtype == _F32 or not _blocked(g, y) or y.ndim != 2:
+            return None
+        from mpcore.backend import bind_call
+
+        matmul = self._kernel_table["matmul"]
+        ones = np.ones((1, y.shape[0]), g.dtype)
+        gemv = bind_call(matmul, ones, np.empty_like(y), False, False) or matmul
+        shape, dtype = y.shape, g.dtype
+        kernel = self._kernel_table["relu_grad_bias"]   # (a provider's, where one is installed)
+
+        def bound(g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            if g.dtype != dtype or y.dtype != dtype or g.shape != shape or y.shape != shape:
+                return kernel(g, y)          # (relu_grad takes any layout)
+            dz = self.relu_grad(g, y)
+            return dz, gemv(ones, dz, False, False).reshape(-1)   # column_sums, bound
+
+        return bound
 
     def _rounded(self, total: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return total if dtype == total.dtype else self.convert(total, dtype)

@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, F32
 
+from mpcore.backend import bind_call
+
 from .dnnl import DnnlError
 from .elementwise import BinaryCache
 from .optim import MIN_ELEMENTS, _mark
@@ -145,5 +147,10 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
             return original(g, y)
         return dz, db
 
+    def bind(g: np.ndarray, y: np.ndarray) -> Any:
+        # calls it leaves to the CPU kernel: that kernel's binding, if it has one
+        return None if _eligible(g, y) else bind_call(original, g, y)
+
     relu_grad_bias.trusted = trusted  # type: ignore[attr-defined]
+    relu_grad_bias.bind = bind  # type: ignore[attr-defined]
     return _mark(relu_grad_bias, original, cache)

@@ -263,3 +263,29 @@ def test_a_bound_reorder_runs_on_its_own_primitive(kernels: dict[str, Any]) -> N
     assert reorder.cache.hits + reorder.cache.misses == lookups    # not through the LRU
     small = np.ones(100, BF16)                                     # the wrapped converter's
     assert reorder.bind(small, np.float32) is not reorder
+
+
+@pytest.mark.parametrize("onednn", ["auto", "off"])
+def test_a_bound_16_bit_relu_backward_gives_the_kernels_bits(monkeypatch: pytest.MonkeyPatch,
+                                                             onednn: str) -> None:
+    """The CPU kernel's bfloat16 relu backward, bound (its bias GEMV resolved once), with
+    the oneDNN provider (which leaves these small calls to it) and without."""
+    if onednn == "auto":
+        library_or_skip()
+    monkeypatch.setenv("MPCORE_ONEDNN", onednn)
+    backend = CpuBackend()
+    kernel = backend.kernels()["relu_grad_bias"]
+    rng = np.random.default_rng(8)
+
+    def operands(shape: tuple[int, int] = (128, 64)) -> tuple[np.ndarray, np.ndarray]:
+        return (rng.standard_normal(shape, dtype=np.float32).astype(BF16),
+                rng.standard_normal(shape, dtype=np.float32).astype(BF16))
+
+    bound = backend.bind_kernel("relu_grad_bias", kernel, operands())
+    assert bound is not None
+    for args in (operands(), operands(), operands((32, 64))):   # another shape: the kernel
+        (dz, db), (want_dz, want_db) = bound(*args), kernel(*args)
+        assert np.array_equal(dz, want_dz) and np.array_equal(db, want_db)
+        assert db.dtype == BF16 and db.shape == (64,)
+    f32 = [a.astype(np.float32) for a in operands()]
+    assert backend.bind_kernel("relu_grad_bias", kernel, tuple(f32)) is None   # nothing to save
