@@ -150,18 +150,19 @@ class ReorderCast:
         #: (source, destination) dtype -> whether the probe found oneDNN's reorder exact
         self.trusted: dict[tuple[np.dtype, np.dtype], bool] = {}
 
-    def _takes(self, x: np.ndarray, dtype: np.dtype) -> tuple[str, str] | None:
-        """The reorder's (source, destination) types where it converts ``x`` to ``dtype``."""
+    def _pair(self, x: np.ndarray, dtype: np.dtype) -> tuple[str, str] | None:
+        """The reorder's (source, destination) types where it converts ``x``'s dtype and
+        size to ``dtype`` (its layout aside)."""
         types = PAIRS.get((x.dtype, dtype))
-        if types is None or not x.flags.c_contiguous:
+        if types is None:
             return None
         least = MIN_ELEMENTS_WIDENING if x.dtype == BF16 else MIN_ELEMENTS
         return types if x.size >= least and self._trusts(x.dtype, dtype) else None
 
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        types = self._takes(x, dtype)
-        if types is None:
+        types = self._pair(x, dtype)
+        if types is None or not x.flags.c_contiguous:
             return self.fallback(x, dtype)
         out = self.alloc(x.shape, dtype)
         self.cache.run(x.reshape(-1), out.reshape(-1), *types)
@@ -169,11 +170,12 @@ class ReorderCast:
         return out
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
-        """For a traced step (``mpcore.backend.bind_call``): conversions of arrays like ``x``
-        on a reorder of their own, or the fallback's (bound in turn) where this does not
-        take them."""
+        """For a traced step (``mpcore.backend.bind_call``): conversions of arrays of
+        ``x``'s dtype and size (fixed by the trace) on a reorder of their own, each call's
+        layout checked; the fallback's converter (bound in turn) where this never takes
+        them."""
         dst = np.dtype(dtype)
-        types = self._takes(x, dst)
+        types = self._pair(x, dst)
         if types is None:
             return bind_call(self.fallback, x, dst) or self.fallback
         run = self.cache.bind(x.size, *types)

@@ -27,16 +27,19 @@ Each line below is one primitive; every operation rounds once, in the NumPy kern
     Unscale   u   = g * inv_scale                             (then the CPU backend's finite
                                                                check of u)
 
-Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS` go to
-the CPU backend's own kernel (for small arrays the launches cost more than they save). In a
-traced step, SGD and RMSprop are bound to their operands (``bind``: the primitives made once,
-the hyperparameters' one-element operands kept, so their memory handles stay set): launches
-cost less there, and arrays from :data:`BOUND_MIN_ELEMENTS` take oneDNN.
+Other dtypes, strided arrays, RMSprop with momentum and arrays under :data:`MIN_ELEMENTS`
+(:data:`UPDATE_MIN_ELEMENTS` for SGD and RMSprop) go to the CPU backend's own kernel (for small
+arrays the launches cost more than they save). SGD's and RMSprop's primitives are made once
+per array length and their hyperparameters' one-element operands kept while the setting
+stays, so their memory handles stay set; a traced step binds them to its operands
+(``bind``), without even the lookups.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,11 +47,14 @@ import numpy as np
 
 from .elementwise import BinaryCache
 
-#: Below this many elements the NumPy kernels are faster (a primitive launch costs more).
+#: Below this many elements the NumPy kernels are faster (a primitive launch costs more):
+#: Adam and the unscale, whose calls go through the primitive cache's LRU.
 MIN_ELEMENTS = 1 << 17
-#: The same for an update bound to a traced step's arrays, whose launches cost less
-#: (benchmarks/kernels.py ``--units 64``: "bound_ms" of the updates).
-BOUND_MIN_ELEMENTS = 1 << 15
+#: The same for SGD and RMSprop, whose primitives are made once per length and whose
+#: hyperparameter operands stay bound (launches cost less); eager and traced calls alike, so
+#: both give the same bits, NaNs included (benchmarks/kernels.py ``--units 64``: "ms" and
+#: "bound_ms" of the updates).
+UPDATE_MIN_ELEMENTS = 1 << 15
 
 _F32 = np.dtype(np.float32)
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
@@ -84,123 +90,166 @@ def _flat(*arrays: np.ndarray | None) -> list[Any]:
     return [None if a is None else a.reshape(-1) for a in arrays]
 
 
+class _Passes:
+    """An update's primitives for each array length (``make(key)``, once; the least recently
+    used dropped past ``max_sizes``, freed once no bound update holds them), and the
+    one-element operands of the latest hyperparameters (the same arrays while the setting
+    stays, so their memory handles stay set). Eager calls and traced steps share them."""
+
+    def __init__(self, make: Callable[[Any], tuple[Any, ...]], max_sizes: int = 32) -> None:
+        self._make = make
+        self._max_sizes = max_sizes
+        self._by_key: OrderedDict[Any, tuple[Any, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._latest: tuple[Any, tuple[np.ndarray, ...]] = ((), ())
+        self.runs = 0   # updates run on oneDNN (for tests and diagnostics)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._by_key
+
+    def get(self, key: Any) -> tuple[Any, ...]:
+        with self._lock:
+            self.runs += 1
+            found = self._by_key.get(key)
+            if found is not None:
+                self._by_key.move_to_end(key)
+                return found
+            found = self._by_key[key] = self._make(key)
+            while len(self._by_key) > self._max_sizes:
+                self._by_key.popitem(last=False)
+            return found
+
+    def scalars(self, *values: float) -> tuple[np.ndarray, ...]:
+        key, arrays = self._latest
+        if key != values:
+            arrays = tuple(_scalar(v) for v in values)
+            self._latest = (values, arrays)
+        return arrays
+
+
 def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
                         alloc: Alloc | None = None) -> Callable[..., None]:
     """``rmsprop_update`` (the CPU kernel's signature and results), plain RMSprop on oneDNN;
     ``alloc`` gives the scratch array (the CPU backend's recycled buffers)."""
     alloc = alloc or np.empty
+    passes = _Passes(lambda n: (cache.bind("mul", n, False, [("mul", "scalar")]),
+                                cache.bind("mul", n, True, [("add", "full")]),
+                                cache.bind("add", n, True, [("sqrt",)]),
+                                cache.bind("mul", n, True, [("div", "full"), ("add", "full")])))
+
+    def takes(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
+              momentum: float) -> bool:
+        return (mom is None and not momentum
+                and _eligible(var, grad, ms, minimum=UPDATE_MIN_ELEMENTS))
+
+    def run(primitives: tuple[Any, ...], scalars: tuple[np.ndarray, ...], var: np.ndarray,
+            grad: np.ndarray, ms: np.ndarray) -> None:
+        square, average, denominator, step = primitives
+        decay, keep, eps, minus_lr = scalars
+        tmp = alloc(var.shape, _F32)
+        square(grad, grad, tmp, decay)
+        average(ms, keep, ms, tmp)
+        denominator(ms, eps, tmp)
+        step(grad, minus_lr, var, tmp, var)
 
     def rmsprop_update(var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
                        epsilon: float, flag: Any) -> None:
-        if mom is not None or momentum or not _eligible(var, grad, ms):
+        if not takes(var, grad, ms, mom, momentum):
             return original(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
-        if _skip(flag):
-            return None
-        v, g, s = _flat(var, grad, ms)
-        tmp = alloc(v.shape, _F32)
-        cache.run("mul", g, g, tmp, [("mul", "scalar")], [_scalar(1.0 - rho)])
-        cache.run("mul", s, _scalar(rho), s, [("add", "full")], [tmp])
-        cache.run("add", s, _scalar(epsilon), tmp, [("sqrt",)])
-        cache.run("mul", g, -_scalar(lr), v, [("div", "full"), ("add", "full")], [tmp, v])
+        if not _skip(flag):
+            run(passes.get(var.size), passes.scalars(1.0 - rho, rho, epsilon, -lr), var, grad,
+                ms)
         return None
 
     def bind(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
              lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> Any:
-        if mom is not None or momentum or not _eligible(var, grad, ms,
-                                                         minimum=BOUND_MIN_ELEMENTS):
+        if not takes(var, grad, ms, mom, momentum):
             return None
-        n, shape, hyper = var.size, var.shape, (lr, rho, momentum, epsilon)
-        decay, keep, eps, minus_lr = (_scalar(1.0 - rho), _scalar(rho), _scalar(epsilon),
-                                      -_scalar(lr))
-        square = cache.bind("mul", n, False, [("mul", "scalar")])
-        average = cache.bind("mul", n, True, [("add", "full")])
-        denominator = cache.bind("add", n, True, [("sqrt",)])
-        step = cache.bind("mul", n, True, [("div", "full"), ("add", "full")])
+        shape, hyper = var.shape, (lr, rho, momentum, epsilon)
+        primitives = passes.get(var.size)
+        scalars = tuple(_scalar(v) for v in (1.0 - rho, rho, epsilon, -lr))
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
             if (mom is not None or (lr, rho, momentum, epsilon) != hyper
                     or not _like(shape, var, grad, ms)):
                 return rmsprop_update(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
-            if _skip(flag):
-                return None
-            tmp = alloc(shape, _F32)
-            square(grad, grad, tmp, decay)
-            average(ms, keep, ms, tmp)
-            denominator(ms, eps, tmp)
-            step(grad, minus_lr, var, tmp, var)
+            if not _skip(flag):
+                run(primitives, scalars, var, grad, ms)
             return None
 
         return bound
 
     rmsprop_update.bind = bind  # type: ignore[attr-defined]
+    rmsprop_update.passes = passes  # type: ignore[attr-defined]
     return _mark(rmsprop_update, original, cache)
+
+
+def _sgd_primitives(cache: BinaryCache, key: tuple[int, str]) -> tuple[Any, ...]:
+    n, variant = key
+    full = ("add", "full")
+    if variant == "plain":
+        return (cache.bind("mul", n, True, [full]),)
+    return (cache.bind("mul", n, True), cache.bind("mul", n, True, [full]),
+            cache.bind("mul", n, True, [full, full]) if variant == "nesterov"
+            else cache.bind("add", n, False))
 
 
 def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
                     alloc: Alloc | None = None) -> Callable[..., None]:
     """``sgd_update`` (the CPU kernel's signature and results) on oneDNN."""
     alloc = alloc or np.empty
+    passes = _Passes(lambda key: _sgd_primitives(cache, key))
+
+    def run(primitives: tuple[Any, ...], scalars: tuple[np.ndarray, ...], var: np.ndarray,
+            grad: np.ndarray, velocity: np.ndarray | None, nesterov: bool) -> None:
+        minus_lr, m_ = scalars
+        if velocity is None:
+            primitives[0](grad, minus_lr, var, var)
+            return
+        step, average, ahead = primitives
+        tmp = alloc(var.shape, _F32)
+        step(grad, minus_lr, tmp)
+        average(velocity, m_, velocity, tmp)
+        if nesterov:
+            ahead(velocity, m_, var, tmp, var)
+        else:
+            ahead(var, velocity, var)
+
+    def variant(velocity: np.ndarray | None, nesterov: bool) -> str:
+        return "plain" if velocity is None else "nesterov" if nesterov else "momentum"
 
     def sgd_update(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                    momentum: float, nesterov: bool, flag: Any) -> None:
-        if not _eligible(var, grad, velocity):
+        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):
             return original(var, grad, velocity, lr, momentum, nesterov, flag)
-        if _skip(flag):
-            return None
-        v, g, vel = _flat(var, grad, velocity)
-        minus_lr = -_scalar(lr)
-        if vel is None:
-            cache.run("mul", g, minus_lr, v, [("add", "full")], [v])
-            return None
-        tmp = alloc(v.shape, _F32)
-        cache.run("mul", g, minus_lr, tmp)
-        cache.run("mul", vel, _scalar(momentum), vel, [("add", "full")], [tmp])
-        if nesterov:
-            cache.run("mul", vel, _scalar(momentum), v, [("add", "full"), ("add", "full")],
-                      [tmp, v])
-        else:
-            cache.run("add", v, vel, v)
+        if not _skip(flag):
+            run(passes.get((var.size, variant(velocity, nesterov))),
+                passes.scalars(-lr, momentum), var, grad, velocity, nesterov)
         return None
 
     def bind(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
              momentum: float, nesterov: bool, flag: Any) -> Any:
-        if not _eligible(var, grad, velocity, minimum=BOUND_MIN_ELEMENTS):
+        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):
             return None
-        n, shape, hyper = var.size, var.shape, (velocity is None, lr, momentum, nesterov)
-        minus_lr, m_ = -_scalar(lr), _scalar(momentum)
-        full = ("add", "full")
-        if velocity is None:
-            plain = cache.bind("mul", n, True, [full])
-        else:
-            step = cache.bind("mul", n, True)
-            average = cache.bind("mul", n, True, [full])
-            ahead = (cache.bind("mul", n, True, [full, full]) if nesterov
-                     else cache.bind("add", n, False))
+        shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
+        primitives = passes.get((var.size, variant(velocity, nesterov)))
+        scalars = (_scalar(-lr), _scalar(momentum))
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:
             if ((velocity is None, lr, momentum, nesterov) != hyper
                     or not _like(shape, var, grad, *(() if velocity is None else (velocity,)))):
                 return sgd_update(var, grad, velocity, lr, momentum, nesterov, flag)
-            if _skip(flag):
-                return None
-            if velocity is None:
-                plain(grad, minus_lr, var, var)
-                return None
-            tmp = alloc(shape, _F32)
-            step(grad, minus_lr, tmp)
-            average(velocity, m_, velocity, tmp)
-            if nesterov:
-                ahead(velocity, m_, var, tmp, var)
-            else:
-                ahead(var, velocity, var)
+            if not _skip(flag):
+                run(primitives, scalars, var, grad, velocity, nesterov)
             return None
 
         return bound
 
     sgd_update.bind = bind  # type: ignore[attr-defined]
+    sgd_update.passes = passes  # type: ignore[attr-defined]
     return _mark(sgd_update, original, cache)
 
 

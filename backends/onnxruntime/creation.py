@@ -116,21 +116,23 @@ class FastCast:
                     self._sessions[key] = sess
         return sess
 
-    def _takes(self, x: np.ndarray, dtype: np.dtype) -> bool:
+    def _pair(self, x: np.ndarray, dtype: np.dtype) -> bool:
+        """Whether this converts ``x``'s dtype and size to ``dtype`` (its layout aside)."""
         src = x.dtype
         return (src != dtype and src in ONNX_TYPES and dtype in ONNX_TYPES
-                and x.size >= MIN_ELEMENTS and x.flags.c_contiguous)
+                and x.size >= MIN_ELEMENTS)
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
-        """For a traced step (``mpcore.backend.bind_call``): a conversion of arrays like
-        ``x`` this does not take goes straight to the fallback's, bound in turn."""
-        if self._takes(x, np.dtype(dtype)):
+        """For a traced step (``mpcore.backend.bind_call``): where this never takes arrays
+        of ``x``'s dtype and size (fixed by the trace), the fallback's converter, bound in
+        turn; else this one, which decides on each call's layout."""
+        if self._pair(x, np.dtype(dtype)):
             return self
         return bind_call(self.fallback, x, dtype) or self.fallback
 
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        if not self._takes(x, dtype):
+        if not (self._pair(x, dtype) and x.flags.c_contiguous):
             return self.fallback(x, dtype)
         src = x.dtype
         sess = self.session(src, dtype)

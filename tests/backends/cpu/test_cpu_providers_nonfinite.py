@@ -254,12 +254,16 @@ def _copies(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _runs(kernel: Any) -> int:
     """How many times ``kernel`` (or, for a wrapped chain, any link of it) ran on its
-    provider: oneDNN primitive executions or conversions made."""
+    provider: oneDNN primitive executions (through its cache, or on primitives of its own:
+    SGD's and RMSprop's ``passes``) or conversions made."""
     total = 0
     while kernel is not None:
         cache = getattr(kernel, "cache", None)
         if cache is not None:
             total += cache.hits + cache.misses
+        passes = getattr(kernel, "passes", None)
+        if passes is not None:
+            total += passes.runs
         total += getattr(kernel, "calls", 0)
         kernel = getattr(kernel, "fallback", None)
     return total

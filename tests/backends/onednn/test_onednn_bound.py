@@ -135,7 +135,7 @@ def test_a_bound_update_gives_the_numpy_kernels_bits(
         monkeypatch: pytest.MonkeyPatch, name: str, count: int, args: tuple[Any, ...],
         rate: int, shape: tuple[int, ...]) -> None:
     backend, kernels = _updates_or_skip(monkeypatch)
-    monkeypatch.setattr(onednn_optim, "BOUND_MIN_ELEMENTS", 1 << 14)
+    monkeypatch.setattr(onednn_optim, "UPDATE_MIN_ELEMENTS", 1 << 14)
     kernel, reference = kernels[name], getattr(backend, name)
     rng = np.random.default_rng(5)
     ours = _operands(rng, shape, 3)[:count]
@@ -165,7 +165,7 @@ def test_small_updates_and_momentum_rmsprop_are_not_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _, kernels = _updates_or_skip(monkeypatch)
     rms = kernels["rmsprop_update"]
-    big = [np.ones(onednn_optim.BOUND_MIN_ELEMENTS, np.float32) for _ in range(4)]
+    big = [np.ones(onednn_optim.UPDATE_MIN_ELEMENTS, np.float32) for _ in range(4)]
     assert rms.bind(*big[:3], None, 1e-3, 0.9, 0.0, 1e-7, None) is not None
     assert rms.bind(*big[:3], big[3], 1e-3, 0.9, 0.9, 1e-7, None) is None
     small = [a[:-1].copy() for a in big]
@@ -289,3 +289,56 @@ def test_a_bound_16_bit_relu_backward_gives_the_kernels_bits(monkeypatch: pytest
         assert db.dtype == BF16 and db.shape == (64,)
     f32 = [a.astype(np.float32) for a in operands()]
     assert backend.bind_kernel("relu_grad_bias", kernel, tuple(f32)) is None   # nothing to save
+
+
+# --- the trial's findings: the replay's bits where eager's are unusual ------------------------
+def _nan(bits: int) -> np.float32:
+    return np.array([bits], np.uint32).view(np.float32)[0]
+
+
+@pytest.mark.parametrize("optimizer", ["nesterov", "rmsprop"])
+def test_a_nan_weight_and_slot_update_as_eagerly(optimizer: str) -> None:
+    """40960 weights (above the updates' oneDNN threshold): where a weight and its slot are
+    both NaN (of opposite signs) and the gradient is finite, the replay keeps eager's NaN.
+    (Bound updates once took oneDNN from a lower size than eager calls, whose NumPy kernel
+    keeps the other NaN.)"""
+    def train(traced: bool) -> np.ndarray:
+        w0 = np.ones((256, 160), np.float32)
+        w0[0, 0] = _nan(0x7FC00001)
+        v = mp.Variable(w0)
+        opt = (mp.optimizers.SGD(0.1, momentum=0.9, nesterov=True) if optimizer == "nesterov"
+               else mp.optimizers.RMSprop(0.01))
+        step = lambda g: opt.apply_gradients([(g, v)])  # noqa: E731
+        if traced:
+            step = mp.function(step)
+        g = mp.constant(np.full((256, 160), 0.5, np.float32))
+        step(g)                                                    # makes the slot
+        slot = opt.get_slot(v, "momentum" if optimizer == "nesterov" else "velocity")
+        s = slot.numpy()
+        s[0, 0] = _nan(0xFFC00002)
+        slot.assign(s)
+        for _ in range(3):
+            step(g)
+        return v.numpy()
+
+    assert np.array_equal(train(True).view(np.uint32), train(False).view(np.uint32))
+
+
+@pytest.mark.parametrize(("low", "traced_order"), [("float16", "F"), ("bfloat16", "F"),
+                                                  ("float16", "C")])
+def test_a_cast_traced_on_one_layout_replays_others_as_eagerly(low: str,
+                                                                traced_order: str) -> None:
+    """Quiet NaNs with payloads (kept by ONNX Runtime's and oneDNN's conversions, not by
+    NumPy's): a cast traced on a Fortran-ordered array and replayed on a C-ordered one (and
+    the other way) gives eager's bits; the trace binds converters by dtype and size only."""
+    x = np.full((600, 500), 1.0, np.float32)
+    x.view(np.uint32)[::7] = 0x7FC12345
+    f = mp.function(lambda t: mp.ops.cast(t, low))
+    first = np.asfortranarray(x) if traced_order == "F" else x
+    second = x if traced_order == "F" else np.asfortranarray(x)
+    f(mp.constant(first))
+    for operand in (second, first):
+        replay = np.asarray(f(mp.constant(operand)))
+        eager = np.asarray(mp.ops.cast(mp.constant(operand), low))
+        assert np.array_equal(replay.view(np.uint16), eager.view(np.uint16))
+    assert f.tracing_count == 1
