@@ -9,6 +9,7 @@ None or the 0-d bool from ``unscale_and_check``; when it is false nothing is wri
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -86,11 +87,57 @@ def is_all_finite(x: np.ndarray) -> bool:
     return math.isfinite(total) or bool(np.isfinite(x).all())
 
 
+def _sgd(v: Any, g: Any, vel: Any, step: Any, update: Any,
+         constants: tuple[np.float32, np.float32], nesterov: bool) -> None:
+    """One block of SGD in place (``vel``: the momentum slot or None; ``step`` and
+    ``update`` scratch), in the composite path's float32 operations and order."""
+    rate, m_ = constants
+    np.multiply(g, rate, out=step)
+    if vel is None:
+        v -= step
+        return
+    vel *= m_
+    vel -= step
+    if nesterov:
+        np.multiply(vel, m_, out=update)
+        update -= step
+        v += update
+    else:
+        v += vel
+
+
+def _rmsprop_constants(lr: float, rho: float, momentum: float,
+                       epsilon: float) -> tuple[np.float32, ...]:
+    return _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(lr), _f32(momentum)
+
+
+def _rmsprop(v: Any, g: Any, s: Any, mo: Any, sq: Any, inc: Any,
+             constants: tuple[np.float32, ...]) -> None:
+    """One block of RMSprop in place (``mo``: the momentum slot or None; ``sq`` and ``inc``
+    scratch of the block's shape), in the composite path's float32 operations and order."""
+    r, r1, e, step, m_ = constants
+    s *= r
+    np.multiply(g, g, out=sq)
+    sq *= r1
+    s += sq
+    np.add(s, e, out=sq)            # denom
+    np.sqrt(sq, out=sq)
+    np.multiply(g, step, out=inc)
+    inc /= sq
+    if mo is None:
+        v -= inc
+        return
+    mo *= m_
+    mo += inc
+    v -= mo
+
+
 class CpuOptim:
     """Mixed into CpuBackend, whose ``buffer`` gives the outputs and ``convert`` widens."""
 
     buffer: Any
     convert: Any
+    _kernel_table: Any
 
     def unscale_and_check(self, grads: list[np.ndarray],
                           inv_scale: float) -> tuple[list[np.ndarray], np.ndarray]:
@@ -117,51 +164,63 @@ class CpuOptim:
                    lr: float, momentum: float, nesterov: bool, flag: Any) -> None:
         if _skip(flag):
             return
-        rate, m_ = _f32(lr), _f32(momentum)
-
-        def body(v: Any, g: Any, vel: Any, step: Any, update: Any) -> None:
-            np.multiply(g, rate, out=step)
-            if vel is None:
-                v -= step
-                return
-            vel *= m_
-            vel -= step
-            if nesterov:
-                np.multiply(vel, m_, out=update)
-                update -= step
-                v += update
-            else:
-                v += vel
-
+        body = functools.partial(_sgd, constants=(_f32(lr), _f32(momentum)), nesterov=nesterov)
         _run([var, grad, velocity], body,
              lambda: body(var, grad, velocity, np.empty_like(var), np.empty_like(var)))
+
+    def bind_sgd_update(self, var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
+                        lr: float, momentum: float, nesterov: bool, flag: Any) -> Any:
+        """``sgd_update`` of one block for a traced step (as :meth:`bind_rmsprop_update`)."""
+        if not (0 < var.size <= BLOCK and _flat(var, grad, velocity)):
+            return None
+        constants = (_f32(lr), _f32(momentum))
+        shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
+        kernel = self._kernel_table["sgd_update"]
+
+        def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
+                  momentum: float, nesterov: bool, flag: Any) -> None:
+            if ((velocity is None, lr, momentum, nesterov) != hyper or var.shape != shape
+                    or not _flat(var, grad, velocity)):
+                return kernel(var, grad, velocity, lr, momentum, nesterov, flag)
+            if not _skip(flag):
+                _sgd(var, grad, velocity, np.empty(shape, _F32_DTYPE),
+                     np.empty(shape, _F32_DTYPE), constants, nesterov)
+            return None
+
+        return bound
 
     def rmsprop_update(self, var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
                        epsilon: float, flag: Any) -> None:
         if _skip(flag):
             return
-        r, r1, e, step = _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(lr)
-        m_ = _f32(momentum)
-
-        def body(v: Any, g: Any, s: Any, mo: Any, sq: Any, inc: Any) -> None:
-            s *= r
-            np.multiply(g, g, out=sq)
-            sq *= r1
-            s += sq
-            np.add(s, e, out=sq)            # denom
-            np.sqrt(sq, out=sq)
-            np.multiply(g, step, out=inc)
-            inc /= sq
-            if mo is None:
-                v -= inc
-                return
-            mo *= m_
-            mo += inc
-            v -= mo
-
+        body = functools.partial(_rmsprop, constants=_rmsprop_constants(lr, rho, momentum,
+                                                                        epsilon))
         _run([var, grad, ms, mom], body,
              lambda: body(var, grad, ms, mom, np.empty_like(var), np.empty_like(var)))
+
+    def bind_rmsprop_update(self, var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
+                            mom: np.ndarray | None, lr: float, rho: float, momentum: float,
+                            epsilon: float, flag: Any) -> Any:
+        """``rmsprop_update`` of one block (a bias, a small layer) for a traced step: its
+        float32 hyperparameters rounded once, the passes run on the arrays as they are."""
+        if not (0 < var.size <= BLOCK and _flat(var, grad, ms, mom)):
+            return None
+        constants = _rmsprop_constants(lr, rho, momentum, epsilon)
+        shape, hyper, kernel = var.shape, (mom is None, lr, rho, momentum, epsilon), \
+            self._kernel_table["rmsprop_update"]
+
+        def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
+                  lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
+            if ((mom is None, lr, rho, momentum, epsilon) != hyper or var.shape != shape
+                    or not _flat(var, grad, ms, mom)):
+                return kernel(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
+            if not _skip(flag):
+                _rmsprop(var, grad, ms, mom, np.empty(shape, _F32_DTYPE),
+                         np.empty(shape, _F32_DTYPE), constants)
+            return None
+
+        return bound
 
     def adam_update(self, var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
                     lr: float, beta1: float, beta2: float, epsilon: float, step: int,

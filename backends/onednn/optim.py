@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from mpcore.backend import bind_call
+
 from .elementwise import BinaryCache
 
 #: Below this many elements the NumPy kernels are faster (a primitive launch costs more):
@@ -164,8 +166,8 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
     def bind(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
              lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> Any:
-        if not takes(var, grad, ms, mom, momentum):
-            return None
+        if not takes(var, grad, ms, mom, momentum):   # the CPU kernel's: its binding
+            return bind_call(original, var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
         shape, hyper = var.shape, (lr, rho, momentum, epsilon)
         primitives = passes.get(var.size)
         scalars = tuple(_scalar(v) for v in (1.0 - rho, rho, epsilon, -lr))
@@ -231,8 +233,8 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
     def bind(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
              momentum: float, nesterov: bool, flag: Any) -> Any:
-        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):
-            return None
+        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):   # the CPU's
+            return bind_call(original, var, grad, velocity, lr, momentum, nesterov, flag)
         shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
         primitives = passes.get((var.size, variant(velocity, nesterov)))
         scalars = (_scalar(-lr), _scalar(momentum))

@@ -161,15 +161,35 @@ def test_a_bound_update_gives_the_numpy_kernels_bits(
     both(small, [a.copy() for a in small], args)
 
 
-def test_small_updates_and_momentum_rmsprop_are_not_bound(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    _, kernels = _updates_or_skip(monkeypatch)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_updates_onednn_leaves_to_numpy_bind_the_numpy_kernels_block(
+        monkeypatch: pytest.MonkeyPatch, momentum: float) -> None:
+    """Small arrays (and RMSprop with momentum) stay on the CPU kernel, whose bound form
+    (one block, hyperparameters rounded once) gives its bits; over one block it binds
+    nothing."""
+    backend, kernels = _updates_or_skip(monkeypatch)
     rms = kernels["rmsprop_update"]
-    big = [np.ones(onednn_optim.UPDATE_MIN_ELEMENTS, np.float32) for _ in range(4)]
-    assert rms.bind(*big[:3], None, 1e-3, 0.9, 0.0, 1e-7, None) is not None
+    rng = np.random.default_rng(6)
+    for shape in [(64,), (64, 10), (1000, 4)]:
+        ours = _operands(rng, shape, 4)[:4]
+        mom = ours[3] if momentum else None
+        ref = [a.copy() for a in ours]
+        args = (0.01, 0.9, momentum, 1e-7, None)
+        bound = rms.bind(*ours[:3], mom, *args)
+        assert bound is not None and "CpuOptim" in bound.__qualname__
+        for _ in range(2):
+            with np.errstate(all="ignore"):
+                bound(*ours[:3], mom, *args)
+                backend.rmsprop_update(*ref[:3], ref[3] if momentum else None, *args)
+            assert all(_same_bits(got, want) for got, want in zip(ours, ref))
+    big = [np.ones(1 << 16, np.float32) for _ in range(4)]   # more than a block
     assert rms.bind(*big[:3], big[3], 1e-3, 0.9, 0.9, 1e-7, None) is None
-    small = [a[:-1].copy() for a in big]
-    assert rms.bind(*small[:3], None, 1e-3, 0.9, 0.0, 1e-7, None) is None
+    sgd = kernels["sgd_update"]
+    v, g = (np.ones(100, np.float32) for _ in range(2))
+    bound = sgd.bind(v, g, None, 0.1, 0.0, False, None)
+    assert bound is not None and "CpuOptim" in bound.__qualname__
+    bound(v, g, None, 0.1, 0.0, False, None)
+    assert np.all(v == np.float32(1) - np.float32(0.1))
 
 
 # --- in a traced step ----------------------------------------------------------------------
