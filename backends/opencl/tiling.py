@@ -1,18 +1,21 @@
-"""GEMM shapes (vector width, register block, cache block, work-group) as pure functions of an
-OpenCL device description, so that they can be tested for devices that are not here.
+"""GEMM shapes (vector width, register block, work-group, what is read in place) as pure
+functions of an OpenCL device description, so that they can be tested for devices that are not
+here.
 
 The vector width is where devices differ most, and where a driver may report more than its
 compiler can build: PoCL 3.0 (LLVM 14) on an AMD Zen 4 reports 16-wide floats (the CPU has
-AVX-512) but compiles for LLVM's ``znver3``, which has no AVX-512, and a 16-wide multiply-add
-then aborts LLVM. So the width a device reports is only where the search starts:
+AVX-512) but compiles for LLVM's ``znver3``, which has no AVX-512, and a 16-wide ``mad()``
+(which the packed GEMM called until it stopped calling builtins) then aborts LLVM; 16-wide
+vectors of plain arithmetic build, as two AVX2 registers each. So the width a device reports
+is only where the search starts:
 :mod:`mpcore_opencl.probe` builds and runs the GEMM in a subprocess at that width and, if it
 fails, at each narrower one (:func:`candidate_widths`), and the backend uses the widest that
 computed correctly.
 
-- Packed (CPU devices): each work-item computes a ``rows`` x ``vector_width`` block of C in
-  registers, the K loop cut into ``depth``-deep blocks so that a work-group's panels stay in
-  L1/L2. The vector width is the device's; 16 rows were fastest both at width 16 (PoCL on an
-  Ice Lake Xeon) and at width 8 (PoCL on Zen 4), among 4 to 32 (``benchmarks/gemm_opencl.py``).
+- Packed (CPU devices): each work-item computes a ``rows`` x (``vectors`` x ``vector_width``)
+  block of C in registers. The vector width is the device's; ``rows`` x ``vectors``
+  accumulators and ``vectors`` B vectors must fit the vector registers (see
+  :data:`PACKED_ROWS`).
 - Tiled (GPUs): a work-group stages ``tile_m`` x ``tile_k`` and ``tile_k`` x ``tile_n`` slices
   in local memory; the vector width (4: 128-bit loads, which every GPU serves in one
   transaction, even those that report scalar floats as native) is a register block, not SIMD.
@@ -29,11 +32,31 @@ from mpcore.backend import Device
 
 #: The vector widths the GEMM kernels are written for (OpenCL C has no 3-wide loads there).
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
-#: Work-group of the packed GEMM, in (columns, rows) of register blocks: the best of 4x4 to
-#: 16x16 on PoCL; clamped to the device's limits.
-PACKED_GROUP = (8, 4)
-PACKED_ROWS = 16
-PACKED_DEPTH = 128
+#: Work-group of the packed GEMM, in (columns, rows) of register blocks, clamped to the
+#: device's limits. The kernel has no barrier, so a group is only a unit of scheduling: on PoCL
+#: on Zen 4, 4 x 1, 2 x 1, 1 x 1 and 4 x 2 ran alike and 4 x 4 about 10% slower on the guide's
+#: 128x784 @ 784x64 (benchmarks/opencl_step_profile.py, benchmarks/step_gemms.py --backend
+#: opencl --batch 128 --units 64); small groups also leave more groups than cores.
+PACKED_GROUP = (4, 1)
+#: Register block of the packed GEMM: ``PACKED_ROWS`` rows of two vectors of at most 32 bytes
+#: (:func:`packed_vectors`): 12 accumulators and 2 B vectors, which fit AVX2's 16 registers.
+#: On PoCL on Zen 4 (AVX2), 6 x 16 floats was fastest on the guide's shapes, ahead of 4 x 16,
+#: 8 x 8, 3 x 32 and 16 x 8 (16 accumulators and the B vector: spilled), benchmarks/step_gemms.py
+#: as above.
+PACKED_ROWS = 6
+#: Widest vector, in bytes, that the packed GEMM counts as one register: AVX2's. A device may
+#: report wider vectors than its compiler targets (PoCL 3.0 on Zen 4 reports 16 floats, AVX-512,
+#: and compiles for znver3, AVX2), so a wider vector is taken to be several registers.
+PACKED_REGISTER_BYTES = 32
+#: Largest B (per batch) that the packed GEMM reads in place rather than packing. In place, a
+#: block's K rows of B are CW columns each at a stride of a whole row, and every row of blocks
+#: reads all of B again; that is fast while B stays in L2 and slower than packing beyond it. On
+#: PoCL on Zen 4 (1 MiB L2 a core), in place was faster with B of 196 KiB (784x64, the guide's
+#: first layer) and 256 KiB (256x256) and 1.35x slower at 1 MiB (512x512), while A in place
+#: was as fast as packed at every size from the guide's to 1024x1024 and saves its packing
+#: (benchmarks/gemm_opencl.py, benchmarks/step_gemms.py). Devices do not report their L2 (PoCL
+#: reports the 32 MiB L3 as its global memory cache), so this is a constant.
+PACKED_IN_PLACE_B_BYTES = 256 * 1024
 TILED_WIDTH = 4
 
 
@@ -78,16 +101,22 @@ def _group_limits(device: Device) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class PackedShape:
-    """The packed GEMM's shape: a ``rows`` x ``vector_width`` register block per work-item,
-    ``depth``-deep cache blocks, work-groups of ``group`` (columns, rows) blocks at most."""
+    """The packed GEMM's shape: a register block of ``rows`` x ``columns`` per work-item
+    (``vectors`` vectors of ``vector_width`` lanes a row), work-groups of ``group``
+    (columns, rows) blocks at most."""
 
     vector_width: int
     rows: int = PACKED_ROWS
-    depth: int = PACKED_DEPTH
+    vectors: int = 2
     group: tuple[int, int] = PACKED_GROUP
 
+    @property
+    def columns(self) -> int:
+        return self.vectors * self.vector_width
+
     def options(self) -> tuple[str, ...]:
-        return (f"-DWPM={self.rows}", f"-DVW={self.vector_width}", f"-DKC={self.depth}")
+        return ("-DPACKED", f"-DWPM={self.rows}", f"-DVW={self.vector_width}",
+                f"-DNV={self.vectors}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +162,15 @@ def packed_shape(device: Device, vector_width: int, itemsize: int = 4) -> Packed
             gy //= 2
         else:
             break
-    return PackedShape(vector_width, group=(gx, gy))
+    return PackedShape(vector_width, vectors=packed_vectors(vector_width, itemsize),
+                       group=(gx, gy))
+
+
+def packed_vectors(vector_width: int, itemsize: int = 4) -> int:
+    """Vectors of ``vector_width`` lanes of ``itemsize`` bytes per row of the packed GEMM's
+    register block: two registers' worth (:data:`PACKED_REGISTER_BYTES` each), so two vectors
+    up to that size and one wider vector (16 floats: two AVX2 registers, or one AVX-512)."""
+    return 2 if vector_width * itemsize <= PACKED_REGISTER_BYTES else 1
 
 
 def tiled_shape(device: Device, vector_width: int = TILED_WIDTH, itemsize: int = 4,
