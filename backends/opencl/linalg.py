@@ -16,6 +16,7 @@ import numpy as np
 from .arrays import LOW, NP_DTYPES, CLArray
 from .programs import KernelFamily
 from .tiling import (
+    PACKED_IN_PLACE_A_BYTES,
     PACKED_IN_PLACE_B_BYTES,
     PackedShape,
     TiledShape,
@@ -97,11 +98,11 @@ class LinalgKernels(KernelFamily):
         shape = self.packed_shape(acc)
         wpm, cw = shape.rows, shape.columns
         # Operands already in the compute type are read in place where the kernel can (see
-        # gemm.cl): A when it has a whole block of rows, B untransposed with a whole block of
-        # columns and small enough (PACKED_IN_PLACE_B_BYTES); the others are packed into
-        # zero-padded panels.
+        # gemm.cl) and where that is faster than packing (tiling.py): A when it has a whole
+        # block of rows, B untransposed with a whole block of columns, each up to its size
+        # limit; the others are packed into zero-padded panels.
         in_place = dt == acc and dt not in LOW
-        direct_a = in_place and m >= wpm
+        direct_a = in_place and m >= wpm and a.nbytes // nb <= PACKED_IN_PLACE_A_BYTES
         direct_b = (in_place and not transpose_b and n >= cw
                     and b.nbytes // nb <= PACKED_IN_PLACE_B_BYTES)
         pm_n, pn_n = -(-m // wpm), -(-n // cw)

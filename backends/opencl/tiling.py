@@ -48,14 +48,18 @@ PACKED_ROWS = 6
 #: report wider vectors than its compiler targets (PoCL 3.0 on Zen 4 reports 16 floats, AVX-512,
 #: and compiles for znver3, AVX2), so a wider vector is taken to be several registers.
 PACKED_REGISTER_BYTES = 32
-#: Largest B (per batch) that the packed GEMM reads in place rather than packing. In place, a
-#: block's K rows of B are CW columns each at a stride of a whole row, and every row of blocks
-#: reads all of B again; that is fast while B stays in L2 and slower than packing beyond it. On
-#: PoCL on Zen 4 (1 MiB L2 a core), in place was faster with B of 196 KiB (784x64, the guide's
-#: first layer) and 256 KiB (256x256) and 1.35x slower at 1 MiB (512x512), while A in place
-#: was as fast as packed at every size from the guide's to 1024x1024 and saves its packing
-#: (benchmarks/gemm_opencl.py, benchmarks/step_gemms.py). Devices do not report their L2 (PoCL
-#: reports the 32 MiB L3 as its global memory cache), so this is a constant.
+#: Largest A and B (per batch) that the packed GEMM reads in place rather than packing. In
+#: place, every row of blocks reads all of B again, a block's K rows of B each CW columns at a
+#: stride of a whole row, and a block reads WPM rows of A (or, transposed, WPM columns: K short
+#: runs at a stride of a row); that is faster than packing while the operand stays in L2, and
+#: slower beyond. On PoCL on Zen 4 (1 MiB L2 a core), B in place was faster up to 256 KiB
+#: (784x64, the guide's first layer; 256x256; 1024x64) and slower from 512 KiB (362x362,
+#: 512x512); A in place was faster up to 512 KiB (the guide's 128x784, untransposed and
+#: transposed), mixed around 512 KiB to 4 MiB (transposed slower, untransposed a few percent
+#: faster) and slower at 16 MiB (2048x2048, transposed 2.7x). Measured with
+#: benchmarks/gemm_opencl.py and benchmarks/step_gemms.py. Devices do not report their L2
+#: (PoCL reports the 32 MiB L3 as its global memory cache), so these are constants.
+PACKED_IN_PLACE_A_BYTES = 512 * 1024
 PACKED_IN_PLACE_B_BYTES = 256 * 1024
 TILED_WIDTH = 4
 

@@ -182,6 +182,7 @@ def test_check_policy_on_the_real_device(cl: Any) -> None:
     (6, 3, 16),      # exactly one block, both read in place
     (13, 33, 35),    # A and B in place, their last blocks shifted back to the edge
     (20, 300, 300),  # B above the in-place limit: packed, A in place
+    (700, 200, 17),  # A above the in-place limit: packed, B in place
 ])
 @pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True)])
 def test_packed_gemm_in_place_and_packed_operands(cl: Any, monkeypatch: pytest.MonkeyPatch,
