@@ -15,15 +15,7 @@ import numpy as np
 
 from .arrays import LOW, NP_DTYPES, CLArray
 from .programs import KernelFamily
-from .tiling import (
-    PACKED_IN_PLACE_A_BYTES,
-    PACKED_IN_PLACE_B_BYTES,
-    PackedShape,
-    TiledShape,
-    gemm_variant,
-    packed_shape,
-    tiled_shape,
-)
+from .tiling import PackedShape, TiledShape, gemm_variant, packed_shape, tiled_shape
 
 
 def _acc_itemsize(dtype: str) -> int:
@@ -102,9 +94,9 @@ class LinalgKernels(KernelFamily):
         # block of rows, B untransposed with a whole block of columns, each up to its size
         # limit; the others are packed into zero-padded panels.
         in_place = dt == acc and dt not in LOW
-        direct_a = in_place and m >= wpm and a.nbytes // nb <= PACKED_IN_PLACE_A_BYTES
+        direct_a = in_place and m >= wpm and a.nbytes // nb <= shape.in_place_a_bytes
         direct_b = (in_place and not transpose_b and n >= cw
-                    and b.nbytes // nb <= PACKED_IN_PLACE_B_BYTES)
+                    and b.nbytes // nb <= shape.in_place_b_bytes)
         pm_n, pn_n = -(-m // wpm), -(-n // cw)
         wgx, wgy = min(shape.group[0], pn_n), min(shape.group[1], pm_n)
         pm, pn = -(-pm_n // wgy) * wgy, -(-pn_n // wgx) * wgx

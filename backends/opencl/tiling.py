@@ -34,15 +34,16 @@ from mpcore.backend import Device
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 #: Work-group of the packed GEMM, in (columns, rows) of register blocks, clamped to the
 #: device's limits. The kernel has no barrier, so a group is only a unit of scheduling: on PoCL
-#: on Zen 4, 4 x 1, 2 x 1, 1 x 1 and 4 x 2 ran alike and 4 x 4 about 10% slower on the guide's
-#: 128x784 @ 784x64 (benchmarks/opencl_step_profile.py, benchmarks/step_gemms.py --backend
-#: opencl --batch 128 --units 64); small groups also leave more groups than cores.
+#: on Zen 4, 4 x 1, 1 x 1 and 8 x 4 ran alike and 4 x 4 about 10% slower on the guide's
+#: 128x784 @ 784x64 (benchmarks/packed_gemm_opencl.py --config group=...); small groups also
+#: leave more groups than cores on small problems.
 PACKED_GROUP = (4, 1)
 #: Register block of the packed GEMM: ``PACKED_ROWS`` rows of two vectors of at most 32 bytes
 #: (:func:`packed_vectors`): 12 accumulators and 2 B vectors, which fit AVX2's 16 registers.
-#: On PoCL on Zen 4 (AVX2), 6 x 16 floats was fastest on the guide's shapes, ahead of 4 x 16,
-#: 8 x 8, 3 x 32 and 16 x 8 (16 accumulators and the B vector: spilled), benchmarks/step_gemms.py
-#: as above.
+#: On PoCL on Zen 4 (AVX2), 6 x 16 floats was fastest on the guide's shapes and on squares to
+#: 1024, ahead of 4 x 16 (as fast on the guide's forward GEMM, up to 10% slower elsewhere),
+#: 8 x 8, 3 x 32 and 8 x 16 (16 accumulators and the B vectors: spilled), benchmarks/
+#: packed_gemm_opencl.py --config rows=...
 PACKED_ROWS = 6
 #: Widest vector, in bytes, that the packed GEMM counts as one register: AVX2's. A device may
 #: report wider vectors than its compiler targets (PoCL 3.0 on Zen 4 reports 16 floats, AVX-512,
@@ -57,8 +58,9 @@ PACKED_REGISTER_BYTES = 32
 #: 512x512); A in place was faster up to 512 KiB (the guide's 128x784, untransposed and
 #: transposed), mixed around 512 KiB to 4 MiB (transposed slower, untransposed a few percent
 #: faster) and slower at 16 MiB (2048x2048, transposed 2.7x). Measured with
-#: benchmarks/gemm_opencl.py and benchmarks/step_gemms.py. Devices do not report their L2
-#: (PoCL reports the 32 MiB L3 as its global memory cache), so these are constants.
+#: benchmarks/packed_gemm_opencl.py --config a=...,b=... (0: always packed). Devices do not
+#: report their L2 (PoCL reports the 32 MiB L3 as its global memory cache), so these are
+#: constants.
 PACKED_IN_PLACE_A_BYTES = 512 * 1024
 PACKED_IN_PLACE_B_BYTES = 256 * 1024
 TILED_WIDTH = 4
@@ -107,12 +109,15 @@ def _group_limits(device: Device) -> tuple[int, int, int]:
 class PackedShape:
     """The packed GEMM's shape: a register block of ``rows`` x ``columns`` per work-item
     (``vectors`` vectors of ``vector_width`` lanes a row), work-groups of ``group``
-    (columns, rows) blocks at most."""
+    (columns, rows) blocks at most, A and B read in place up to ``in_place_a_bytes`` and
+    ``in_place_b_bytes`` per batch."""
 
     vector_width: int
     rows: int = PACKED_ROWS
     vectors: int = 2
     group: tuple[int, int] = PACKED_GROUP
+    in_place_a_bytes: int = PACKED_IN_PLACE_A_BYTES
+    in_place_b_bytes: int = PACKED_IN_PLACE_B_BYTES
 
     @property
     def columns(self) -> int:

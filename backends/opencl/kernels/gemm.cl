@@ -106,17 +106,19 @@ GEMM(gemm_tt, 1, 1)
  *
  * Operands are read in place where they are already laid out for this loop (the host decides):
  * op(B) when it is B untransposed, in 32- or 64-bit storage, and at least CW columns wide;
- * op(A) when in such storage and at least WPM rows high. Otherwise they are first packed
+ * op(A) when in such storage and at least WPM rows high; each while it is small enough to stay
+ * in cache, where that was faster than packing. Otherwise they are first packed
  * (pack_k: O(n^2), one pass that resolves transposes, widens 16-bit storage to the compute
  * type, half kept for native half, and zero-pads to whole panels) into panels:
  * Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][CW]
- * holds CW columns of op(B). Reading in place saves the packing passes, which cost as much as
- * the multiply itself on the guide's 128x784 @ 784x64 (benchmarks/step_gemms.py). At the edges
+ * holds CW columns of op(B). Reading in place saves the packing passes, which cost about half
+ * as much as the multiply itself on the guide's 128x784 @ 784x64
+ * (benchmarks/packed_gemm_opencl.py --config a=0,b=0). At the edges
  * of an operand read in place, the last block is shifted back to end at the last row (m_last =
  * M - WPM) or column (n_last = N - CW), so every load stays inside the operand without a
  * branch or a clamp in the inner loop, and it stores only the rows and columns that are its
  * own; for panels m_last and n_last are past the end, so blocks are never shifted. Which
- * operands go in place is in linalg.py (_gemm_packed) and tiling.py (PACKED_IN_PLACE_B_BYTES).
+ * operands go in place: linalg.py (_gemm_packed) and tiling.py (PACKED_IN_PLACE_A_BYTES).
  *
  * Element (row m0 + r, k) of op(A) is at A[ip * a_ps + (m0 - ip * WPM + r) * A_RS + k * A_KS]
  * and the B vector (k, v) at B[jp * b_ps + (n0 - jp * CW) + k * b_ks + v * VW]. gemm_packed
@@ -126,12 +128,15 @@ GEMM(gemm_tt, 1, 1)
  *
  * Written for PoCL, whose CPU driver (3.0, on Zen 4) does not inline OpenCL builtins: each
  * mad(), fma(), vload8() or vstore8() is a function call that moves its operands through the
- * stack (objdump of the kernel in PoCL's cache), which made the same loop 3x slower. So the
+ * stack (objdump of the kernel in PoCL's cache), which made the same loop 3x slower (a copy of
+ * this kernel calling mad() and vload8(), timed like benchmarks/packed_gemm_opencl.py). So the
  * loop uses a * b + c (contracted to an FMA, as OpenCL C allows) and plain vector loads through
  * a type aligned to its element, and calls no builtin. There is no barrier: PoCL keeps a
  * work-item's private values that live across a barrier in memory, and a K loop cut by
- * barriers into 128-deep cache blocks ran about 2x slower than one loop on the guide's shapes
- * (device times per GEMM: benchmarks/opencl_step_profile.py; benchmarks/step_gemms.py). */
+ * barriers into 128-deep cache blocks ran about 2x slower than one loop on the guide's shapes,
+ * and a scalar kernel (one column per work-item, left to PoCL's work-group vectorizer) 1.3x
+ * slower than explicit vectors (copies of this kernel, timed the same way; the whole GEMM in the
+ * step: benchmarks/opencl_step_profile.py). */
 #define CW (VW * NV)
 #define FMADD(a, b, c) ((a) * (b) + (c))
 /* an unaligned vector of the panel type and of the accumulation type (vload/vstore are calls) */
