@@ -88,27 +88,51 @@ class LinalgKernels(KernelFamily):
         # panels hold the compute type: float32 for 16-bit storage, half with native half
         acc = dt if self._native((dt,), native) else ("float32" if dt in LOW else dt)
         shape = self.packed_shape(acc)
-        wpm, vw = shape.rows, shape.vector_width
-        # Small problems get smaller groups, so that padding to whole groups stays small.
-        pm_n, pn_n = -(-m // wpm), -(-n // vw)
+        wpm, cw = shape.rows, shape.columns
+        # Operands already in the compute type are read in place where the kernel can (see
+        # gemm.cl) and where that is faster than packing (tiling.py): A when it has a whole
+        # block of rows, B untransposed with a whole block of columns, each up to its size
+        # limit; the others are packed into zero-padded panels.
+        in_place = dt == acc and dt not in LOW
+        direct_a = in_place and m >= wpm and a.nbytes // nb <= shape.in_place_a_bytes
+        direct_b = (in_place and not transpose_b and n >= cw
+                    and b.nbytes // nb <= shape.in_place_b_bytes)
+        pm_n, pn_n = -(-m // wpm), -(-n // cw)
         wgx, wgy = min(shape.group[0], pn_n), min(shape.group[1], pm_n)
         pm, pn = -(-pm_n // wgy) * wgy, -(-pn_n // wgx) * wgx
         opts = shape.options()
-        ap = self._empty((nb, pm, k, wpm), acc)
-        bp = self._empty((nb, pn, k, vw), acc)
+        rt = self.runtime
         # (row, k) of op(A) and (column, k) of op(B), as element strides
         a_rs, a_ks = (1, m) if transpose_a else (k, 1)
         b_rs, b_ks = (k, 1) if transpose_b else (1, n)
-        rt = self.runtime
-        for src, dst, rows, panels, width, rs, ks in ((a, ap, m, pm, wpm, a_rs, a_ks),
-                                                      (b, bp, n, pn, vw, b_rs, b_ks)):
-            prog = self._prog("gemm.cl", ("A", dt), ("O", acc), options=(*opts, f"-DPW={width}"),
-                              native=native)
-            local = min(rt.local, k)
-            rt.launch_nd(prog["pack_k"], (-(-k // local) * local, panels, nb), (local, 1, 1),
-                         np.int32(rows), np.int32(k), np.int32(panels), np.int64(rs),
-                         np.int64(ks), np.int64(src.size // nb), src.data, dst.data)
+        if direct_a:
+            a_arg, a_ps, a_bs, m_last = a, wpm * a_rs, m * k, m - wpm
+        else:
+            a_arg = self._pack(a, m, k, pm, wpm, a_rs, a_ks, nb, acc, opts, native)
+            a_ps, a_rs, a_ks, a_bs, m_last = k * wpm, 1, wpm, pm * k * wpm, pm * wpm
+        if direct_b:
+            b_arg, b_ps, b_bs, n_last = b, cw, k * n, n - cw
+        else:
+            b_arg = self._pack(b, n, k, pn, cw, b_rs, b_ks, nb, acc, opts, native)
+            b_ps, b_ks, b_bs, n_last = k * cw, cw, pn * k * cw, pn * cw
         prog = self._prog("gemm.cl", ("A", acc), ("O", dt), options=(*opts, f"-DPW={wpm}"),
                           native=native)
-        rt.launch_nd(prog["gemm_packed"], (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
-                     np.int32(k), np.int32(pm), np.int32(pn), ap.data, bp.data, out.data)
+        kernel = prog["gemm_packed" if a_rs == 1 else "gemm_packed_k"]
+        rt.launch_nd(kernel, (pn, pm, nb), (wgx, wgy, 1), np.int32(m), np.int32(n),
+                     np.int32(k), np.int32(m_last), np.int32(n_last), np.int64(a_ps),
+                     np.int64(a_rs), np.int64(a_ks), np.int64(a_bs), np.int64(b_ps),
+                     np.int64(b_ks), np.int64(b_bs), a_arg.data, b_arg.data, out.data)
+
+    def _pack(self, src: CLArray, rows: int, k: int, panels: int, width: int, rs: int, ks: int,
+              nb: int, acc: str, opts: tuple[str, ...], native: bool | None) -> CLArray:
+        """``src`` (element (row, k) at ``row * rs + k * ks`` in each of ``nb`` batches) packed
+        into zero-padded panels of ``width`` rows interleaved along K, in ``acc``."""
+        dst = self._empty((nb, panels, k, width), acc)
+        prog = self._prog("gemm.cl", ("A", self._dt(src)), ("O", acc),
+                          options=(*opts, f"-DPW={width}"), native=native)
+        local = min(self.runtime.local, k)
+        self.runtime.launch_nd(prog["pack_k"], (-(-k // local) * local, panels, nb),
+                               (local, 1, 1), np.int32(rows), np.int32(k), np.int32(panels),
+                               np.int64(rs), np.int64(ks), np.int64(src.size // nb), src.data,
+                               dst.data)
+        return dst

@@ -1,18 +1,21 @@
-"""GEMM shapes (vector width, register block, cache block, work-group) as pure functions of an
-OpenCL device description, so that they can be tested for devices that are not here.
+"""GEMM shapes (vector width, register block, work-group, what is read in place) as pure
+functions of an OpenCL device description, so that they can be tested for devices that are not
+here.
 
 The vector width is where devices differ most, and where a driver may report more than its
 compiler can build: PoCL 3.0 (LLVM 14) on an AMD Zen 4 reports 16-wide floats (the CPU has
-AVX-512) but compiles for LLVM's ``znver3``, which has no AVX-512, and a 16-wide multiply-add
-then aborts LLVM. So the width a device reports is only where the search starts:
+AVX-512) but compiles for LLVM's ``znver3``, which has no AVX-512, and a 16-wide ``mad()``
+(which the packed GEMM called until it stopped calling builtins) then aborts LLVM; 16-wide
+vectors of plain arithmetic build, as two AVX2 registers each. So the width a device reports
+is only where the search starts:
 :mod:`mpcore_opencl.probe` builds and runs the GEMM in a subprocess at that width and, if it
 fails, at each narrower one (:func:`candidate_widths`), and the backend uses the widest that
 computed correctly.
 
-- Packed (CPU devices): each work-item computes a ``rows`` x ``vector_width`` block of C in
-  registers, the K loop cut into ``depth``-deep blocks so that a work-group's panels stay in
-  L1/L2. The vector width is the device's; 16 rows were fastest both at width 16 (PoCL on an
-  Ice Lake Xeon) and at width 8 (PoCL on Zen 4), among 4 to 32 (``benchmarks/gemm_opencl.py``).
+- Packed (CPU devices): each work-item computes a ``rows`` x (``vectors`` x ``vector_width``)
+  block of C in registers. The vector width is the device's; ``rows`` x ``vectors``
+  accumulators and ``vectors`` B vectors must fit the vector registers (see
+  :data:`PACKED_ROWS`).
 - Tiled (GPUs): a work-group stages ``tile_m`` x ``tile_k`` and ``tile_k`` x ``tile_n`` slices
   in local memory; the vector width (4: 128-bit loads, which every GPU serves in one
   transaction, even those that report scalar floats as native) is a register block, not SIMD.
@@ -29,11 +32,37 @@ from mpcore.backend import Device
 
 #: The vector widths the GEMM kernels are written for (OpenCL C has no 3-wide loads there).
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
-#: Work-group of the packed GEMM, in (columns, rows) of register blocks: the best of 4x4 to
-#: 16x16 on PoCL; clamped to the device's limits.
-PACKED_GROUP = (8, 4)
-PACKED_ROWS = 16
-PACKED_DEPTH = 128
+#: Work-group of the packed GEMM, in (columns, rows) of register blocks, clamped to the
+#: device's limits. The kernel has no barrier, so a group is only a unit of scheduling: on PoCL
+#: on Zen 4, 4 x 1, 1 x 1 and 8 x 4 ran alike and 4 x 4 about 10% slower on the guide's
+#: 128x784 @ 784x64 (benchmarks/packed_gemm_opencl.py --config group=...); small groups also
+#: leave more groups than cores on small problems.
+PACKED_GROUP = (4, 1)
+#: Register block of the packed GEMM: ``PACKED_ROWS`` rows of two vectors of at most 32 bytes
+#: (:func:`packed_vectors`): 12 accumulators and 2 B vectors, which fit AVX2's 16 registers.
+#: On PoCL on Zen 4 (AVX2), 6 x 16 floats was fastest on the guide's shapes and on squares to
+#: 1024, ahead of 4 x 16 (as fast on the guide's forward GEMM, up to 10% slower elsewhere),
+#: 8 x 8, 3 x 32 and 8 x 16 (16 accumulators and the B vectors: spilled), benchmarks/
+#: packed_gemm_opencl.py --config rows=...
+PACKED_ROWS = 6
+#: Widest vector, in bytes, that the packed GEMM counts as one register: AVX2's. A device may
+#: report wider vectors than its compiler targets (PoCL 3.0 on Zen 4 reports 16 floats, AVX-512,
+#: and compiles for znver3, AVX2), so a wider vector is taken to be several registers.
+PACKED_REGISTER_BYTES = 32
+#: Largest A and B (per batch) that the packed GEMM reads in place rather than packing. In
+#: place, every row of blocks reads all of B again, a block's K rows of B each CW columns at a
+#: stride of a whole row, and a block reads WPM rows of A (or, transposed, WPM columns: K short
+#: runs at a stride of a row); that is faster than packing while the operand stays in L2, and
+#: slower beyond. On PoCL on Zen 4 (1 MiB L2 a core), B in place was faster up to 256 KiB
+#: (784x64, the guide's first layer; 256x256; 1024x64) and slower from 512 KiB (362x362,
+#: 512x512); A in place was faster up to 512 KiB (the guide's 128x784, untransposed and
+#: transposed), mixed around 512 KiB to 4 MiB (transposed slower, untransposed a few percent
+#: faster) and slower at 16 MiB (2048x2048, transposed 2.7x). Measured with
+#: benchmarks/packed_gemm_opencl.py --config a=...,b=... (0: always packed). Devices do not
+#: report their L2 (PoCL reports the 32 MiB L3 as its global memory cache), so these are
+#: constants.
+PACKED_IN_PLACE_A_BYTES = 512 * 1024
+PACKED_IN_PLACE_B_BYTES = 256 * 1024
 TILED_WIDTH = 4
 
 
@@ -78,16 +107,25 @@ def _group_limits(device: Device) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class PackedShape:
-    """The packed GEMM's shape: a ``rows`` x ``vector_width`` register block per work-item,
-    ``depth``-deep cache blocks, work-groups of ``group`` (columns, rows) blocks at most."""
+    """The packed GEMM's shape: a register block of ``rows`` x ``columns`` per work-item
+    (``vectors`` vectors of ``vector_width`` lanes a row), work-groups of ``group``
+    (columns, rows) blocks at most, A and B read in place up to ``in_place_a_bytes`` and
+    ``in_place_b_bytes`` per batch."""
 
     vector_width: int
     rows: int = PACKED_ROWS
-    depth: int = PACKED_DEPTH
+    vectors: int = 2
     group: tuple[int, int] = PACKED_GROUP
+    in_place_a_bytes: int = PACKED_IN_PLACE_A_BYTES
+    in_place_b_bytes: int = PACKED_IN_PLACE_B_BYTES
+
+    @property
+    def columns(self) -> int:
+        return self.vectors * self.vector_width
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DWPM={self.rows}", f"-DVW={self.vector_width}", f"-DKC={self.depth}")
+        return ("-DPACKED", f"-DWPM={self.rows}", f"-DVW={self.vector_width}",
+                f"-DNV={self.vectors}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +171,15 @@ def packed_shape(device: Device, vector_width: int, itemsize: int = 4) -> Packed
             gy //= 2
         else:
             break
-    return PackedShape(vector_width, group=(gx, gy))
+    return PackedShape(vector_width, vectors=packed_vectors(vector_width, itemsize),
+                       group=(gx, gy))
+
+
+def packed_vectors(vector_width: int, itemsize: int = 4) -> int:
+    """Vectors of ``vector_width`` lanes of ``itemsize`` bytes per row of the packed GEMM's
+    register block: two registers' worth (:data:`PACKED_REGISTER_BYTES` each), so two vectors
+    up to that size and one wider vector (16 floats: two AVX2 registers, or one AVX-512)."""
+    return 2 if vector_width * itemsize <= PACKED_REGISTER_BYTES else 1
 
 
 def tiled_shape(device: Device, vector_width: int = TILED_WIDTH, itemsize: int = 4,

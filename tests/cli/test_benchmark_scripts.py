@@ -242,3 +242,18 @@ def test_opencl_step_profile() -> None:
     names = [k["kernel"] for k in record["kernels"]]
     assert any(n.startswith("gemm") for n in names) and "take_rows" in names  # rows of 784
     assert record["device_us_per_step"] > 0 and record["launches_per_step"] > 0
+
+
+def test_packed_gemm_opencl() -> None:
+    pytest.importorskip("pyopencl", reason='pip install -e ".[pocl]" (in the test extra)')
+    try:
+        mp.get_backend("opencl")
+    except mp.BackendUnavailableError as exc:
+        pytest.skip(f"opencl: {exc}")
+    records = run("packed_gemm_opencl.py", "--rounds", "2", "--shapes", "t13x9x17", "7x5x3t",
+                  "--config", "rows=4,group=1x1", "--config", "a=0,b=0")
+    assert [(r["shape"], r["config"]) for r in records] == [
+        (s, c) for c in ("device", "rows=4,group=1x1", "a=0,b=0") for s in ("t13x9x17", "7x5x3t")]
+    assert all(r["us_median"] > 0 and r["gemm_us_median"] > 0 for r in records)
+    assert "-DWPM=4" in records[2]["packed_shape"] and "group=1x1" in records[2]["packed_shape"]
+    assert records[4]["pack_us_median"] > 0  # both operands packed

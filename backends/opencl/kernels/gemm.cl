@@ -1,7 +1,8 @@
 /* GEMM: C[b] = op(A[b]) @ op(B[b]) with op = identity or transpose, any M, N, K, accumulated in
  * A_AT (float32 for 16-bit storage). Two variants, chosen by the host per device
  * kind and built with their tile sizes as macros: "tiled" (TSM defined; local memory, for GPUs)
- * and "packed" (KC defined; packed panels and cache blocking, for CPU devices such as PoCL).
+ * and "packed" (PACKED defined; register blocks read in place or from packed panels, for CPU
+ * devices such as PoCL).
  *
  * Tiled: a work-group computes a TSM x TSN tile of C. Each K-step it stages a TSK-deep slice of
  * A and B in local memory in the compute type A_CT (float for 16-bit storage, widened once per
@@ -95,20 +96,63 @@ GEMM(gemm_tt, 1, 1)
 
 #endif
 
-#ifdef KC
+#ifdef PACKED
 /* The CPU-device variant ("packed"). On a CPU, local memory is ordinary cached memory and the
- * caches do the staging, so what matters is the order of memory accesses. Both operands are
- * first packed (O(n^2), one pass that also resolves transposes and widens 16-bit storage to the
- * compute type; native half keeps half panels, widened at the multiply-add) into panels:
- * Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][VW] holds
- * VW columns of op(B), zero-padded to whole panels. A work-item computes one WPM x VW block of C
- * from one A panel and one B panel, both read contiguously (no cache-set conflicts or TLB misses
- * from row strides, which is what made large sizes slow), with VW-wide vector multiply-adds into
- * WPM register accumulators. The K loop is cut into KC-deep blocks with a barrier after each:
- * PoCL runs every work-item of a group through one block before the next, so the group's
- * A and B blocks (a few tens of KiB) stay in L1/L2 while they are reused, instead of each work-item
- * streaming its whole panels through the cache. Spilling the accumulators at each barrier costs
- * one store and load per KC multiply-adds. */
+ * caches do the staging, so what matters is the order of memory accesses and that the inner
+ * loop keeps its accumulators in registers. A work-item computes one WPM x CW block of C
+ * (CW = NV vectors of VW lanes) with NV vector loads of op(B), WPM broadcasts of op(A) and
+ * WPM * NV multiply-adds per k; WPM * NV accumulators plus NV B vectors must fit the vector
+ * registers (tiling.py, PACKED_ROWS).
+ *
+ * Operands are read in place where they are already laid out for this loop (the host decides):
+ * op(B) when it is B untransposed, in 32- or 64-bit storage, and at least CW columns wide;
+ * op(A) when in such storage and at least WPM rows high; each while it is small enough to stay
+ * in cache, where that was faster than packing. Otherwise they are first packed
+ * (pack_k: O(n^2), one pass that resolves transposes, widens 16-bit storage to the compute
+ * type, half kept for native half, and zero-pads to whole panels) into panels:
+ * Ap[batch][PM][K][WPM] holds WPM rows of op(A) interleaved along K, Bp[batch][PN][K][CW]
+ * holds CW columns of op(B). Reading in place saves the packing passes, which cost about half
+ * as much as the multiply itself on the guide's 128x784 @ 784x64
+ * (benchmarks/packed_gemm_opencl.py --config a=0,b=0). At the edges
+ * of an operand read in place, the last block is shifted back to end at the last row (m_last =
+ * M - WPM) or column (n_last = N - CW), so every load stays inside the operand without a
+ * branch or a clamp in the inner loop, and it stores only the rows and columns that are its
+ * own; for panels m_last and n_last are past the end, so blocks are never shifted. Which
+ * operands go in place: linalg.py (_gemm_packed) and tiling.py (PACKED_IN_PLACE_A_BYTES).
+ *
+ * Element (row m0 + r, k) of op(A) is at A[ip * a_ps + (m0 - ip * WPM + r) * A_RS + k * A_KS]
+ * and the B vector (k, v) at B[jp * b_ps + (n0 - jp * CW) + k * b_ks + v * VW]. gemm_packed
+ * has the rows of op(A) contiguous (A_RS = 1: panels, or A transposed in place) and
+ * gemm_packed_k the K axis (A_KS = 1: A untransposed in place), so that the stride that is 1
+ * is known to the compiler.
+ *
+ * Written for PoCL, whose CPU driver (3.0, on Zen 4) does not inline OpenCL builtins: each
+ * mad(), fma(), vload8() or vstore8() is a function call that moves its operands through the
+ * stack (objdump of the kernel in PoCL's cache), which made the same loop 3x slower (a copy of
+ * this kernel calling mad() and vload8(), timed like benchmarks/packed_gemm_opencl.py). So the
+ * loop uses a * b + c (contracted to an FMA, as OpenCL C allows) and plain vector loads through
+ * a type aligned to its element, and calls no builtin. There is no barrier: PoCL keeps a
+ * work-item's private values that live across a barrier in memory, and a K loop cut by
+ * barriers into 128-deep cache blocks ran about 2x slower than one loop on the guide's shapes,
+ * and a scalar kernel (one column per work-item, left to PoCL's work-group vectorizer) 1.3x
+ * slower than explicit vectors (copies of this kernel, timed the same way; the whole GEMM in the
+ * step: benchmarks/opencl_step_profile.py). */
+#define CW (VW * NV)
+#define FMADD(a, b, c) ((a) * (b) + (c))
+/* an unaligned vector of the panel type and of the accumulation type (vload/vstore are calls) */
+#if VW == 1
+typedef A_CT PANEL_V;
+typedef A_AT ACC_V;
+#else
+typedef CAT(A_CT, VW) __attribute__((aligned(sizeof(A_CT)))) PANEL_V;
+typedef VT __attribute__((aligned(sizeof(A_AT)))) ACC_V;
+#endif
+#if A_HALF
+#define PANEL_WIDEN(v) WIDEN(v)
+#else
+#define PANEL_WIDEN(v) (v)
+#endif
+
 /* Packing over a 3-D range (k, panel, batch): each work-item writes the PW consecutive
  * elements of one (panel, k), with no division per element (a 1-D range over elements spent
  * most of its time in the divisions that recover (batch, panel, k, w) from the index). */
@@ -127,32 +171,48 @@ __kernel void pack_k(const int rows, const int K, const int P, const long rs, co
     }
 }
 
-__kernel void gemm_packed(const int M, const int N, const int K, const int PM, const int PN,
-                          __global const A_CT *Ap, __global const A_CT *Bp, __global O_ST *C) {
-    const int jp = get_global_id(0), ip = get_global_id(1);
-    const long b = get_global_id(2);
-    __global const A_CT *pa = Ap + (b * PM + ip) * (long)K * WPM;
-    __global const A_CT *pb = Bp + (b * PN + jp) * (long)K * VW;
-    VT acc[WPM];
-    for (int r = 0; r < WPM; ++r) acc[r] = (VT)(0);
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        const int k1 = min(k0 + KC, K);
-        for (int k = k0; k < k1; ++k) {
-            const VT bv = WIDEN(VLOAD(k, pb));
-            _Pragma("unroll")
-            for (int r = 0; r < WPM; ++r)
-                acc[r] = MAD((VT)((A_AT)pa[(long)k * WPM + r]), bv, acc[r]);
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const int m0 = ip * WPM, n0 = jp * VW;
-    __global O_ST *pc = C + b * (long)M * N;
-    for (int r = 0; r < WPM; ++r) {
-        const int gm = m0 + r;
-        if (gm >= M) break;
-        A_AT out[VW];
-        VSTORE(acc[r], 0, out);
-        for (int c = 0; c < VW && n0 + c < N; ++c) STORE_O(pc, (long)gm * N + n0 + c, out[c]);
-    }
+#define GEMM_PACKED(NAME, A_RS, A_KS)                                                        \
+__kernel void NAME(const int M, const int N, const int K, const int m_last, const int n_last, \
+                   const long a_ps, const long a_rs, const long a_ks, const long a_bs,       \
+                   const long b_ps, const long b_ks, const long b_bs,                        \
+                   __global const A_CT *A, __global const A_CT *B, __global O_ST *C) {       \
+    const int jp = get_global_id(0), ip = get_global_id(1);                                  \
+    const long bt = get_global_id(2);                                                        \
+    const int m0 = min(ip * WPM, m_last), n0 = min(jp * CW, n_last);                         \
+    __global const A_CT *pa = A + bt * a_bs + ip * a_ps + (m0 - ip * WPM) * (A_RS);          \
+    __global const A_CT *pb = B + bt * b_bs + jp * b_ps + (n0 - jp * CW);                    \
+    VT acc[WPM][NV];                                                                         \
+    _Pragma("unroll")                                                                        \
+    for (int r = 0; r < WPM; ++r)                                                            \
+        _Pragma("unroll")                                                                    \
+        for (int v = 0; v < NV; ++v) acc[r][v] = (VT)(0);                                    \
+    for (int k = 0; k < K; ++k) {                                                            \
+        VT bv[NV];                                                                           \
+        _Pragma("unroll")                                                                    \
+        for (int v = 0; v < NV; ++v)                                                         \
+            bv[v] = PANEL_WIDEN(*(__global const PANEL_V *)(pb + k * b_ks + v * VW));        \
+        _Pragma("unroll")                                                                    \
+        for (int r = 0; r < WPM; ++r) {                                                      \
+            const VT av = (VT)((A_AT)pa[k * (A_KS) + r * (A_RS)]);                           \
+            _Pragma("unroll")                                                                \
+            for (int v = 0; v < NV; ++v) acc[r][v] = FMADD(av, bv[v], acc[r][v]);            \
+        }                                                                                    \
+    }                                                                                        \
+    __global O_ST *pc = C + bt * (long)M * N;                                                \
+    /* a shifted block's own rows and columns; r runs from 0 so that the loop unrolls and  \
+       acc keeps constant indices (a variable one would put acc in memory throughout) */     \
+    const int r0 = ip * WPM - m0, c0 = jp * CW - n0;                                         \
+    _Pragma("unroll")                                                                        \
+    for (int r = 0; r < WPM; ++r) {                                                          \
+        if (r < r0 || m0 + r >= M) continue;                                                 \
+        A_AT out[CW];                                                                        \
+        _Pragma("unroll")                                                                    \
+        for (int v = 0; v < NV; ++v) *(ACC_V *)(out + v * VW) = acc[r][v];                   \
+        for (int c = c0; c < CW && n0 + c < N; ++c)                                          \
+            STORE_O(pc, (long)(m0 + r) * N + n0 + c, out[c]);                                \
+    }                                                                                        \
 }
+
+GEMM_PACKED(gemm_packed, 1, a_ks)
+GEMM_PACKED(gemm_packed_k, a_rs, 1)
 #endif

@@ -176,6 +176,31 @@ def test_check_policy_on_the_real_device(cl: Any) -> None:
 
 # --- kernels against NumPy --------------------------------------------------------------
 @needs_device
+@pytest.mark.parametrize(("m", "k", "n"), [
+    (5, 7, 40),      # fewer rows than a register block: A packed
+    (40, 7, 9),      # fewer columns than a block: B packed
+    (6, 3, 16),      # exactly one block, both read in place
+    (13, 33, 35),    # A and B in place, their last blocks shifted back to the edge
+    (20, 300, 300),  # B above the in-place limit: packed, A in place
+    (700, 200, 17),  # A above the in-place limit: packed, B in place
+])
+@pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True)])
+def test_packed_gemm_in_place_and_packed_operands(cl: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  m: int, k: int, n: int, ta: bool,
+                                                  tb: bool) -> None:
+    # the packed GEMM reads float32 operands in place or packs them by shape (linalg.py); each
+    # case takes another mix, batched so that the batch offsets of both ways are used
+    monkeypatch.setattr(cl, "gemm_variant", "packed")
+    rng = np.random.default_rng(m * k + n)
+    a = rng.standard_normal((3, k, m) if ta else (3, m, k)).astype(np.float32)
+    b = rng.standard_normal((3, n, k) if tb else (3, k, n)).astype(np.float32)
+    got = host(cl, cl.matmul(cl.asarray(a, "float32"), cl.asarray(b, "float32"), ta, tb))
+    fa, fb = a.astype(np.float64), b.astype(np.float64)
+    want = (np.swapaxes(fa, -1, -2) if ta else fa) @ (np.swapaxes(fb, -1, -2) if tb else fb)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_device
 @pytest.mark.parametrize("variant", ["packed", "tiled"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True),

@@ -22,6 +22,7 @@ from mpcore_opencl.tiling import (
     candidate_widths,
     gemm_variant,
     packed_shape,
+    packed_vectors,
     reported_width,
     tiled_shape,
 )
@@ -231,8 +232,8 @@ _BUILD_ALL = textwrap.dedent("""
     print(json.dumps(built))
 """)
 EXPECTED = {
-    "gemm packed pack": {"pack_k", "gemm_packed"},
-    "gemm packed": {"pack_k", "gemm_packed"},
+    "gemm packed pack": {"pack_k", "gemm_packed", "gemm_packed_k"},
+    "gemm packed": {"pack_k", "gemm_packed", "gemm_packed_k"},
     "gemm tiled": {"gemm_nn", "gemm_nt", "gemm_tn", "gemm_tt"},
     "elementwise": {"k_add", "k_copy", "k_copy_s", "copy_w", "fill", "where_bc", "bias_add"},
     "random": {"random_uniform", "random_normal", "dropout_mask"},
@@ -314,14 +315,26 @@ def test_candidate_widths_start_from_what_the_device_reports() -> None:
 
 
 def test_packed_shape_keeps_vector_bytes_and_fits_the_work_group() -> None:
-    assert packed_shape(ZEN4_POCL, 8).options() == ("-DWPM=16", "-DVW=8", "-DKC=128")
+    assert packed_shape(ZEN4_POCL, 8).options() == ("-DPACKED", "-DWPM=6", "-DVW=8", "-DNV=2")
     assert packed_shape(ZEN4_POCL, 8, itemsize=8).vector_width == 4  # double4 = float8
     assert packed_shape(ZEN4_POCL, 1, itemsize=8).vector_width == 1
-    assert packed_shape(ZEN4_POCL, 16).group == (8, 4)
-    assert packed_shape(_device(max_work_group_size=16), 16).group == (4, 4)
+    assert packed_shape(ZEN4_POCL, 16).group == (4, 1)
+    assert packed_shape(_device(max_work_group_size=2), 16).group == (2, 1)
     assert packed_shape(_device(max_work_group_size=1), 4).group == (1, 1)
     narrow = _device(max_work_group_size=256, max_work_item_sizes=[2, 256, 256])
-    assert packed_shape(narrow, 4).group == (2, 4)
+    assert packed_shape(narrow, 4).group == (2, 1)
+
+
+def test_packed_block_is_two_registers_of_at_most_32_bytes_a_row() -> None:
+    # 12 accumulators of AVX2 registers: a 16-float vector (reported by PoCL on Zen 4, built
+    # for AVX2) counts as two registers, so one per row; 8 floats or 4 doubles, two per row
+    for width, itemsize, vectors in ((16, 4, 1), (8, 4, 2), (4, 4, 2), (1, 4, 2), (8, 8, 1),
+                                     (4, 8, 2)):
+        assert packed_vectors(width, itemsize) == vectors, (width, itemsize)
+    shape = packed_shape(ZEN4_POCL, 16)
+    assert (shape.rows, shape.vector_width, shape.vectors, shape.columns) == (6, 16, 1, 16)
+    assert packed_shape(ZEN4_POCL, 16, itemsize=8).columns == 8  # 8 doubles: one row of 64 B
+    assert packed_shape(ZEN4_POCL, 8, itemsize=8).columns == 8  # two double4
     with pytest.raises(ValueError, match=r"not one of \(1, 2, 4, 8, 16\)"):
         packed_shape(ZEN4_POCL, 3)
 
