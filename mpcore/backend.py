@@ -15,6 +15,7 @@ are fused versions of composite ops, which the core otherwise builds from the re
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -166,6 +167,16 @@ def set_kernel_set_source(source: KernelSetSource | None) -> None:
 
 
 _NO_DEFAULT: Any = object()
+
+
+def same_values(given: tuple[Any, ...], bound: tuple[Any, ...]) -> bool:
+    """Whether a bound kernel's Python arguments are the ones it was bound to: the same
+    objects (a replay passes its program's constants) or equal with the same sign (``-0.0``
+    is not ``0.0`` to a kernel)."""
+    for a, b in zip(given, bound, strict=True):
+        if a is not b and (a != b or math.copysign(1.0, a) != math.copysign(1.0, b)):
+            return False
+    return True
 
 
 def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:

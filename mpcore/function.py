@@ -25,6 +25,8 @@ run eagerly and not kept; the next call traces again).
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import threading
 import warnings
 import weakref
@@ -217,6 +219,19 @@ def _on_variable(variable: Variable, event: str) -> None:
 _BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
 
 
+def value_key(value: Any) -> Any:
+    """``value`` as a key that tells apart what ``==`` does not and a kernel does: the signed
+    zeros of a float (or of a complex's parts). ``0.0 == -0.0``, but ``x * -0.0`` is -0 where
+    ``x * 0.0`` is +0, so a step traced with one must not replay for the other."""
+    if isinstance(value, int):          # (bool included)
+        return value
+    if isinstance(value, numbers.Real):  # a float of any kind (NumPy's register as Real)
+        return (value, math.copysign(1.0, value))
+    if isinstance(value, complex):
+        return (value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
+    return value
+
+
 class _Identity:
     """An object in a signature, compared by identity (a method's ``self`` whose ``__eq__``
     says two instances are equal must not share a program) through a weak reference where it
@@ -266,7 +281,7 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any],
             return ("dict", tuple((_Identity(k) if not isinstance(k, _BY_VALUE) else k,
                                    key(v)) for k, v in value.items()))
         if isinstance(value, _BY_VALUE):
-            return ("value", type(value).__name__, value)
+            return ("value", type(value).__name__, value_key(value))
         return ("object", _Identity(value))
 
     # which inputs are one array passed twice: a program traced with f(a, a) reads one slot

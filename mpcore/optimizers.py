@@ -25,7 +25,7 @@ from mpcore import clipping as _clipping
 from mpcore import ops
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
-from mpcore.function import kept_whole, on_replay, recording_kernels
+from mpcore.function import kept_whole, on_replay, recording_kernels, value_key
 from mpcore.hyperparameters import Hyperparameters
 from mpcore.naming import by_name
 from mpcore.tensor import Tensor, Variable
@@ -223,7 +223,7 @@ class Optimizer(Hyperparameters):
                 or (self.gradient_accumulation_steps or 1) > 1
                 or _distribution.distribution() is not None):
             return None
-        setting = tuple(getattr(self, name) for name in names)
+        setting = tuple(value_key(getattr(self, name)) for name in names)  # (-0.0 is not 0.0)
         seen = self.__dict__.setdefault("_recorded_settings", set())
         if setting not in seen:
             if len(seen) >= self._MAX_RECORDED_SETTINGS:

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F32, LOW
 
+from mpcore.backend import same_values
+
 from .elementwise import quiet
 
 _f32 = np.float32
@@ -179,7 +181,8 @@ class CpuOptim:
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:
-            if ((velocity is None, lr, momentum, nesterov) != hyper or var.shape != shape
+            if (not same_values((velocity is None, lr, momentum, nesterov), hyper)
+                    or var.shape != shape
                     or not _flat(var, grad, velocity)):
                 return kernel(var, grad, velocity, lr, momentum, nesterov, flag)
             if not _skip(flag):
@@ -212,7 +215,8 @@ class CpuOptim:
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
-            if ((mom is None, lr, rho, momentum, epsilon) != hyper or var.shape != shape
+            if (not same_values((mom is None, lr, rho, momentum, epsilon), hyper)
+                    or var.shape != shape
                     or not _flat(var, grad, ms, mom)):
                 return kernel(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
             if not _skip(flag):

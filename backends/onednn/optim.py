@@ -38,6 +38,7 @@ stays, so their memory handles stay set; a traced step binds them to its operand
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.backend import bind_call
+from mpcore.backend import bind_call, same_values
 
 from .elementwise import BinaryCache
 
@@ -103,7 +104,7 @@ class _Passes:
         self._max_sizes = max_sizes
         self._by_key: OrderedDict[Any, tuple[Any, ...]] = OrderedDict()
         self._lock = threading.Lock()
-        self._latest: tuple[Any, tuple[np.ndarray, ...]] = ((), ())
+        self._latest: tuple[bytes, tuple[np.ndarray, ...]] = (b"", ())
         self.runs = 0   # updates run on oneDNN (for tests and diagnostics)
 
     def __contains__(self, key: Any) -> bool:
@@ -122,10 +123,11 @@ class _Passes:
             return found
 
     def scalars(self, *values: float) -> tuple[np.ndarray, ...]:
-        key, arrays = self._latest
-        if key != values:
+        key = struct.pack(f"{len(values)}d", *values)    # bits: -0.0 is not 0.0
+        latest, arrays = self._latest
+        if key != latest:
             arrays = tuple(_scalar(v) for v in values)
-            self._latest = (values, arrays)
+            self._latest = (key, arrays)
         return arrays
 
 
@@ -174,7 +176,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
-            if (mom is not None or (lr, rho, momentum, epsilon) != hyper
+            if (mom is not None or not same_values((lr, rho, momentum, epsilon), hyper)
                     or not _like(shape, var, grad, ms)):
                 return rmsprop_update(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
             if not _skip(flag):
@@ -241,7 +243,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:
-            if ((velocity is None, lr, momentum, nesterov) != hyper
+            if (not same_values((velocity is None, lr, momentum, nesterov), hyper)
                     or not _like(shape, var, grad, *(() if velocity is None else (velocity,)))):
                 return sgd_update(var, grad, velocity, lr, momentum, nesterov, flag)
             if not _skip(flag):

@@ -99,6 +99,40 @@ def test_tensors_nested_in_a_list_are_another_signature_than_the_same_tensors_fl
     assert f.tracing_count == 3
 
 
+def test_a_python_zero_and_minus_zero_are_different_signatures() -> None:
+    # 0.0 == -0.0, but x * -0.0 is -0 (a trial found the replay of the 0.0 trace: +0)
+    f = mp.function(lambda x, s: mp.ops.multiply(x, s))
+    x = mp.constant(np.ones(4, np.float32))
+    f(x, 0.0)
+    out = np.asarray(f(x, -0.0))
+    assert f.tracing_count == 2 and np.signbit(out).all()
+    f(x, 0.0)
+    assert f.tracing_count == 2
+
+
+@pytest.mark.parametrize("size", [1000, 32768])
+@pytest.mark.parametrize("make", [mp.optimizers.SGD, mp.optimizers.RMSprop],
+                         ids=["sgd", "rmsprop"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_learning_rate_of_minus_zero_is_not_taken_for_zero(size: int, make: Any,
+                                                              traced: bool) -> None:
+    """-0.0 passes the rate's check (>= 0): w = -0 - 1 * (-0.0) is +0 where the 0.0 update
+    keeps -0. A trial found both a traced step (its guard took -0.0 for 0.0) and oneDNN's
+    eager update (its hyperparameter operands) keeping the 0.0 setting's result."""
+    v = mp.Variable(np.full(size, -0.0, np.float32))
+    opt = make(0.0)
+    step = lambda g: opt.apply_gradients([(g, v)])  # noqa: E731
+    if traced:
+        step = mp.function(step)
+    g = mp.constant(np.ones(size, np.float32))
+    step(g)
+    step(g)
+    assert np.signbit(v.numpy()).all()
+    opt.learning_rate = -0.0
+    step(g)
+    assert not np.signbit(v.numpy()).any()
+
+
 def test_a_kernel_binding_that_fails_is_reported_and_the_step_replays_unbound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     backend = mp.get_backend("cpu")
