@@ -118,18 +118,37 @@ class CpuNn:
         return out, self._rounded(total, g.dtype)
 
     def bind_relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> Any:
-        """``relu_grad_bias`` of 16-bit matrices for a traced step: the bias gradient's GEMV
-        bound to its operands (a row of ones made once), the rest as the kernel does it;
-        None elsewhere (the float32 kernel has no per-call work worth saving)."""
-        if g.dtype == _F32 or not _blocked(g, y) or y.ndim != 2:
+        """``relu_grad_bias`` of matrices for a traced step: float32 of one block as the
+        kernel's blocked pass without its per-call set-up; 16-bit with the bias gradient's
+        GEMV bound to its operands (a row of ones made once). None elsewhere."""
+        if not _blocked(g, y) or y.ndim != 2:
             return None
+        shape, dtype = y.shape, g.dtype
+        kernel = self._kernel_table["relu_grad_bias"]   # (a provider's, where one is installed)
+        if dtype == _F32:
+            if y.size > BLOCK or not (g.flags.c_contiguous and y.flags.c_contiguous):
+                return None
+
+            def bound32(g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                if (g.dtype != dtype or y.dtype != dtype or g.shape != shape
+                        or y.shape != shape or not (g.flags.c_contiguous
+                                                    and y.flags.c_contiguous)):
+                    return kernel(g, y)
+                # the kernel's one block (_masked_blocks), its bias gradient summed from 0
+                out = self.buffer(shape, dtype)
+                keep = np.empty(shape, np.uint32)
+                np.greater(y, _ZERO32, out=keep, casting="unsafe")
+                np.multiply(g.view(np.uint32), keep, out=out.view(np.uint32))
+                total = np.zeros(shape[1], _F32)
+                total += np.add.reduce(out, axis=0, dtype=_F32)
+                return out, total
+
+            return bound32
         from mpcore.backend import bind_call
 
         matmul = self._kernel_table["matmul"]
         ones = np.ones((1, y.shape[0]), g.dtype)
         gemv = bind_call(matmul, ones, np.empty_like(y), False, False) or matmul
-        shape, dtype = y.shape, g.dtype
-        kernel = self._kernel_table["relu_grad_bias"]   # (a provider's, where one is installed)
 
         def bound(g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if g.dtype != dtype or y.dtype != dtype or g.shape != shape or y.shape != shape:

@@ -307,8 +307,23 @@ def test_a_bound_16_bit_relu_backward_gives_the_kernels_bits(monkeypatch: pytest
         (dz, db), (want_dz, want_db) = bound(*args), kernel(*args)
         assert np.array_equal(dz, want_dz) and np.array_equal(db, want_db)
         assert db.dtype == BF16 and db.shape == (64,)
-    f32 = [a.astype(np.float32) for a in operands()]
-    assert backend.bind_kernel("relu_grad_bias", kernel, tuple(f32)) is None   # nothing to save
+    # float32 of one block: the kernel's pass without its set-up; signed zeros, NaN and inf
+    # gradients where y <= 0 (dropped: +0), -0 column sums (+0, as the kernel sums from 0)
+    def f32() -> tuple[np.ndarray, np.ndarray]:
+        g, y = (a.astype(np.float32) for a in operands())
+        g[:4, 0] = [np.nan, np.inf, -0.0, -0.0]
+        y[:4, 0] = [-1.0, 0.0, 1.0, np.nan]
+        g[:, 1], y[:, 1] = -0.0, 1.0
+        return g, y
+
+    bound = backend.bind_kernel("relu_grad_bias", kernel, f32())
+    assert bound is not None
+    for args in (f32(), f32()):
+        (dz, db), (want_dz, want_db) = bound(*args), kernel(*args)
+        assert np.array_equal(dz.view(np.uint32), want_dz.view(np.uint32))
+        assert np.array_equal(db.view(np.uint32), want_db.view(np.uint32))
+    big = np.ones((512, 256), np.float32)            # more than a block: nothing to save
+    assert backend.bind_kernel("relu_grad_bias", kernel, (big, big)) is None
 
 
 # --- the trial's findings: the replay's bits where eager's are unusual ------------------------
