@@ -223,7 +223,10 @@ def value_key(value: Any) -> Any:
     """``value`` as a key that tells apart what ``==`` does not and a kernel does: the signed
     zeros of a float (or of a complex's parts). ``0.0 == -0.0``, but ``x * -0.0`` is -0 where
     ``x * 0.0`` is +0, so a step traced with one must not replay for the other."""
-    if isinstance(value, int):          # (bool included)
+    kind = type(value)
+    if kind is float:                    # (the common case first: a guard reads a few a step)
+        return (value, math.copysign(1.0, value))
+    if kind is int or kind is bool or kind is str or isinstance(value, int):
         return value
     if isinstance(value, numbers.Real):  # a float of any kind (NumPy's register as Real)
         return (value, math.copysign(1.0, value))
