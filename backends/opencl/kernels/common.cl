@@ -17,6 +17,20 @@ inline void record_error(__global int *err, const int code, const long value, co
     }
 }
 
+/* PoCL 3.0 calls its builtins out of line: a call per element, which also keeps its work-item
+ * loop from being vectorized. These forms compile to inline instructions there and give the
+ * same values: the NaN and finiteness tests are exact IEEE comparisons (no program is built
+ * with fast-math options), and on PoCL (MP_POCL, set by the runtime) sqrt is the compiler's
+ * correctly rounded one, as PoCL's own is on a CPU (vsqrtss); elsewhere it stays sqrt(), whose
+ * rounding a GPU's compiler may relax differently. */
+#define MP_ISNAN(v) ((v) != (v))
+#define MP_ISFINITE(v) ((v) - (v) == 0)
+#ifdef MP_POCL
+#define MP_SQRT(x) _Generic((x), double: __builtin_sqrt, default: __builtin_sqrtf)(x)
+#else
+#define MP_SQRT(x) sqrt(x)
+#endif
+
 inline float bf16_to_f32(ushort h) { return as_float(((uint)h) << 16); }
 
 /* Round to nearest even; NaN stays a (quiet) NaN with its sign. */

@@ -48,7 +48,7 @@ __kernel void NAME##_bc(const int n, const int nd, const int8 shape, const int8 
 }
 
 #if A_FLOAT
-#define IS_NAN(v) isnan(v)
+#define IS_NAN(v) MP_ISNAN(v)
 #else
 #define IS_NAN(v) 0
 #endif
