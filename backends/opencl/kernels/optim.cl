@@ -13,7 +13,7 @@
 __kernel void unscale(const int n, const float inv_scale, __global const A_ST *pg,
                       __global float *po, __global uchar *flag) {
     const int i = get_global_id(0);
-    if (i >= n) return;
+    if (!IN_RANGE(i, n)) return;
     const float v = (float)LOAD_A(pg, i) * inv_scale;
     po[i] = v;
     if (!MP_ISFINITE(v)) *flag = 0;
@@ -21,7 +21,7 @@ __kernel void unscale(const int n, const float inv_scale, __global const A_ST *p
 
 __kernel void all_finite(const int n, __global const A_ST *pa, __global uchar *flag) {
     const int i = get_global_id(0);
-    if (i < n && NOT_FINITE(LOAD_A(pa, i))) *flag = 0;
+    if (IN_RANGE(i, n) && NOT_FINITE(LOAD_A(pa, i))) *flag = 0;
 }
 
 /* Tested once, before the index: read per work-item under the bounds test, PoCL keeps the flag
@@ -33,7 +33,7 @@ __kernel void sgd(const int n, const float lr, const float momentum, const int n
                   __global A_ST *var, __global const A_ST *grad, __global A_ST *vel) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;
+    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
     if (use_velocity) {
@@ -52,7 +52,7 @@ __kernel void rmsprop(const int n, const float lr, const float rho, const float 
                       __global A_ST *ms, __global A_ST *mom) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;
+    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
     const A_CT g = LOAD_A(grad, i);
     const A_CT s = rho * LOAD_A(ms, i) + (1 - rho) * g * g;
     STORE_A(ms, i, s);
@@ -74,7 +74,7 @@ __kernel void adam(const int n, const float lr, const float alpha, const float b
                    __global const A_ST *grad, __global A_ST *pm, __global A_ST *pv) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;
+    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
     if (weight_decay > 0) w -= lr * weight_decay * w;
