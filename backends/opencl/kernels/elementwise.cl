@@ -90,6 +90,6 @@ __kernel void where_flat(const int n, __global const uchar *pc, __global const A
 __kernel void bias_add(const int n, const int c, __global const A_ST *pa,
                        __global const A_ST *pb, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (IN_RANGE(i, n)) STORE_O(po, i, LOAD_A(pa, i) + LOAD_A(pb, i % c));
+    if (IN_RANGE(i, n)) STORE_O(po, i, LOAD_A(pa, i) + LOAD_A(pb, mod_index(i, c, n)));
 }
 #endif
