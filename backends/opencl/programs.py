@@ -24,23 +24,23 @@ UNARY: dict[str, tuple[str | None, str | None]] = {
     "copy": ("x", "x"),
     "negative": ("-x", "-x"),
     "abs": ("fabs(x)", "(x < 0 ? -x : x)"),
-    "sign": ("(isnan(x) ? x : (A_CT)((x > 0) - (x < 0)))", "(A_CT)((x > 0) - (x < 0))"),
+    "sign": ("(MP_ISNAN(x) ? x : (A_CT)((x > 0) - (x < 0)))", "(A_CT)((x > 0) - (x < 0))"),
     "square": ("x * x", "x * x"),
-    "relu": ("((x > 0 || isnan(x)) ? x : (A_CT)0)", "(x > 0 ? x : (A_CT)0)"),
+    "relu": ("((x > 0 || MP_ISNAN(x)) ? x : (A_CT)0)", "(x > 0 ? x : (A_CT)0)"),
     "exp": ("exp(x)", None), "log": ("log(x)", None), "sqrt": ("sqrt(x)", None),
     "tanh": ("tanh(x)", None), "erf": ("erf(x)", None),
     "sigmoid": ("(A_CT)0.5 * ((A_CT)1 + tanh((A_CT)0.5 * x))", None),
 }
 UNARY_BOOL: dict[str, tuple[str, str]] = {
-    "isfinite": ("isfinite(x)", "1"),
+    "isfinite": ("MP_ISFINITE(x)", "1"),
     "logical_not": ("x == 0", "x == 0"),
 }
 BINARY: dict[str, tuple[str | None, str | None]] = {
     "add": ("x + y", "x + y"), "subtract": ("x - y", "x - y"), "multiply": ("x * y", "x * y"),
     "divide": ("x / y", None), "power": ("pow(x, y)", None),
     # NaN wins, as NumPy's maximum/minimum
-    "maximum": ("((x > y || isnan(x)) ? x : y)", "(x > y ? x : y)"),
-    "minimum": ("((x < y || isnan(x)) ? x : y)", "(x < y ? x : y)"),
+    "maximum": ("((x > y || MP_ISNAN(x)) ? x : y)", "(x > y ? x : y)"),
+    "minimum": ("((x < y || MP_ISNAN(x)) ? x : y)", "(x < y ? x : y)"),
 }
 BINARY_BOOL: dict[str, str] = {
     "equal": "x == y", "not_equal": "x != y", "less": "x < y", "less_equal": "x <= y",

@@ -17,6 +17,41 @@ inline void record_error(__global int *err, const int code, const long value, co
     }
 }
 
+/* PoCL 3.0 calls its builtins out of line: a call per element, which also keeps its work-item
+ * loop from being vectorized. These forms compile to inline instructions there and give the
+ * same values: the NaN and finiteness tests are exact IEEE comparisons (no program is built
+ * with fast-math options), and on PoCL (MP_POCL, set by the runtime) sqrt is the compiler's
+ * correctly rounded one, as PoCL's own is on a CPU (vsqrtss); elsewhere it stays sqrt(), whose
+ * rounding a GPU's compiler may relax differently. */
+#define MP_ISNAN(v) ((v) != (v))
+#define MP_ISFINITE(v) ((v) - (v) == 0)
+#ifdef MP_POCL
+#define MP_SQRT(x) _Generic((x), double: __builtin_sqrt, default: __builtin_sqrtf)(x)
+#else
+#define MP_SQRT(x) sqrt(x)
+#endif
+
+/* Whether work-item i (get_global_id(0)) of a 1-D launch is below n. The group-wide test comes
+ * first: it is the same for the whole group, so PoCL hoists it out of its work-item loop, and
+ * the loop over a full group has no per-item condition and vectorizes. With only `i < n`, a
+ * conditional 16-bit store (bfloat16, float16) keeps the loop scalar (AVX2 has no masked
+ * 16-bit store): the float32 -> bfloat16 cast was 4x slower. */
+#define IN_RANGE(i, n) ((long)(get_group_id(0) + 1) * get_local_size(0) <= (long)(n) \
+                        || (i) < (n))
+
+/* i % c for 0 <= i < n, c > 0, without an integer division where n <= 2^20 (a test on the
+ * arguments, the same for every work-item): AVX2 has no vector integer division, so `i % c`
+ * kept PoCL's work-item loop scalar at ~10 cycles an element. The float quotient of numbers
+ * below 2^20 is within one of the true one even with OpenCL's 2.5-ulp division, and the two
+ * corrections make the remainder exact. */
+inline int mod_index(const int i, const int c, const int n) {
+    if (n > (1 << 20)) return i % c;
+    int r = i - (int)((float)i / (float)c) * c;
+    r += r < 0 ? c : 0;
+    r -= r >= c ? c : 0;
+    return r;
+}
+
 inline float bf16_to_f32(ushort h) { return as_float(((uint)h) << 16); }
 
 /* Round to nearest even; NaN stays a (quiet) NaN with its sign. */

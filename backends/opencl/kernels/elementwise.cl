@@ -6,12 +6,12 @@
 #define UNARY(NAME, EXPR)                                                                   \
 __kernel void NAME(const int n, __global const A_ST *pa, __global O_ST *po) {               \
     const int i = get_global_id(0);                                                         \
-    if (i < n) { const A_CT x = LOAD_A(pa, i); STORE_O(po, i, (EXPR)); }                    \
+    if (IN_RANGE(i, n)) { const A_CT x = LOAD_A(pa, i); STORE_O(po, i, (EXPR)); }           \
 }                                                                                           \
 __kernel void NAME##_s(const int n, const int nd, const int8 shape, const int8 st,          \
                        const int off, __global const A_ST *pa, __global O_ST *po) {         \
     const int i = get_global_id(0);                                                         \
-    if (i < n) {                                                                            \
+    if (IN_RANGE(i, n)) {                                                                   \
         const A_CT x = LOAD_A(pa, off + strided_offset(i, nd, shape, st));                  \
         STORE_O(po, i, (EXPR));                                                             \
     }                                                                                       \
@@ -21,26 +21,26 @@ __kernel void NAME##_s(const int n, const int nd, const int8 shape, const int8 s
 __kernel void NAME(const int n, __global const A_ST *pa, __global const A_ST *pb,           \
                    __global O_ST *po) {                                                     \
     const int i = get_global_id(0);                                                         \
-    if (i < n) { const A_CT x = LOAD_A(pa, i); const A_CT y = LOAD_A(pb, i);                \
+    if (IN_RANGE(i, n)) { const A_CT x = LOAD_A(pa, i); const A_CT y = LOAD_A(pb, i);       \
                  STORE_O(po, i, (EXPR)); }                                                  \
 }                                                                                           \
 __kernel void NAME##_as(const int n, __global const A_ST *pa, const A_PT ys,                \
                         __global O_ST *po) {                                                \
     const int i = get_global_id(0);                                                         \
     const A_CT y = (A_CT)ys;                                                                \
-    if (i < n) { const A_CT x = LOAD_A(pa, i); STORE_O(po, i, (EXPR)); }                    \
+    if (IN_RANGE(i, n)) { const A_CT x = LOAD_A(pa, i); STORE_O(po, i, (EXPR)); }           \
 }                                                                                           \
 __kernel void NAME##_sa(const int n, const A_PT xs, __global const A_ST *pb,                \
                         __global O_ST *po) {                                                \
     const int i = get_global_id(0);                                                         \
     const A_CT x = (A_CT)xs;                                                                \
-    if (i < n) { const A_CT y = LOAD_A(pb, i); STORE_O(po, i, (EXPR)); }                    \
+    if (IN_RANGE(i, n)) { const A_CT y = LOAD_A(pb, i); STORE_O(po, i, (EXPR)); }           \
 }                                                                                           \
 __kernel void NAME##_bc(const int n, const int nd, const int8 shape, const int8 sa,         \
                         const int8 sb, __global const A_ST *pa, __global const A_ST *pb,    \
                         __global O_ST *po) {                                                \
     const int i = get_global_id(0);                                                         \
-    if (i < n) {                                                                            \
+    if (IN_RANGE(i, n)) {                                                                   \
         const A_CT x = LOAD_A(pa, strided_offset(i, nd, shape, sa));                        \
         const A_CT y = LOAD_A(pb, strided_offset(i, nd, shape, sb));                        \
         STORE_O(po, i, (EXPR));                                                             \
@@ -48,7 +48,7 @@ __kernel void NAME##_bc(const int n, const int nd, const int8 shape, const int8 
 }
 
 #if A_FLOAT
-#define IS_NAN(v) isnan(v)
+#define IS_NAN(v) MP_ISNAN(v)
 #else
 #define IS_NAN(v) 0
 #endif
@@ -58,12 +58,12 @@ __kernel void NAME##_bc(const int n, const int nd, const int8 shape, const int8 
 __kernel void copy_w(const int n, const int nd, const int8 shape, const int8 st, const int off,
                      __global const A_ST *pa, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, off + strided_offset(i, nd, shape, st), LOAD_A(pa, i));
+    if (IN_RANGE(i, n)) STORE_O(po, off + strided_offset(i, nd, shape, st), LOAD_A(pa, i));
 }
 
 __kernel void fill(const int n, const O_PT v, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, i, v);
+    if (IN_RANGE(i, n)) STORE_O(po, i, v);
 }
 #endif
 
@@ -72,7 +72,7 @@ __kernel void where_bc(const int n, const int nd, const int8 shape, const int8 s
                        const int8 sa, const int8 sb, __global const uchar *pc,
                        __global const A_ST *pa, __global const A_ST *pb, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) {
+    if (IN_RANGE(i, n)) {
         const int j = pc[strided_offset(i, nd, shape, sc)] ? strided_offset(i, nd, shape, sa)
                                                            : strided_offset(i, nd, shape, sb);
         const __global A_ST *src = pc[strided_offset(i, nd, shape, sc)] ? pa : pb;
@@ -83,13 +83,13 @@ __kernel void where_bc(const int n, const int nd, const int8 shape, const int8 s
 __kernel void where_flat(const int n, __global const uchar *pc, __global const A_ST *pa,
                          __global const A_ST *pb, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, i, pc[i] ? LOAD_A(pa, i) : LOAD_A(pb, i));
+    if (IN_RANGE(i, n)) STORE_O(po, i, pc[i] ? LOAD_A(pa, i) : LOAD_A(pb, i));
 }
 
 /* x + bias over the last axis. */
 __kernel void bias_add(const int n, const int c, __global const A_ST *pa,
                        __global const A_ST *pb, __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, i, LOAD_A(pa, i) + LOAD_A(pb, i % c));
+    if (IN_RANGE(i, n)) STORE_O(po, i, LOAD_A(pa, i) + LOAD_A(pb, mod_index(i, c, n)));
 }
 #endif

@@ -159,11 +159,18 @@ typedef VT __attribute__((aligned(sizeof(A_AT)))) ACC_V;
 __kernel void pack_k(const int rows, const int K, const int P, const long rs, const long ks,
                      const long stride, __global const A_ST *X, __global A_CT *Xp) {
     const int k = get_global_id(0);
-    if (k >= K) return;
+    if (!IN_RANGE(k, K)) return;  /* common.cl: vectorizes 16-bit loads on PoCL */
     const int p = get_global_id(1);
     const long b = get_global_id(2);
     __global A_CT *dst = Xp + ((b * P + p) * (long)K + k) * PW;
     const long src = b * stride + (long)k * ks;
+    if ((p + 1) * PW <= rows) {
+        /* a whole panel: no test per row, so PoCL's work-item loop vectorizes (16-bit loads
+         * under a condition keep it scalar) */
+        _Pragma("unroll")
+        for (int w = 0; w < PW; ++w) dst[w] = (A_CT)LOAD_A(X, src + (long)(p * PW + w) * rs);
+        return;
+    }
     _Pragma("unroll")
     for (int w = 0; w < PW; ++w) {
         const int row = p * PW + w;

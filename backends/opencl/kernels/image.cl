@@ -110,7 +110,7 @@ __kernel void max_pool2d(const int total, const int h, const int w, const int c,
             const int x = ox * sw - left + j;
             if (x < 0 || x >= w) continue;
             const A_CT v = LOAD_A(px, (((long)b * h + y) * w + x) * c + ch);
-            if (v > best || isnan(v)) best = v;
+            if (v > best || MP_ISNAN(v)) best = v;
         }
     }
     STORE_O(po, i, best);

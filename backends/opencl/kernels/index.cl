@@ -24,7 +24,7 @@ __kernel void take(const int n, const int axis_size, const int nidx, const int i
                    __global const A_ST *pa, __global const L_ST *pidx, __global O_ST *po,
                    __global int *err) {
     const int i = get_global_id(0);
-    if (i >= n) return;
+    if (!IN_RANGE(i, n)) return;
     const int in = i % inner;
     const int j = (i / inner) % nidx;
     const int o = i / (inner * nidx);
@@ -83,5 +83,5 @@ __kernel void take_grad(const int outer, const int axis_size, const int nidx, co
 __kernel void one_hot(const int n, const int depth, __global const L_ST *pidx,
                       __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, i, (long)LOAD_L(pidx, i / depth) == (long)(i % depth) ? 1 : 0);
+    if (IN_RANGE(i, n)) STORE_O(po, i, (long)LOAD_L(pidx, i / depth) == (long)(i % depth) ? 1 : 0);
 }

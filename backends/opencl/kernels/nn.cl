@@ -72,7 +72,11 @@ __kernel void sparse_xent(const int n, const int c, __global const A_ST *pa,
 __kernel void relu_grad(const int n, __global const A_ST *pg, __global const A_ST *py,
                         __global O_ST *po) {
     const int i = get_global_id(0);
-    if (i < n) STORE_O(po, i, LOAD_A(py, i) > 0 ? LOAD_A(pg, i) : (A_CT)0);
+    if (IN_RANGE(i, n)) {
+        /* g read whatever y is: a 16-bit load under the comparison keeps PoCL's loop scalar */
+        const A_CT g = LOAD_A(pg, i);
+        STORE_O(po, i, LOAD_A(py, i) > 0 ? g : (A_CT)0);
+    }
 }
 
 /* The fused backward of sparse_xent: (probs - one_hot(labels)) * g[row]. A row with an
@@ -82,7 +86,7 @@ __kernel void sparse_xent_grad(const int total, const int c, __global const A_ST
                                __global const L_ST *labels, __global const A_ST *g,
                                __global O_ST *po, __global int *err) {
     const int i = get_global_id(0);
-    if (i >= total) return;
+    if (!IN_RANGE(i, total)) return;
     const int r = i / c;
     const long label = (long)LOAD_L(labels, r);
     if (label < 0 || label >= c) {

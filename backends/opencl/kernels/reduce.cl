@@ -5,7 +5,7 @@
  * accuracy and still use every core. Accumulation is in A_AT (float32 for 16-bit inputs). */
 
 #if A_FLOAT
-#define IS_NAN(v) isnan(v)
+#define IS_NAN(v) MP_ISNAN(v)
 #else
 #define IS_NAN(v) 0
 #endif
