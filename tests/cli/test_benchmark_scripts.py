@@ -232,12 +232,16 @@ def test_traced_vs_eager() -> None:
     assert set(record["peak_traced_mb"]) == {"eager", "traced"}
 
 
-def test_opencl_step_profile() -> None:
+def _opencl_or_skip() -> None:
     pytest.importorskip("pyopencl", reason='pip install -e ".[pocl]" (in the test extra)')
     try:
         mp.get_backend("opencl")
     except mp.BackendUnavailableError as exc:
         pytest.skip(f"opencl: {exc}")
+
+
+def test_opencl_step_profile() -> None:
+    _opencl_or_skip()
     (record,) = run("opencl_step_profile.py", "--units", "8", "--batch", "16", "--steps", "2")
     names = [k["kernel"] for k in record["kernels"]]
     assert any(n.startswith("gemm") for n in names) and "take_rows" in names  # rows of 784
@@ -245,11 +249,7 @@ def test_opencl_step_profile() -> None:
 
 
 def test_packed_gemm_opencl() -> None:
-    pytest.importorskip("pyopencl", reason='pip install -e ".[pocl]" (in the test extra)')
-    try:
-        mp.get_backend("opencl")
-    except mp.BackendUnavailableError as exc:
-        pytest.skip(f"opencl: {exc}")
+    _opencl_or_skip()
     records = run("packed_gemm_opencl.py", "--rounds", "2", "--shapes", "t13x9x17", "7x5x3t",
                   "--config", "rows=4,group=1x1", "--config", "a=0,b=0")
     assert [(r["shape"], r["config"]) for r in records] == [
