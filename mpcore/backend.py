@@ -187,10 +187,13 @@ def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:
     may offer ``bind(*args)``: given the operands of one call, it returns a callable with the
     same signature and results that does the work for operands like these with less per-call
     work (a GEMM primitive resolved once, memory handles kept), or None where it would gain
-    nothing. A traced step replays the bound callable (:meth:`Backend.bind_kernel`). What it
-    assumed beyond what a trace's signature fixes (shapes, dtypes and the constant arguments
-    are fixed; strides and contiguity are not), it checks at each call, falling back to the
-    unbound kernel where that differs."""
+    nothing. A traced step replays the bound callable (:meth:`Backend.bind_kernel`). A trace's
+    signature fixes the operands' shapes and dtypes and the call's constant arguments; it does
+    not fix the arrays themselves (new inputs, variables reassigned, recycled buffers), their
+    strides and contiguity, a fresh seed (a random kernel draws one at each replay: a bound
+    kernel must take it as an argument, never keep the trace's), nor the step's finite flag.
+    What it assumed beyond the fixed part it checks at each call, falling back to the unbound
+    kernel where that differs."""
     bind = getattr(fn, "bind", None)
     if bind is None:
         owner, name = getattr(fn, "__self__", None), getattr(fn, "__name__", None)

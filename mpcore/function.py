@@ -259,23 +259,17 @@ class _Identity:
         return self._hash
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any],
-               tensors: list[Tensor]) -> tuple[Any, ...]:
-    if not kwargs and all(type(a) is Tensor for a in args):
-        # plain tensors only (a model's step): the general key below, built flat (the same
-        # tuple), for the ~5 us a step that its walk costs
-        described = tuple(("tensor", t._backend.name, t._dtype, t.shape, False)
-                          for t in tensors)
-        first: dict[int, int] = {}
-        aliases = tuple(first.setdefault(id(t._data), n) for n, t in enumerate(tensors))
-        extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
-        return (_policy.global_policy().name, ("tuple", described), ("dict", ()), aliases,
-                extra)
+def _tensor_key(t: Tensor) -> tuple[Any, ...]:
+    return ("tensor", t._backend.name, t._dtype, t.shape, isinstance(t, Variable) and id(t))
 
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tensor],
+               plain: bool = False) -> tuple[Any, ...]:
+    """The signature of a call; ``plain``: ``args`` are plain tensors and there are no
+    ``kwargs`` (a model's step), whose key is then built flat: the same tuple as the walk."""
     def key(value: Any) -> Any:
         if isinstance(value, Tensor):
-            return ("tensor", value._backend.name, value._dtype, value.shape,
-                    isinstance(value, Variable) and id(value))
+            return _tensor_key(value)
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             return ("array", str(value.dtype), tuple(value.shape))
         if isinstance(value, (list, tuple)):
@@ -287,14 +281,15 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any],
             return ("value", type(value).__name__, value_key(value))
         return ("object", _Identity(value))
 
+    described = (("tuple", tuple(map(_tensor_key, tensors))), ("dict", ())) if plain else (
+        key(args), key(kwargs))
     # which inputs are one array passed twice: a program traced with f(a, a) reads one slot
     # for both, so f(b, a) must trace again
     first: dict[int, int] = {}
     aliases = tuple(first.setdefault(id(t._data), n)
                     for n, t in enumerate(tensors))
     extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
-    return (_policy.global_policy().name, key(args), key(kwargs), aliases, extra)
-
+    return (_policy.global_policy().name, *described, aliases, extra)
 
 
 def in_kept_whole() -> bool:
@@ -338,12 +333,13 @@ class Function:
             # inlined in another trace, given up on, every op being checked, or called under
             # a GradientTape (a replay is not recorded on tapes: gradients must flow)
             return self._fn(*args, **kwargs)
-        if kwargs or not all(type(a) is Tensor for a in args):
+        plain = not kwargs and all(type(a) is Tensor for a in args)
+        if plain:
+            tensors = list(args)              # plain tensors (not variables): as they are
+        else:
             args, kwargs = _as_tensors(args), _as_tensors(kwargs)
             tensors = _tensors((args, kwargs))
-        else:
-            tensors = list(args)              # plain tensors (not variables): as they are
-        signature = _signature(args, kwargs, tensors)
+        signature = _signature(args, kwargs, tensors, plain)
         if self._key is not None:
             signature = (*signature, self._key())
         runner = self._runners.get(self._guarded(signature))

@@ -83,10 +83,10 @@ class CpuCreation:
     def bind_cast(self, x: np.ndarray, dtype: str) -> Callable[[Any, str], np.ndarray]:
         """``cast`` for a traced step: straight to the converter that takes arrays like
         ``x`` (the providers' ``convert`` wrappers decide once, through their ``bind``)."""
-        table = self._kernel_table
         target = DTYPES[dtype]
-        chosen = (table.get("convert") if table is not None else None) or convert
+        chosen = self._converter()
         converter = bind_call(chosen, np.asarray(x), target) or chosen
+        table = self._kernel_table
         cast = table["cast"] if table is not None else self.cast
 
         def bound(x: Any, dtype_: str) -> np.ndarray:
@@ -103,9 +103,13 @@ class CpuCreation:
         any array and a NumPy dtype and must return a new array equal to ``astype`` bit for
         bit (NaN payloads aside), falling back to :func:`convert` for what it does not
         handle."""
+        return self._converter()(x, dtype)
+
+    def _converter(self) -> Callable[[np.ndarray, Any], np.ndarray]:
+        """The provider's ``convert`` kernel where one is installed, else :func:`convert`."""
         table = self._kernel_table
         fast = table.get("convert") if table is not None else None
-        return (fast or convert)(x, dtype)
+        return fast or convert  # type: ignore[no-any-return]
 
     def copy(self, x: np.ndarray) -> np.ndarray:
         # Variables copy their values: large ones start on a cache line (see pool.py), as

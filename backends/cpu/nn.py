@@ -22,11 +22,13 @@ gradient is not finite.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from mpcore_xp import BF16, DTYPES, F16, F32
+
+from mpcore.backend import bind_call
 
 _F32 = F32
 _ZERO32 = np.zeros((), _F32)
@@ -117,7 +119,7 @@ class CpuNn:
             total += np.add.reduce(block, axis=0, dtype=_F32)
         return out, self._rounded(total, g.dtype)
 
-    def bind_relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> Any:
+    def bind_relu_grad_bias(self, g: np.ndarray, y: np.ndarray) -> Callable[..., Any] | None:
         """``relu_grad_bias`` of matrices for a traced step: float32 of one block as the
         kernel's blocked pass without its per-call set-up; 16-bit with the bias gradient's
         GEMV bound to its operands (a row of ones made once). None elsewhere."""
@@ -144,11 +146,10 @@ class CpuNn:
                 return out, total
 
             return bound32
-        from mpcore.backend import bind_call
-
         matmul = self._kernel_table["matmul"]
         ones = np.ones((1, y.shape[0]), g.dtype)
-        gemv = bind_call(matmul, ones, np.empty_like(y), False, False) or matmul
+        # dz comes C-ordered from the buffer pool, whatever y's order
+        gemv = bind_call(matmul, ones, np.empty(shape, dtype), False, False) or matmul
 
         def bound(g: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if g.dtype != dtype or y.dtype != dtype or g.shape != shape or y.shape != shape:

@@ -171,7 +171,8 @@ class CpuOptim:
              lambda: body(var, grad, velocity, np.empty_like(var), np.empty_like(var)))
 
     def bind_sgd_update(self, var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None,
-                        lr: float, momentum: float, nesterov: bool, flag: Any) -> Any:
+                        lr: float, momentum: float, nesterov: bool,
+                        flag: Any) -> Callable[..., None] | None:
         """``sgd_update`` of one block for a traced step (as :meth:`bind_rmsprop_update`)."""
         if not (0 < var.size <= BLOCK and _flat(var, grad, velocity)):
             return None
@@ -204,14 +205,14 @@ class CpuOptim:
 
     def bind_rmsprop_update(self, var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                             mom: np.ndarray | None, lr: float, rho: float, momentum: float,
-                            epsilon: float, flag: Any) -> Any:
+                            epsilon: float, flag: Any) -> Callable[..., None] | None:
         """``rmsprop_update`` of one block (a bias, a small layer) for a traced step: its
         float32 hyperparameters rounded once, the passes run on the arrays as they are."""
         if not (0 < var.size <= BLOCK and _flat(var, grad, ms, mom)):
             return None
         constants = _rmsprop_constants(lr, rho, momentum, epsilon)
-        shape, hyper, kernel = var.shape, (mom is None, lr, rho, momentum, epsilon), \
-            self._kernel_table["rmsprop_update"]
+        shape, hyper = var.shape, (mom is None, lr, rho, momentum, epsilon)
+        kernel = self._kernel_table["rmsprop_update"]
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:

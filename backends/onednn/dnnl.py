@@ -306,10 +306,11 @@ class PrimitiveCache:
                  scratch_address: int | None = None) -> None:
         """Point the entry's memory objects at ``arrays`` (in argument order) and its
         scratchpad at ``scratch_address``, run it, and wait for it. A memory object already
-        pointing at the same array object keeps its handle: an array's data never moves, and
-        a dead one's weak reference no longer matches, so the handle is set afresh. (Reading
-        an address and setting a handle cost ~1.4 us each through ctypes, as much as the
-        GEMM of a small layer.)"""
+        pointing at the same array object keeps its handle (reading an address and setting a
+        handle through ctypes cost as much as the GEMM of a small layer: benchmarks/kernels.py
+        "bound_ms"): a dead array's weak reference no longer matches, so its successor's handle
+        is set afresh. This requires that no operand is resized in place
+        (``ndarray.resize``, the one way an array's data moves; nothing here does)."""
         lib = self.library.lib
         with entry.lock:
             pointed = entry.pointed

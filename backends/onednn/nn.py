@@ -148,8 +148,11 @@ def make_relu_grad_bias(original: Kernel, cache: BinaryCache, matmul: Kernel,
         return dz, db
 
     def bind(g: np.ndarray, y: np.ndarray) -> Any:
-        # calls it leaves to the CPU kernel: that kernel's binding, if it has one
-        return None if _eligible(g, y) else bind_call(original, g, y)
+        # calls it never takes (by dtype and size, which the trace fixes; contiguity it checks
+        # at each call): the CPU kernel's binding, if it has one
+        if g.dtype in _DTYPES and y.size >= MIN_ELEMENTS:
+            return None
+        return bind_call(original, g, y)
 
     relu_grad_bias.trusted = trusted  # type: ignore[attr-defined]
     relu_grad_bias.bind = bind  # type: ignore[attr-defined]

@@ -95,24 +95,21 @@ def _flat(*arrays: np.ndarray | None) -> list[Any]:
 
 class _Passes:
     """An update's primitives for each array length (``make(key)``, once; the least recently
-    used dropped past ``max_sizes``, freed once no bound update holds them), and the
+    used dropped past ``max_sizes``, as many as the primitive cache keeps, freed once no bound
+    update holds them), and the
     one-element operands of the latest hyperparameters (the same arrays while the setting
     stays, so their memory handles stay set). Eager calls and traced steps share them."""
 
-    def __init__(self, make: Callable[[Any], tuple[Any, ...]], max_sizes: int = 32) -> None:
+    def __init__(self, make: Callable[[Any], tuple[Any, ...]], max_sizes: int = 256) -> None:
         self._make = make
         self._max_sizes = max_sizes
         self._by_key: OrderedDict[Any, tuple[Any, ...]] = OrderedDict()
         self._lock = threading.Lock()
         self._latest: tuple[bytes, tuple[np.ndarray, ...]] = (b"", ())
-        self.runs = 0   # updates run on oneDNN (for tests and diagnostics)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._by_key
+        self.runs = 0   # updates run on oneDNN, eager or bound (for tests and diagnostics)
 
     def get(self, key: Any) -> tuple[Any, ...]:
         with self._lock:
-            self.runs += 1
             found = self._by_key.get(key)
             if found is not None:
                 self._by_key.move_to_end(key)
@@ -150,6 +147,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
             grad: np.ndarray, ms: np.ndarray) -> None:
         square, average, denominator, step = primitives
         decay, keep, eps, minus_lr = scalars
+        passes.runs += 1
         tmp = alloc(var.shape, _F32)
         square(grad, grad, tmp, decay)
         average(ms, keep, ms, tmp)
@@ -162,8 +160,8 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
         if not takes(var, grad, ms, mom, momentum):
             return original(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
         if not _skip(flag):
-            run(passes.get(var.size), passes.scalars(1.0 - rho, rho, epsilon, -lr), var, grad,
-                ms)
+            run(passes.get(var.size), passes.scalars(*_rmsprop_values(lr, rho, epsilon)), var,
+                grad, ms)
         return None
 
     def bind(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
@@ -172,7 +170,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
             return bind_call(original, var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
         shape, hyper = var.shape, (lr, rho, momentum, epsilon)
         primitives = passes.get(var.size)
-        scalars = tuple(_scalar(v) for v in (1.0 - rho, rho, epsilon, -lr))
+        scalars = tuple(_scalar(v) for v in _rmsprop_values(lr, rho, epsilon))
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
@@ -188,6 +186,16 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
     rmsprop_update.bind = bind  # type: ignore[attr-defined]
     rmsprop_update.passes = passes  # type: ignore[attr-defined]
     return _mark(rmsprop_update, original, cache)
+
+
+def _rmsprop_values(lr: float, rho: float, epsilon: float) -> tuple[float, ...]:
+    """RMSprop's one-element operands, in the passes' order (the rate negated: ``x - y`` is
+    ``x + (-y)``, see the module docstring)."""
+    return 1.0 - rho, rho, epsilon, -lr
+
+
+def _sgd_values(lr: float, momentum: float) -> tuple[float, ...]:
+    return -lr, momentum
 
 
 def _sgd_primitives(cache: BinaryCache, key: tuple[int, str]) -> tuple[Any, ...]:
@@ -209,6 +217,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
     def run(primitives: tuple[Any, ...], scalars: tuple[np.ndarray, ...], var: np.ndarray,
             grad: np.ndarray, velocity: np.ndarray | None, nesterov: bool) -> None:
         minus_lr, m_ = scalars
+        passes.runs += 1
         if velocity is None:
             primitives[0](grad, minus_lr, var, var)
             return
@@ -230,7 +239,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
             return original(var, grad, velocity, lr, momentum, nesterov, flag)
         if not _skip(flag):
             run(passes.get((var.size, variant(velocity, nesterov))),
-                passes.scalars(-lr, momentum), var, grad, velocity, nesterov)
+                passes.scalars(*_sgd_values(lr, momentum)), var, grad, velocity, nesterov)
         return None
 
     def bind(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
@@ -239,7 +248,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
             return bind_call(original, var, grad, velocity, lr, momentum, nesterov, flag)
         shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
         primitives = passes.get((var.size, variant(velocity, nesterov)))
-        scalars = (_scalar(-lr), _scalar(momentum))
+        scalars = tuple(_scalar(v) for v in _sgd_values(lr, momentum))
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:

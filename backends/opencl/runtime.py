@@ -188,8 +188,9 @@ class Runtime:
     @cached_property
     def common(self) -> str:
         head = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if self.fp64 else ""
-        if "portable computing language" in self.device.platform.name.lower():
-            head += "#define MP_POCL 1\n"  # its builtins are calls: see common.cl
+        if ("portable computing language" in self.device.platform.name.lower()
+                and self.device.type & cl.device_type.CPU):
+            head += "#define MP_POCL 1\n"  # its builtins are calls on a CPU: see common.cl
         return head + _read_template("common.cl")
 
     def template(self, name: str) -> str:

@@ -99,6 +99,15 @@ def test_tensors_nested_in_a_list_are_another_signature_than_the_same_tensors_fl
     assert f.tracing_count == 3
 
 
+def test_a_plain_tensor_signature_is_the_general_walks() -> None:
+    import sys
+
+    signature = sys.modules["mpcore.function"]._signature
+    a, b = mp.constant([1.0, 2.0]), mp.constant(np.ones((2, 3), np.float16))
+    for args in ((a, b), (a, a), (b,), ()):
+        assert signature(args, {}, list(args), True) == signature(args, {}, list(args))
+
+
 def test_a_python_zero_and_minus_zero_are_different_signatures() -> None:
     # 0.0 == -0.0, but x * -0.0 is -0 (a trial found the replay of the 0.0 trace: +0)
     f = mp.function(lambda x, s: mp.ops.multiply(x, s))

@@ -31,13 +31,13 @@ inline void record_error(__global int *err, const int code, const long value, co
 #define MP_SQRT(x) sqrt(x)
 #endif
 
-/* Whether work-item i (get_global_id(0)) of a 1-D launch is below n. The group-wide test comes
- * first: it is the same for the whole group, so PoCL hoists it out of its work-item loop, and
+/* Whether work-item i (get_global_id(0)) of a 1-D launch is below n. The group-wide test (the
+ * group's last global id, right for a smaller last group and a global offset too) comes first: it is the same for the whole group, so PoCL hoists it out of its work-item loop, and
  * the loop over a full group has no per-item condition and vectorizes. With only `i < n`, a
  * conditional 16-bit store (bfloat16, float16) keeps the loop scalar (AVX2 has no masked
  * 16-bit store): the float32 -> bfloat16 cast was 4x slower. */
-#define IN_RANGE(i, n) ((long)(get_group_id(0) + 1) * get_local_size(0) <= (long)(n) \
-                        || (i) < (n))
+#define IN_RANGE(i, n) ((long)(get_global_id(0) - get_local_id(0) + get_local_size(0)) \
+                        <= (long)(n) || (i) < (n))
 
 /* i % c for 0 <= i < n, c > 0, without an integer division where n <= 2^20 (a test on the
  * arguments, the same for every work-item): AVX2 has no vector integer division, so `i % c`

@@ -25,7 +25,10 @@ __kernel void all_finite(const int n, __global const A_ST *pa, __global uchar *f
 }
 
 /* Tested once, before the index: read per work-item under the bounds test, PoCL keeps the flag
- * load inside its work-item loop, which then does not vectorize (RMSprop 2x slower). */
+ * load inside its work-item loop, which then does not vectorize (RMSprop 2x slower). The
+ * updates test their bounds with a plain `i >= n`, not IN_RANGE: their float32 loads and
+ * stores vectorize under it already, and IN_RANGE's extra test made RMSprop's loop 3x slower
+ * on PoCL (benchmarks/opencl_step_profile.py). */
 #define SKIP (use_flag && !flag[0])
 
 __kernel void sgd(const int n, const float lr, const float momentum, const int nesterov,
@@ -33,7 +36,7 @@ __kernel void sgd(const int n, const float lr, const float momentum, const int n
                   __global A_ST *var, __global const A_ST *grad, __global A_ST *vel) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
+    if (i >= n) return;
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
     if (use_velocity) {
@@ -52,7 +55,7 @@ __kernel void rmsprop(const int n, const float lr, const float rho, const float 
                       __global A_ST *ms, __global A_ST *mom) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
+    if (i >= n) return;
     const A_CT g = LOAD_A(grad, i);
     const A_CT s = rho * LOAD_A(ms, i) + (1 - rho) * g * g;
     STORE_A(ms, i, s);
@@ -74,7 +77,7 @@ __kernel void adam(const int n, const float lr, const float alpha, const float b
                    __global const A_ST *grad, __global A_ST *pm, __global A_ST *pv) {
     if (SKIP) return;
     const int i = get_global_id(0);
-    if (i >= n) return;  /* not IN_RANGE: with it, RMSprop's loop was 3x slower on PoCL */
+    if (i >= n) return;
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
     if (weight_decay > 0) w -= lr * weight_decay * w;

@@ -377,3 +377,33 @@ def test_a_cast_traced_on_one_layout_replays_others_as_eagerly(low: str,
         eager = np.asarray(mp.ops.cast(mp.constant(operand), low))
         assert np.array_equal(replay.view(np.uint16), eager.view(np.uint16))
     assert f.tracing_count == 1
+
+
+def test_eager_updates_of_many_sizes_keep_their_primitives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 weight sizes above the threshold (a model with many large layers): the second step
+    makes no primitive (the review found 32 kept, so such a model rebuilt them every step);
+    ``passes.runs`` counts runs, not lookups or binds."""
+    _, kernels = _updates_or_skip(monkeypatch)
+    rms = kernels["rmsprop_update"]
+    made = []
+    bind = rms.cache.bind
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(args)
+        return bind(*args, **kwargs)
+
+    monkeypatch.setattr(rms.cache, "bind", counting)
+    arrays = [[np.ones(onednn_optim.UPDATE_MIN_ELEMENTS + k, np.float32) for _ in range(3)]
+              for k in range(40)]
+    for step in range(2):
+        made.clear()
+        for var, grad, ms in arrays:
+            rms(var, grad, ms, None, 1e-3, 0.9, 0.0, 1e-7, None)
+        assert len(made) == (4 * 40 if step == 0 else 0)
+    runs = rms.passes.runs
+    var, grad, ms = arrays[0]
+    bound = rms.bind(var, grad, ms, None, 1e-3, 0.9, 0.0, 1e-7, None)
+    assert rms.passes.runs == runs
+    bound(var, grad, ms, None, 1e-3, 0.9, 0.0, 1e-7, None)
+    assert rms.passes.runs == runs + 1
