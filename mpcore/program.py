@@ -78,21 +78,26 @@ class Program:
         return ProgramWriter(self).function()
 
 
+def leaves(spec: Spec) -> list[Spec]:
+    """The specs inside ``spec`` that hold no other (slots, constants, variables, seeds), in
+    order, through tensors, lists, tuples and dicts."""
+    kind = spec[0]
+    if kind == "T":
+        return leaves(spec[1])
+    if kind == "d":
+        return [leaf for s in spec[1].values() for leaf in leaves(s)]
+    if kind in ("l", "t"):
+        return [leaf for s in spec[1] for leaf in leaves(s)]
+    return [spec]
+
+
 def reads(spec: Spec) -> list[int]:
     """The slots ``spec`` reads."""
-    kind = spec[0]
-    if kind == "s":
-        return [spec[1]]
-    if kind == "T":
-        return reads(spec[1])
-    if kind == "d":
-        return [i for s in spec[1].values() for i in reads(s)]
-    if kind in ("l", "t"):
-        return [i for s in spec[1] for i in reads(s)]
-    return []
+    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "s"]
 
 
-def _step_reads(step: Any) -> list[int]:
+def step_reads(step: Any) -> list[int]:
+    """The slots a step reads (its arguments, or an assignment's value)."""
     if type(step) is KernelCall:
         return [i for a in step.args for i in reads(a)]
     return reads(step.args if type(step) is WholeCall else step.value)
@@ -206,7 +211,7 @@ def plan_frees(program: Program) -> None:
         if type(step) is not Assign:
             for i in reads(step.out):
                 last.setdefault(i, n)
-        for i in _step_reads(step):
+        for i in step_reads(step):
             last[i] = n
     for i in reads(program.output):
         last.pop(i, None)

@@ -165,3 +165,18 @@ def custom_training_step(model: Any, opt: Any) -> Callable[[Any, Any], Any]:
         return loss
 
     return step
+
+
+def spy_on_compile_program(monkeypatch: pytest.MonkeyPatch, be: mp.Backend) -> list[Any]:
+    """The runners ``be.compile_program`` makes from now on (its own method, called as
+    usual), appended to the list returned."""
+    made: list[Any] = []
+    compile_program = type(be).compile_program
+
+    def spy(program: Any) -> Any:
+        runner = compile_program(be, program)
+        made.append(runner)
+        return runner
+
+    monkeypatch.setattr(be, "compile_program", spy)
+    return made

@@ -65,12 +65,19 @@ def _masked_blocks(g: np.ndarray, y: np.ndarray, out: np.ndarray) -> Iterator[np
         hi = min(lo + step, rows)
         keep = mask[:hi - lo]
         if g.dtype == _F32:
-            np.greater(y2[lo:hi], _ZERO32, out=keep, casting="unsafe")
+            _select32(g2[lo:hi], y2[lo:hi], keep, out2[lo:hi])
         else:  # NumPy's 16-bit compares convert every element
             np.subtract(y2[lo:hi].view(uint), one, out=keep)
             np.less(keep, inf_bits, out=keep, casting="unsafe")
-        np.multiply(g2[lo:hi], keep, out=out2[lo:hi])  # g's bits times 1 or 0
+            np.multiply(g2[lo:hi], keep, out=out2[lo:hi])  # g's bits times 1 or 0
         yield out2[lo:hi].view(g.dtype)
+
+
+def _select32(g_bits: np.ndarray, y: np.ndarray, keep: np.ndarray, out_bits: np.ndarray) -> None:
+    """One float32 block of relu_grad: ``keep`` (uint32 scratch) is ``y > 0`` as 1 or 0, and
+    ``out_bits`` ``g``'s bits times it."""
+    np.greater(y, _ZERO32, out=keep, casting="unsafe")
+    np.multiply(g_bits, keep, out=out_bits)
 
 
 def column_sums(matmul: Any, dz: np.ndarray) -> np.ndarray:
@@ -138,9 +145,7 @@ class CpuNn:
                     return kernel(g, y)
                 # the kernel's one block (_masked_blocks), its bias gradient summed from 0
                 out = self.buffer(shape, dtype)
-                keep = np.empty(shape, np.uint32)
-                np.greater(y, _ZERO32, out=keep, casting="unsafe")
-                np.multiply(g.view(np.uint32), keep, out=out.view(np.uint32))
+                _select32(g.view(np.uint32), y, np.empty(shape, np.uint32), out.view(np.uint32))
                 total = np.zeros(shape[1], _F32)
                 total += np.add.reduce(out, axis=0, dtype=_F32)
                 return out, total

@@ -40,7 +40,16 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore.program import Assign, KernelCall, Program, Spec, WholeCall, reads
+from mpcore.program import (
+    Assign,
+    KernelCall,
+    Program,
+    Spec,
+    WholeCall,
+    leaves,
+    reads,
+    step_reads,
+)
 
 #: Argument kinds a captured kernel call may take (see ``mpcore.program``).
 CAPTURABLE_SPECS = frozenset("svcltT")
@@ -64,14 +73,7 @@ def host_array(value: Any) -> bool:
 
 def constants(spec: Spec) -> list[Any]:
     """The values of the ``("c", value)`` specs inside ``spec``."""
-    kind = spec[0]
-    if kind == "c":
-        return [spec[1]]
-    if kind in ("l", "t"):
-        return [c for s in spec[1] for c in constants(s)]
-    if kind == "T":
-        return constants(spec[1])
-    return []
+    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "c"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,14 +145,7 @@ def spec_kinds(spec: Spec) -> set[str]:
 
 def variables_read(spec: Spec) -> list[Any]:
     """The variables ``spec`` reads through a ``("v", variable)`` spec."""
-    kind = spec[0]
-    if kind == "v":
-        return [spec[1]]
-    if kind in ("l", "t"):
-        return [v for s in spec[1] for v in variables_read(s)]
-    if kind == "T":
-        return variables_read(spec[1])
-    return []
+    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "v"]
 
 
 def own_kernel(modules: Collection[str]) -> Callable[[KernelCall], bool]:
@@ -203,12 +198,6 @@ def _written(step: Any) -> list[int]:
     return [] if type(step) is Assign else reads(step.out)
 
 
-def _read(step: Any) -> list[int]:
-    if type(step) is KernelCall:
-        return [i for a in step.args for i in reads(a)]
-    return reads(step.args if type(step) is WholeCall else step.value)
-
-
 def segment(program: Program, start: int, stop: int) -> Segment:
     """The :class:`Segment` of steps ``start`` to ``stop - 1``: what it reads from before it,
     what it leaves to the steps after it, which variables it reads."""
@@ -217,7 +206,7 @@ def segment(program: Program, start: int, stop: int) -> Segment:
     inputs: list[int] = []
     variables: dict[int, Any] = {}
     for step in steps[start:stop]:
-        for i in _read(step):
+        for i in step_reads(step):
             if i not in made and i not in inputs:
                 inputs.append(i)
         for a in step.args:
@@ -226,7 +215,7 @@ def segment(program: Program, start: int, stop: int) -> Segment:
         made.update(_written(step))
     later: set[int] = set(reads(program.output))
     for step in steps[stop:]:
-        later.update(_read(step))
+        later.update(step_reads(step))
     outputs = tuple(i for i in sorted(made) if i in later)
     return Segment(start, stop, tuple(inputs), outputs, tuple(variables.values()))
 

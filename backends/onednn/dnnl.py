@@ -254,8 +254,11 @@ class Entry:
     lock: threading.Lock
     scratch_mem: Any = None
     scratch_bytes: int = 0
-    pointed: list[Any] = field(default_factory=list)
+    pointed: list[Any] = field(init=False)
     scratch_at: int | None = None
+
+    def __post_init__(self) -> None:
+        self.pointed = [None] * len(self.mems)
 
 
 class PrimitiveCache:
@@ -314,8 +317,6 @@ class PrimitiveCache:
         lib = self.library.lib
         with entry.lock:
             pointed = entry.pointed
-            if len(pointed) != len(entry.mems):
-                pointed[:] = [None] * len(entry.mems)
             for i, arr in enumerate(arrays):
                 ref = pointed[i]
                 if ref is None or ref() is not arr:

@@ -14,7 +14,7 @@ from mpcore_cuda import CudaBackend, graphs
 from mpcore_cuda import graph_plan as gp
 
 import mpcore as mp
-from mpcore.program import Assign, Program, WholeCall, evaluate, reads
+from mpcore.program import Assign, Program, WholeCall, evaluate, reads, step_reads
 
 #: The cpu backend's own kernels play the part of the CUDA backend's (audited) ones; plugin
 #: kernels (the oneDNN GEMMs, where that plugin is installed) stay untrusted.
@@ -75,7 +75,7 @@ def check_cover(program: Program, plan: gp.Plan) -> None:
         assert set(seg.inputs) <= read_inside & before
         assert read_inside - made <= set(seg.inputs)
         after = set(reads(program.output)) | {
-            i for s in program.steps[seg.stop:] for i in gp._read(s)}
+            i for s in program.steps[seg.stop:] for i in step_reads(s)}
         assert set(seg.outputs) == made & after
 
 

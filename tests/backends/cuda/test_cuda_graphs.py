@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import custom_training_step, mlp_and_optimizer
+from conftest import custom_training_step, mlp_and_optimizer, spy_on_compile_program
 from mpcore_cuda import CudaBackend, graphs
 from mpcore_cuda import graph_plan as gp
 
@@ -35,16 +35,7 @@ def runners(monkeypatch: pytest.MonkeyPatch) -> Any:
     previous = mp.get_backend()
     be = mp.get_backend("cuda")
     mp.set_backend("cuda")
-    made: list[Any] = []
-    compile_program = type(be).compile_program
-
-    def spy(program: Any) -> Any:
-        runner = compile_program(be, program)
-        made.append(runner)
-        return runner
-
-    monkeypatch.setattr(be, "compile_program", spy)
-    yield made
+    yield spy_on_compile_program(monkeypatch, be)
     mp.set_backend(previous.name)
     mp.set_global_policy(None)
 

@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, backend_problem, custom_training_step, mlp_and_optimizer
+from conftest import (
+    REPO_ROOT,
+    backend_problem,
+    custom_training_step,
+    mlp_and_optimizer,
+    spy_on_compile_program,
+)
 
 import mpcore as mp
 from mpcore import registry
@@ -36,16 +42,7 @@ def cl(monkeypatch: pytest.MonkeyPatch) -> Any:
     ``cl.runners``."""
     previous, note = registry._current, registry._detection_note
     be = mp.set_backend("opencl")
-    runners: list[Any] = []
-    compile_program = type(be).compile_program
-
-    def spy(program: Any) -> Any:
-        runner = compile_program(be, program)
-        runners.append(runner)
-        return runner
-
-    monkeypatch.setattr(be, "compile_program", spy)
-    be.runners = runners
+    be.runners = spy_on_compile_program(monkeypatch, be)
     yield be
     del be.runners
     registry._current, registry._detection_note = previous, note
