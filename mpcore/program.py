@@ -154,17 +154,28 @@ def bind(spec: Spec, value: Any, env: dict[int, Any]) -> None:
             bind(item, v, env)
 
 
-def _substitute(spec: Spec, known: dict[int, Any]) -> Spec:
+def substitute(spec: Spec, replacements: dict[int, Spec]) -> Spec:
+    """``spec`` with ``replacements[i]`` wherever it reads slot i."""
     kind = spec[0]
     if kind == "s":
-        return ("c", known[spec[1]]) if spec[1] in known else spec
+        return replacements.get(spec[1], spec)
     if kind == "T":
-        return ("T", _substitute(spec[1], known), *spec[2:])
+        return ("T", substitute(spec[1], replacements), *spec[2:])
     if kind == "d":
-        return ("d", {k: _substitute(v, known) for k, v in spec[1].items()})
+        return ("d", {k: substitute(v, replacements) for k, v in spec[1].items()})
     if kind in ("l", "t"):
-        return (kind, [_substitute(s, known) for s in spec[1]])
+        return (kind, [substitute(s, replacements) for s in spec[1]])
     return spec
+
+
+def substitute_reads(step: Any, replacements: dict[int, Spec]) -> Any:
+    """A copy of ``step`` that reads ``replacements[i]`` wherever it read slot i."""
+    if type(step) is KernelCall:
+        return KernelCall(step.kernel, [substitute(a, replacements) for a in step.args],
+                          step.out, step.text, name=step.name, dtype=step.dtype)
+    if type(step) is WholeCall:
+        return WholeCall(step.fn, substitute(step.args, replacements), step.out, step.text)
+    return Assign(step.variable, substitute(step.value, replacements), step.text)
 
 
 def fold_constants(program: Program) -> Program:
@@ -189,18 +200,9 @@ def fold_constants(program: Program) -> Program:
         steps.append(step)
     if not known:
         return program
-    kept = []
-    for step in steps:
-        if type(step) is KernelCall:
-            step = KernelCall(step.kernel, [_substitute(a, known) for a in step.args], step.out,
-                              step.text, name=step.name, dtype=step.dtype)
-        elif type(step) is WholeCall:
-            step = WholeCall(step.fn, _substitute(step.args, known), step.out, step.text)
-        else:
-            step = Assign(step.variable, _substitute(step.value, known), step.text)
-        kept.append(step)
-    return Program(kept, program.slots, program.inputs, _substitute(program.output, known),
-                   program.lines, folded)
+    constants = {i: ("c", value) for i, value in known.items()}
+    return Program([substitute_reads(step, constants) for step in steps], program.slots,
+                   program.inputs, substitute(program.output, constants), program.lines, folded)
 
 
 def plan_frees(program: Program) -> None:

@@ -3,8 +3,9 @@
 Every kernel NumPy and CuPy spell the same comes from :class:`mpcore_xp.XpBackend`; the mixins
 here hold what is the CPU's own: conversions (:mod:`.creation`), 16-bit elementwise math under
 an error state that keeps overflow quiet (:mod:`.elementwise`), 16-bit GEMMs through float32
-(:mod:`.linalg`), relu's blocked backward pass (:mod:`.nn`), images (:mod:`.image`) and the
-fused optimizer updates (:mod:`.optim`). Large outputs come from a buffer pool (:mod:`.pool`).
+(:mod:`.linalg`), relu's blocked backward pass (:mod:`.nn`), images (:mod:`.image`), the
+fused optimizer updates (:mod:`.optim`) and the rewrite of traced steps (:mod:`.compile`).
+Large outputs come from a buffer pool (:mod:`.pool`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mpcore_xp import LOW, XpBackend
 from mpcore.backend import Device, Support
 from mpcore.extras import install_command
 
+from .compile import compile_program
 from .cpuinfo import cpu_device
 from .creation import CpuCreation
 from .elementwise import CpuElementwise, operands, quiet
@@ -53,3 +55,8 @@ class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuImage, CpuOpt
         :data:`POOL` (a training step reuses the memory of the previous one instead of
         faulting in fresh pages)."""
         return POOL.empty(shape, dtype)
+
+    def compile_program(self, program: Any) -> Any:
+        """A traced step rewritten where that gives the same bits with fewer calls
+        (:mod:`.compile`), or None for the generic replay."""
+        return compile_program(self, program)

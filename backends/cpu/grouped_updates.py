@@ -1,0 +1,247 @@
+"""The CPU backend's traced steps: an optimizer's updates of small variables run as one.
+
+A traced step replays an optimizer's update variable by variable, as the eager step runs it. For
+a small variable (a bias, a 64 x 64 layer) each update is about nine NumPy passes whose cost is
+the calls, not the elements: the guide's model spends more on its five small variables than on
+its 784 x 64 one. :func:`compile_program` replaces each run of consecutive updates of small
+float32 variables with the same kernel, hyperparameters and finite-check flag by one
+:class:`UpdateGroup`, which gathers the variables, gradients and slots into flat buffers it
+keeps, runs the passes once over all of them and copies the variables and slots back (the
+multi-tensor updates of apex and of torch's ``foreach`` optimizers, for the same reason). Each
+pass is elementwise, so every element goes through the same float32 operations in the same
+order as alone: the results are the eager step's bits. Large variables keep their own kernel
+(oneDNN's threaded passes where it has them): copying them would cost more than a call saves.
+
+Before it gathers, a group checks what it assumes of the arrays it is given: float32,
+contiguous, the recorded sizes, and no gradient and no two variables or slots sharing memory
+(a gathered update reads every gradient before it writes any variable). Where one does not
+hold, it runs each member's own kernel in order, as the plain replay would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpcore.function import value_key
+from mpcore.program import KernelCall, Program, Spec
+
+from .optim import _rmsprop, _rmsprop_constants, _sgd
+
+_F32 = np.dtype(np.float32)
+#: Variables of at most this many elements are gathered (a larger one's copies in and out
+#: cost more than the calls a group saves; it keeps its own kernel).
+GATHER_MAX_ELEMENTS = 1 << 14
+
+
+@dataclass(frozen=True)
+class UpdateForm:
+    """Where an update kernel's arguments are: ``state`` the arrays it updates in place (the
+    variable, then its slots, which may be None), ``grad`` the gradient, ``hyper`` the Python
+    hyperparameters, ``flag`` the finite-check flag. ``body(state, grad, scratch, hyper)``
+    runs the update on flat arrays."""
+
+    arity: int
+    state: tuple[int, ...]
+    grad: int
+    hyper: tuple[int, ...]
+    flag: int
+    body: Callable[[list[np.ndarray | None], np.ndarray, list[np.ndarray], tuple[Any, ...]],
+                   None]
+
+
+def _rmsprop_body(state: list[np.ndarray | None], grad: np.ndarray,
+                  scratch: list[np.ndarray], hyper: tuple[Any, ...]) -> None:
+    var, ms, mom = state
+    assert var is not None and ms is not None
+    _rmsprop(var, grad, ms, mom, scratch[0], scratch[1], _rmsprop_constants(*hyper))
+
+
+def _sgd_body(state: list[np.ndarray | None], grad: np.ndarray, scratch: list[np.ndarray],
+              hyper: tuple[Any, ...]) -> None:
+    var, velocity = state
+    lr, momentum, nesterov = hyper
+    _sgd(var, grad, velocity, scratch[0], scratch[1], (np.float32(lr), np.float32(momentum)),
+         nesterov)
+
+
+#: The updates a group can run, by kernel name (their CPU kernels' argument order).
+FORMS = {
+    # rmsprop_update(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
+    "rmsprop_update": UpdateForm(9, (0, 2, 3), 1, (4, 5, 6, 7), 8, _rmsprop_body),
+    # sgd_update(var, grad, velocity, lr, momentum, nesterov, flag)
+    "sgd_update": UpdateForm(7, (0, 2), 1, (3, 4, 5), 6, _sgd_body),
+}
+
+
+def _member_key(step: Any) -> tuple[Any, ...] | None:
+    """What a step must share with its neighbours to run in one group with them, or None
+    where it cannot be a member."""
+    if type(step) is not KernelCall or step.name not in FORMS:
+        return None
+    form = FORMS[step.name]
+    args = step.args
+    if len(args) != form.arity or args[form.grad][0] != "s":
+        return None
+    first = args[form.state[0]]
+    if first[0] != "v" or first[1].dtype != "float32" or first[1].size > GATHER_MAX_ELEMENTS:
+        return None
+    present = []
+    for i in form.state:
+        spec = args[i]
+        if spec == ("c", None) and i != form.state[0]:
+            present.append(False)
+        elif spec[0] == "v" and spec[1].shape == first[1].shape and spec[1].dtype == "float32":
+            present.append(True)
+        else:
+            return None
+    hyper = [args[i] for i in form.hyper]
+    if any(spec[0] != "c" for spec in hyper):
+        return None
+    return (step.name, tuple(present), tuple(value_key(spec[1]) for spec in hyper),
+            args[form.flag])
+
+
+def _owner(a: np.ndarray) -> int:
+    # NumPy points every view at the array that owns the memory
+    return id(a if a.base is None else a.base)
+
+
+class UpdateGroup:
+    """Consecutive updates of one kind, run as one over gathered buffers (module docstring).
+    Called as ``group(states, grads, flag)``: ``states`` the arrays the members update in
+    place, member by member (its variable, then the slots it has), ``grads`` their gradients.
+    """
+
+    def __init__(self, name: str, members: Sequence[KernelCall]) -> None:
+        self.name = name
+        self.form = form = FORMS[name]
+        first = members[0].args
+        self.hyper = tuple(first[i][1] for i in form.hyper)
+        #: Which of the form's state arguments the members have (an absent slot is None).
+        self.present = [first[i] != ("c", None) for i in form.state]
+        #: Each member's own kernel (what the plain replay calls): the fallback.
+        self.kernels = [m.kernel for m in members]
+        self.sizes = [m.args[form.state[0]][1].size for m in members]
+        total = sum(self.sizes)
+        bounds = np.cumsum([0, *self.sizes]).tolist()
+        self.spans = list(itertools.pairwise(bounds))
+        self.grad = np.empty(total, _F32)
+        self.state = [np.empty(total, _F32) for _ in range(sum(self.present))]
+        self.scratch = [np.empty(total, _F32), np.empty(total, _F32)]
+        self.gathered = 0          # calls that ran gathered (the others: member by member)
+        self._seen: list[int] | None = None
+        self._copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def __call__(self, states: list[np.ndarray], grads: list[np.ndarray], flag: Any) -> None:
+        seen = list(map(id, states))
+        if seen != self._seen and not self._accept(states, grads, seen):
+            return self._one_by_one(states, grads, flag)
+        try:
+            # "no" casting: a gradient of another dtype or size is not this program's
+            np.concatenate(grads, axis=None, out=self.grad, casting="no")
+        except (TypeError, ValueError):
+            return self._one_by_one(states, grads, flag)
+        if flag is not None and not bool(flag):
+            return None
+        self.gathered += 1
+        kinds = len(self.state)
+        for k, buffer in enumerate(self.state):
+            np.concatenate(states[k::kinds], axis=None, out=buffer)
+        full = iter(self.state)
+        self.form.body([next(full) if p else None for p in self.present], self.grad,
+                       self.scratch, self.hyper)
+        for target, source in self._copies:
+            np.copyto(target, source)
+        return None
+
+    def _one_by_one(self, states: list[np.ndarray], grads: list[np.ndarray], flag: Any) -> None:
+        form, kinds = self.form, len(self.state)
+        for m, (kernel, grad) in enumerate(zip(self.kernels, grads, strict=True)):
+            own = iter(states[m * kinds:(m + 1) * kinds])
+            args: list[Any] = [None] * form.arity
+            for i, present in zip(form.state, self.present, strict=True):
+                args[i] = next(own) if present else None
+            for i, value in zip(form.hyper, self.hyper, strict=True):
+                args[i] = value
+            args[form.grad], args[form.flag] = grad, flag
+            kernel(*args)
+
+    def _accept(self, states: list[np.ndarray], grads: list[np.ndarray],
+                seen: list[int]) -> bool:
+        """Whether the gathered update gives what the members' kernels would for these state
+        arrays (the variables' and slots' own: the same objects from step to step, so this
+        runs when one changes) and gradients like these (a gradient's layout and whether it
+        shares memory with a variable are the program's, the same at every replay)."""
+        self._seen = None
+        kinds = len(self.state)
+        if len(states) != kinds * len(self.sizes):
+            return False
+        owners = set()
+        for j, a in enumerate(states):
+            if not (type(a) is np.ndarray and a.dtype == _F32
+                    and a.size == self.sizes[j // kinds] and a.flags.c_contiguous
+                    and a.flags.writeable):
+                return False
+            owners.add(_owner(a))
+        if len(owners) != len(states) or any(_owner(g) in owners for g in grads):
+            return False        # two of them share memory: the order of reads would show
+        self._copies = [(a.reshape(-1), self.state[j % kinds][lo:hi])
+                        for j, a in enumerate(states)
+                        for lo, hi in [self.spans[j // kinds]]]
+        self._seen = seen
+        return True
+
+
+def _group_step(name: str, members: list[KernelCall]) -> KernelCall:
+    form = FORMS[name]
+    states: Spec = ("l", [m.args[i] for m in members for i in form.state
+                          if m.args[i] != ("c", None)])
+    grads: Spec = ("l", [m.args[form.grad] for m in members])
+    text = f"{name} x{len(members)} (grouped)"
+    return KernelCall(UpdateGroup(name, members), [states, grads, members[0].args[form.flag]],
+                      ("c", None), text, name=f"grouped {name}")
+
+
+def group_updates(program: Program) -> Program | None:
+    """``program`` with each run of two or more groupable updates replaced by one
+    :class:`UpdateGroup` step, or None where there is no such run."""
+    steps: list[Any] = []
+    run: list[KernelCall] = []
+    key: tuple[Any, ...] | None = None
+    grouped = False
+
+    def close() -> None:
+        nonlocal grouped
+        if len(run) > 1 and _distinct(run):
+            steps.append(_group_step(run[0].name, run))
+            grouped = True
+        else:
+            steps.extend(run)
+        run.clear()
+
+    for step in program.steps:
+        member = _member_key(step)
+        if member is None or member != key:
+            close()
+        key = member
+        if member is None:
+            steps.append(step)
+        else:
+            run.append(step)
+    close()
+    if not grouped:
+        return None
+    return dataclasses.replace(program, steps=steps)
+
+
+def _distinct(run: list[KernelCall]) -> bool:
+    """No variable updated twice in the run (a second update must see the first's result)."""
+    form = FORMS[run[0].name]
+    variables = [m.args[i][1] for m in run for i in form.state if m.args[i][0] == "v"]
+    return len({id(v) for v in variables}) == len(variables)

@@ -1,0 +1,76 @@
+"""The CPU backend's traced steps: a softmax that the cross-entropy beside it computes too.
+
+A classifier's step takes ``softmax(logits)`` for its predictions and ``sparse_softmax_cross_
+entropy(logits, labels)`` for its loss; the second returns the probabilities along with the loss
+(its gradient needs them), computed by the same operations in the same order as the first (the
+array-library kernels in ``mpcore_xp``; ``tests/backends/cpu`` holds them to the same bits). In
+a traced program :func:`reuse_softmax` drops the softmax call and has its readers read the
+cross-entropy's probabilities: one call and one pass over the logits fewer, the same bits. It
+does so only where both calls are this backend's own kernels (a plugin that replaces either
+may compute them differently) and nothing reads the softmax before the cross-entropy runs.
+Kernels never write into their operands (:func:`mpcore.program.fold_constants` relies on the
+same), so the two readers can share the array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpcore.program import KernelCall, Program, step_reads, substitute, substitute_reads
+
+#: The kernels whose results agree (``softmax(x, axis)`` for the last axis of a matrix).
+PAIR = ("softmax", "sparse_softmax_cross_entropy")
+
+
+def own_kernels(backend: Any) -> bool:
+    """Whether ``backend``'s table holds its class's own softmax and cross-entropy."""
+    table = backend.kernels()
+    return all(getattr(table.get(name), "__func__", None) is getattr(type(backend), name, None)
+               for name in PAIR)
+
+
+def _softmax_of(step: Any) -> int | None:
+    """The slot whose softmax over its last axis ``step`` computes (sparse_softmax_cross_
+    entropy's logits are a matrix: axis 1 and -1 are its last), or None."""
+    if (type(step) is KernelCall and step.name == PAIR[0] and len(step.args) == 2
+            and step.args[0][0] == "s" and step.args[1] in (("c", 1), ("c", -1))
+            and step.out[0] == "s"):
+        return int(step.args[0][1])
+    return None
+
+
+def _probabilities(step: Any, logits: int) -> int | None:
+    """The slot of the probabilities ``step`` returns if it is the cross-entropy of
+    ``logits``, or None."""
+    if (type(step) is KernelCall and step.name == PAIR[1] and step.args
+            and step.args[0] == ("s", logits) and step.out[0] in ("l", "t")
+            and len(step.out[1]) == 2 and step.out[1][1][0] == "s"):
+        return int(step.out[1][1][1])
+    return None
+
+
+def reuse_softmax(program: Program) -> Program | None:
+    """``program`` without the softmax calls the cross-entropy after them computes too (module
+    docstring), or None where there is none. The caller checks :func:`own_kernels`."""
+    steps = list(program.steps)
+    replacements: dict[int, Any] = {}
+    n = 0
+    while n < len(steps):
+        logits = _softmax_of(steps[n])
+        if logits is not None:
+            out = steps[n].out[1]
+            for later in range(n + 1, len(steps)):
+                probs = _probabilities(steps[later], logits)
+                if probs is not None:
+                    replacements[out] = ("s", probs)
+                    del steps[n]
+                    n -= 1
+                    break
+                if out in step_reads(steps[later]):
+                    break                 # read before the cross-entropy has made it
+        n += 1
+    if not replacements:
+        return None
+    return Program([substitute_reads(step, replacements) for step in steps], program.slots,
+                   program.inputs, substitute(program.output, replacements), program.lines,
+                   program.folded)

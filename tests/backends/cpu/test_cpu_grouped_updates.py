@@ -1,0 +1,244 @@
+"""The CPU backend's grouped updates in traced steps (backends/cpu/grouped_updates.py): the
+small variables' updates run as one over gathered buffers and give the eager step's bits; a
+group falls back to its members' own kernels wherever what it assumes does not hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import assert_same_bits, custom_training_step
+from mpcore_cpu.grouped_updates import GATHER_MAX_ELEMENTS, UpdateGroup, group_updates
+
+import mpcore as mp
+from mpcore import layers
+from mpcore.program import KernelCall, Program
+
+RNG = np.random.default_rng(5)
+XS = [RNG.random((16, 300), dtype=np.float32) for _ in range(4)]
+YS = [RNG.integers(0, 3, 16) for _ in range(4)]
+
+OPTIMIZERS = {
+    "rmsprop": lambda: mp.optimizers.RMSprop(0.01),
+    "rmsprop_momentum": lambda: mp.optimizers.RMSprop(0.01, momentum=0.5),
+    "sgd": lambda: mp.optimizers.SGD(0.1),
+    "sgd_momentum": lambda: mp.optimizers.SGD(0.1, momentum=0.9),
+    "sgd_nesterov": lambda: mp.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+}
+
+
+def model_and_optimizer(policy: str, optimizer: str) -> tuple[mp.Model, Any]:
+    """A model with one variable too large to gather (300 x 64) and five small ones."""
+    mp.set_global_policy(policy)
+    mp.random.set_seed(2)
+    inputs = mp.Input((300,))
+    x = layers.Dense(64, activation="relu")(inputs)
+    x = layers.Dense(8, activation="relu")(x)
+    x = layers.Dense(3)(x)
+    model = mp.Model(inputs, layers.Activation("softmax", dtype="float32")(x))
+    assert model.trainable_variables[0].size > GATHER_MAX_ELEMENTS
+    opt = OPTIMIZERS[optimizer]()
+    if policy == "mixed_float16":
+        opt = mp.mixed_precision.LossScaleOptimizer(opt)
+    return model, opt
+
+
+def groups(step: Any) -> list[UpdateGroup]:
+    return [value for runner in step._runners.values()
+            for value in runner.__globals__.values() if isinstance(value, UpdateGroup)]
+
+
+def train(policy: str, optimizer: str, traced: bool,
+          between: Any = None) -> tuple[list[np.ndarray], Any, Any]:
+    model, opt = model_and_optimizer(policy, optimizer)
+    step = custom_training_step(model, opt)
+    if traced:
+        step = mp.function(step)
+    for n, (x, y) in enumerate(zip(XS, YS, strict=True)):
+        step(mp.constant(x), mp.constant(y))
+        if between is not None:
+            between(n, model, opt)
+    state = [*model.get_weights(), *(np.asarray(v.numpy()) for v in opt.variables())]
+    return state, step, opt
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_a_grouped_update_gives_the_eager_steps_bits(policy: str, optimizer: str) -> None:
+    want, _, _ = train(policy, optimizer, traced=False)
+    got, step, _ = train(policy, optimizer, traced=True)
+    for a, b in zip(got, want, strict=True):
+        assert_same_bits(a, b)
+    found = groups(step)
+    if policy == "mixed_float16":       # the LossScaleOptimizer's update is a call kept whole
+        assert found == []
+        return
+    assert len(found) == 1 and len(found[0].sizes) == 5      # the five small variables
+    # every replay gathered (with slots to make, the first call made them: the second traced)
+    assert found[0].gathered == len(XS) - step.tracing_count
+
+
+def test_a_skipped_step_leaves_every_grouped_variable_and_slot_as_it_was() -> None:
+    model, opt = model_and_optimizer("float32", "rmsprop")
+    step = mp.function(custom_training_step(model, opt))
+    step(mp.constant(XS[0]), mp.constant(YS[0]))
+    before = [v.numpy() for v in [*model.trainable_variables, *opt.variables()]]
+    bad = XS[1].copy()
+    bad[0, 0] = np.inf                       # an inf input: non-finite gradients
+    step(mp.constant(bad), mp.constant(YS[1]))
+    assert step.tracing_count == 2 and groups(step)      # a replay (the first call made slots)
+    for v, b in zip([*model.trainable_variables, *opt.variables()], before, strict=True):
+        assert_same_bits(v.numpy(), b)
+
+
+def test_variables_assigned_between_replays_are_gathered_from_their_new_arrays() -> None:
+    """A checkpoint restore (assign) gives a variable a new array: the group takes it."""
+    def restore(n: int, model: mp.Model, opt: Any) -> None:
+        if n == 1:
+            model.set_weights([w * 0.5 for w in model.get_weights()])
+            for v in opt.variables():
+                v.assign(np.asarray(v.numpy()) + 0.25)
+
+    want, _, _ = train("float32", "rmsprop", traced=False, between=restore)
+    got, step, _ = train("float32", "rmsprop", traced=True, between=restore)
+    for a, b in zip(got, want, strict=True):
+        assert_same_bits(a, b)
+    assert groups(step)[0].gathered == len(XS) - step.tracing_count
+
+
+def traced_group() -> tuple[UpdateGroup, list[np.ndarray], list[np.ndarray]]:
+    """The group of a traced RMSprop step, with state and gradient arrays like its own."""
+    _, step, _ = train("float32", "rmsprop", traced=True)
+    group = groups(step)[0]
+    rng = np.random.default_rng(0)
+    states = []
+    for size in group.sizes:
+        states += [rng.standard_normal(size).astype(np.float32),
+                   rng.random(size, dtype=np.float32)]
+    grads = [rng.standard_normal(size).astype(np.float32) for size in group.sizes]
+    return group, states, grads
+
+
+def one_by_one(group: UpdateGroup, states: list[np.ndarray], grads: list[np.ndarray],
+               flag: Any = None) -> None:
+    """What the plain replay runs: each member's update through the CPU kernel."""
+    kernel = mp.get_backend("cpu").kernels()["rmsprop_update"]
+    for m, grad in enumerate(grads):
+        var, ms = states[2 * m], states[2 * m + 1]
+        kernel(var, grad, ms, None, *group.hyper, flag)
+
+
+def copies(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [a.copy() for a in arrays]
+
+
+def test_the_gathered_update_equals_the_members_kernels_on_awkward_values() -> None:
+    group, states, grads = traced_group()
+    grads[0][:4] = [np.inf, np.nan, -0.0, 3e38]
+    states[1][:2] = [0.0, np.inf]
+    want_states = copies(states)
+    gathered = group.gathered
+    with np.errstate(all="ignore"):          # (as the members' kernels: no flag, no check)
+        one_by_one(group, want_states, copies(grads))
+        group(states, grads, None)
+    assert group.gathered == gathered + 1
+    for a, b in zip(states, want_states, strict=True):
+        assert_same_bits(a, b)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_the_flag_gates_a_gathered_update(flag: bool) -> None:
+    group, states, grads = traced_group()
+    want = copies(states)
+    one_by_one(group, want, copies(grads), np.asarray(flag))
+    group(states, grads, np.asarray(flag))
+    for a, b in zip(states, want, strict=True):
+        assert_same_bits(a, b)
+
+
+def alias_gradient(states: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    grads[0] = states[2][:grads[0].size]       # member 0's gradient is a view of member 1's var
+
+
+def share_state(states: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    states[3] = states[2]                      # member 1's slot is its variable's array
+
+
+def strided_state(states: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    states[0] = np.repeat(states[0], 2)[::2]
+
+
+def float64_gradient(states: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    grads[2] = grads[2].astype(np.float64)
+
+
+@pytest.mark.parametrize("spoil", [alias_gradient, share_state, strided_state, float64_gradient])
+def test_a_group_runs_its_members_one_by_one_where_gathering_would_differ(spoil: Any) -> None:
+    group, states, grads = traced_group()
+    spoil(states, grads)
+    want_states, want_grads = copies(states), copies(grads)
+    if spoil is alias_gradient:
+        want_grads[0] = want_states[2][:grads[0].size]
+    if spoil is share_state:
+        want_states[3] = want_states[2]
+    gathered = group.gathered
+    with np.errstate(all="ignore"):
+        one_by_one(group, want_states, want_grads)
+        group(states, grads, None)
+    assert group.gathered == gathered                  # not gathered
+    for a, b in zip(states, want_states, strict=True):
+        assert_same_bits(a, b)
+
+
+def test_two_optimizers_updates_are_grouped_apart() -> None:
+    model, opt = model_and_optimizer("float32", "rmsprop")
+    other = mp.optimizers.RMSprop(-0.0)              # -0.0: not the 0.0 of another run
+    variables = model.trainable_variables
+    loss_fn = mp.losses.SparseCategoricalCrossentropy()
+
+    @mp.function
+    def step(x: Any, y: Any) -> Any:
+        with mp.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+        opt.apply_gradients(zip(grads[:3], variables[:3]))
+        other.apply_gradients(zip(grads[3:], variables[3:]))
+        return loss
+
+    for x, y in zip(XS, YS, strict=True):
+        step(mp.constant(x), mp.constant(y))
+    found = groups(step)
+    assert sorted(len(g.sizes) for g in found) == [2, 3]
+    assert [g.hyper[0] for g in found if len(g.sizes) == 3] == [-0.0]
+
+
+def update_step(var: mp.Variable, lr: float, flag: tuple[Any, ...] = ("s", 0)) -> KernelCall:
+    grad = ("s", 1)
+    slot = ("v", mp.Variable(np.zeros(var.shape, np.float32)))
+    return KernelCall(lambda *a: None, [("v", var), grad, slot, ("c", None), ("c", lr),
+                                        ("c", 0.9), ("c", 0.0), ("c", 1e-7), flag],
+                      ("c", None), "", name="rmsprop_update")
+
+
+def grouped_sizes(steps: list[Any]) -> list[int]:
+    program = Program(steps, 2, [0, 1], ("c", None))
+    grouped = group_updates(program)
+    if grouped is None:
+        return []
+    return [len(s.kernel.sizes) for s in grouped.steps if isinstance(s.kernel, UpdateGroup)]
+
+
+def test_only_runs_of_like_updates_of_distinct_small_variables_are_grouped() -> None:
+    small = [mp.Variable(np.zeros((4, 4), np.float32)) for _ in range(4)]
+    big = mp.Variable(np.zeros(GATHER_MAX_ELEMENTS + 1, np.float32))
+    assert grouped_sizes([update_step(v, 0.1) for v in small]) == [4]
+    assert grouped_sizes([update_step(small[0], 0.1), update_step(small[1], 0.1),
+                          update_step(small[2], -0.1), update_step(small[3], 0.1)]) == [2]
+    assert grouped_sizes([update_step(small[0], 0.0), update_step(small[1], -0.0)]) == []
+    assert grouped_sizes([update_step(small[0], 0.1), update_step(big, 0.1),
+                          update_step(small[1], 0.1)]) == []
+    assert grouped_sizes([update_step(small[0], 0.1), update_step(small[1], 0.1, ("s", 1))]) == []
+    assert grouped_sizes([update_step(small[0], 0.1), update_step(small[0], 0.1)]) == []
+    assert grouped_sizes([update_step(mp.Variable(np.zeros(3, np.float64)), 0.1),
+                          update_step(small[0], 0.1)]) == []

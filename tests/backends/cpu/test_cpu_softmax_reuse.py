@@ -1,0 +1,108 @@
+"""The CPU backend's traced steps read a softmax from the cross-entropy that computes it too
+(backends/cpu/softmax_reuse.py): the two kernels agree bit for bit, the rewrite keeps a traced
+step equal to the eager one, and it stays away where it could change a result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpcore_cpu.softmax_reuse import own_kernels, reuse_softmax
+
+import mpcore as mp
+from mpcore.demo import build_model
+from mpcore.program import KernelCall, Program
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+AWKWARD = [0.0, -0.0, 1.0, -1.0, 88.7, -88.7, 1e30, -1e30, np.inf, -np.inf, np.nan, 1e-40]
+
+
+def kernels() -> dict[str, Any]:
+    return mp.get_backend("cpu").kernels()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(rows=st.integers(0, 9), classes=st.integers(1, 12), seed=st.integers(0, 2**31 - 1),
+       awkward=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_softmax_equals_the_cross_entropys_probabilities_bit_for_bit(
+        dtype: Any, rows: int, classes: int, seed: int, awkward: bool) -> None:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, rows)
+    with np.errstate(all="ignore"):          # (inf from a cast or an exp: part of the test)
+        logits = (rng.standard_normal((rows, classes)) * rng.choice([1, 30, 1e4])).astype(dtype)
+        if awkward and logits.size:
+            logits.reshape(-1)[rng.integers(0, logits.size, 3)] = rng.choice(AWKWARD, 3)
+        probs = kernels()["sparse_softmax_cross_entropy"](logits, labels)[1]
+        for axis in (1, -1):
+            assert_same_bits(np.asarray(kernels()["softmax"](logits, axis)), np.asarray(probs))
+
+
+def guide_fit(jit: bool) -> tuple[mp.Model, Any]:
+    rng = np.random.default_rng(0)
+    x = rng.random((96, 784), dtype=np.float32)
+    y = rng.integers(0, 10, 96)
+    mp.random.set_seed(0)
+    model = build_model(16)
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="rmsprop",
+                  metrics=["accuracy"], jit_compile=jit)
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    return model, history
+
+
+def test_a_traced_fit_without_its_softmax_call_equals_the_eager_one() -> None:
+    eager, eager_history = guide_fit(jit=False)
+    traced, history = guide_fit(jit=True)
+    for key in ("loss", "accuracy"):
+        assert history.history[key] == eager_history.history[key]
+    for a, b in zip(traced.get_weights(), eager.get_weights(), strict=True):
+        assert_same_bits(a, b)
+    names = [getattr(step, "name", "") for step in traced.train_function.graph.steps]
+    assert "softmax" in names                   # the recorded program lists it ...
+    runner, = traced.train_function._runners.values()
+    softmax = kernels()["softmax"]
+    assert not any(v is softmax for v in runner.__globals__.values())   # ... the replay not
+
+
+def call(name: str, args: list[Any], out: Any) -> KernelCall:
+    return KernelCall(kernels()[name], args, out, name, name=name)
+
+
+SOFTMAX = call("softmax", [("s", 0), ("c", 1)], ("s", 2))
+LOSS = call("sparse_softmax_cross_entropy", [("s", 0), ("s", 1)], ("t", [("s", 3), ("s", 4)]))
+ARGMAX = call("argmax", [("s", 2), ("c", 1)], ("s", 5))
+
+
+def program(*steps: KernelCall) -> Program:
+    return Program(list(steps), 6, [0, 1], ("t", [("s", 2), ("s", 3)]))
+
+
+def test_the_softmax_is_read_from_the_cross_entropy() -> None:
+    rewritten = reuse_softmax(program(SOFTMAX, LOSS, ARGMAX))
+    assert rewritten is not None
+    assert [s.name for s in rewritten.steps] == ["sparse_softmax_cross_entropy", "argmax"]
+    assert rewritten.steps[1].args[0] == ("s", 4)
+    assert rewritten.output == ("t", [("s", 4), ("s", 3)])
+
+
+@pytest.mark.parametrize("steps", [
+    (SOFTMAX, ARGMAX, LOSS),                                        # read before the loss
+    (call("softmax", [("s", 0), ("c", 0)], ("s", 2)), LOSS),        # another axis
+    (call("softmax", [("s", 1), ("c", 1)], ("s", 2)), LOSS),        # other logits
+    (LOSS, SOFTMAX),                                                # the loss first
+], ids=["read-before", "axis-0", "other-logits", "loss-first"])
+def test_no_softmax_is_dropped_where_it_is_not_the_cross_entropys(steps: Any) -> None:
+    assert reuse_softmax(program(*steps)) is None
+
+
+def test_a_kernel_a_plugin_replaced_is_not_assumed_to_agree(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = mp.get_backend("cpu")
+    assert own_kernels(backend)
+    monkeypatch.setitem(backend.kernels(), "softmax", lambda x, axis: x)
+    assert not own_kernels(backend)
