@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,10 +79,10 @@ FORMS = {
 }
 
 
-def _member_key(step: Any) -> tuple[Any, ...] | None:
+def _member_key(step: Any, groupable: Collection[str]) -> tuple[Any, ...] | None:
     """What a step must share with its neighbours to run in one group with them, or None
     where it cannot be a member."""
-    if type(step) is not KernelCall or step.name not in FORMS:
+    if type(step) is not KernelCall or step.name not in groupable:
         return None
     form = FORMS[step.name]
     args = step.args
@@ -136,6 +136,9 @@ class UpdateGroup:
         self.scratch = [np.empty(total, _F32), np.empty(total, _F32)]
         self.gathered = 0          # calls that ran gathered (the others: member by member)
         self._seen: list[int] | None = None
+        #: The state arrays accepted last: held, so that no other array can take one's id
+        #: while ``_seen`` names it (an assignment may free a variable's old array).
+        self._held: list[np.ndarray] = []
         self._copies: list[tuple[np.ndarray, np.ndarray]] = []
 
     def __call__(self, states: list[np.ndarray], grads: list[np.ndarray], flag: Any) -> None:
@@ -178,7 +181,7 @@ class UpdateGroup:
         arrays (the variables' and slots' own: the same objects from step to step, so this
         runs when one changes) and gradients like these (a gradient's layout and whether it
         shares memory with a variable are the program's, the same at every replay)."""
-        self._seen = None
+        self._seen, self._held = None, []
         kinds = len(self.state)
         if len(states) != kinds * len(self.sizes):
             return False
@@ -194,7 +197,7 @@ class UpdateGroup:
         self._copies = [(a.reshape(-1), self.state[j % kinds][lo:hi])
                         for j, a in enumerate(states)
                         for lo, hi in [self.spans[j // kinds]]]
-        self._seen = seen
+        self._seen, self._held = seen, list(states)
         return True
 
 
@@ -208,8 +211,10 @@ def _group_step(name: str, members: list[KernelCall]) -> KernelCall:
                       ("c", None), text, name=f"grouped {name}")
 
 
-def group_updates(program: Program) -> Program | None:
-    """``program`` with each run of two or more groupable updates replaced by one
+def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
+                  ) -> Program | None:
+    """``program`` with each run of two or more updates (of the kernels named in
+    ``groupable``: those the backend runs with the bodies in :data:`FORMS`) replaced by one
     :class:`UpdateGroup` step, or None where there is no such run."""
     steps: list[Any] = []
     run: list[KernelCall] = []
@@ -226,7 +231,7 @@ def group_updates(program: Program) -> Program | None:
         run.clear()
 
     for step in program.steps:
-        member = _member_key(step)
+        member = _member_key(step, groupable)
         if member is None or member != key:
             close()
         key = member

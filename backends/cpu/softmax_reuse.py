@@ -6,27 +6,30 @@ entropy(logits, labels)`` for its loss; the second returns the probabilities alo
 array-library kernels in ``mpcore_xp``; ``tests/backends/cpu`` holds them to the same bits). In
 a traced program :func:`reuse_softmax` drops the softmax call and has its readers read the
 cross-entropy's probabilities: one call and one pass over the logits fewer, the same bits. It
-does so only where both calls are this backend's own kernels (a plugin that replaces either
-may compute them differently) and nothing reads the softmax before the cross-entropy runs.
+does so only where both calls are this backend's own kernels (``compile.py`` checks: a plugin
+that replaces either may compute them differently), nothing reads the softmax before the
+cross-entropy runs, and nothing between the two may write into an array (an optimizer's
+in-place update, a call kept whole, an assignment: the logits may be a view of a variable).
 Kernels never write into their operands (:func:`mpcore.program.fold_constants` relies on the
-same), so the two readers can share the array.
+same), so the softmax's readers and the cross-entropy's gradient can share the array; one
+softmax per cross-entropy, so that two predictions are never one array.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mpcore.program import KernelCall, Program, step_reads, substitute, substitute_reads
+from mpcore.program import (
+    IN_PLACE,
+    KernelCall,
+    Program,
+    step_reads,
+    substitute,
+    substitute_reads,
+)
 
 #: The kernels whose results agree (``softmax(x, axis)`` for the last axis of a matrix).
 PAIR = ("softmax", "sparse_softmax_cross_entropy")
-
-
-def own_kernels(backend: Any) -> bool:
-    """Whether ``backend``'s table holds its class's own softmax and cross-entropy."""
-    table = backend.kernels()
-    return all(getattr(table.get(name), "__func__", None) is getattr(type(backend), name, None)
-               for name in PAIR)
 
 
 def _softmax_of(step: Any) -> int | None:
@@ -49,11 +52,18 @@ def _probabilities(step: Any, logits: int) -> int | None:
     return None
 
 
+def _pure(step: Any) -> bool:
+    """Whether ``step`` writes into no array (a kernel call other than an in-place update)."""
+    return type(step) is KernelCall and step.name not in IN_PLACE
+
+
 def reuse_softmax(program: Program) -> Program | None:
     """``program`` without the softmax calls the cross-entropy after them computes too (module
-    docstring), or None where there is none. The caller checks :func:`own_kernels`."""
+    docstring), or None where there is none. The caller checks that both are the backend's
+    own kernels."""
     steps = list(program.steps)
     replacements: dict[int, Any] = {}
+    taken: set[int] = set()                # probabilities already standing for a softmax
     n = 0
     while n < len(steps):
         logits = _softmax_of(steps[n])
@@ -62,12 +72,14 @@ def reuse_softmax(program: Program) -> Program | None:
             for later in range(n + 1, len(steps)):
                 probs = _probabilities(steps[later], logits)
                 if probs is not None:
-                    replacements[out] = ("s", probs)
-                    del steps[n]
-                    n -= 1
+                    if probs not in taken:
+                        taken.add(probs)
+                        replacements[out] = ("s", probs)
+                        del steps[n]
+                        n -= 1
                     break
-                if out in step_reads(steps[later]):
-                    break                 # read before the cross-entropy has made it
+                if out in step_reads(steps[later]) or not _pure(steps[later]):
+                    break     # read before the cross-entropy has made it, or arrays written
         n += 1
     if not replacements:
         return None

@@ -185,6 +185,8 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
     rmsprop_update.bind = bind  # type: ignore[attr-defined]
     rmsprop_update.passes = passes  # type: ignore[attr-defined]
+    # what the CPU backend's grouped updates of traced steps rely on (mpcore_cpu.compile)
+    rmsprop_update.calls_original_below = UPDATE_MIN_ELEMENTS  # type: ignore[attr-defined]
     return _mark(rmsprop_update, original, cache)
 
 
@@ -263,6 +265,8 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
     sgd_update.bind = bind  # type: ignore[attr-defined]
     sgd_update.passes = passes  # type: ignore[attr-defined]
+    # what the CPU backend's grouped updates of traced steps rely on (mpcore_cpu.compile)
+    sgd_update.calls_original_below = UPDATE_MIN_ELEMENTS  # type: ignore[attr-defined]
     return _mark(sgd_update, original, cache)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import assert_same_bits, custom_training_step
+from mpcore_cpu.compile import runs_cpu_kernel
 from mpcore_cpu.grouped_updates import GATHER_MAX_ELEMENTS, UpdateGroup, group_updates
 
 import mpcore as mp
@@ -242,3 +243,64 @@ def test_only_runs_of_like_updates_of_distinct_small_variables_are_grouped() -> 
     assert grouped_sizes([update_step(small[0], 0.1), update_step(small[0], 0.1)]) == []
     assert grouped_sizes([update_step(mp.Variable(np.zeros(3, np.float64)), 0.1),
                           update_step(small[0], 0.1)]) == []
+
+
+@pytest.mark.parametrize("assigns", [1, 2, 4])
+def test_a_variable_assigned_again_and_again_is_updated_in_its_new_array(assigns: int) -> None:
+    """An assignment may free a variable's array and the next may get its id back: the group
+    holds what it accepted, so an id it knows is always the same array (an adversarial
+    trial: with 2 or 4 assignments between steps the weights stopped moving)."""
+    def run(traced: bool) -> tuple[np.ndarray, np.ndarray]:
+        w = mp.Variable(np.full((64, 64), 1.0, np.float32))
+        b = mp.Variable(np.full((64,), 1.0, np.float32))
+        opt = mp.optimizers.SGD(0.5)
+
+        def step(x: Any) -> Any:
+            with mp.GradientTape() as tape:
+                loss = mp.ops.sum(mp.ops.square(mp.ops.matmul(x, w) + b))
+            opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+            return loss
+
+        if traced:
+            step = mp.function(step)
+        x = mp.constant(np.ones((2, 64), np.float32))
+        for _ in range(5):
+            step(x)
+            for _ in range(assigns):
+                w.assign(np.full((64, 64), 1.0, np.float32))
+        step(x)
+        return w.numpy(), b.numpy()
+
+    for got, want in zip(run(True), run(False), strict=True):
+        assert_same_bits(got, want)
+
+
+def test_an_update_a_plugin_wraps_is_not_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider's update may do more than the CPU's body (here: a decay): its calls stay."""
+    table = mp.get_backend("cpu").kernels()
+    original = table["sgd_update"]
+    calls = []
+
+    def decayed(var: Any, grad: Any, velocity: Any, *rest: Any) -> None:
+        calls.append(var.shape)
+        var *= np.float32(0.9)
+        original(var, grad, velocity, *rest)
+
+    monkeypatch.setitem(table, "sgd_update", decayed)
+    want, _, _ = train("float32", "sgd", traced=False)
+    eager_calls = len(calls)
+    got, step, _ = train("float32", "sgd", traced=True)
+    assert groups(step) == [] and len(calls) == 2 * eager_calls
+    for a, b in zip(got, want, strict=True):
+        assert_same_bits(a, b)
+
+
+def test_onednns_updates_leave_the_small_variables_to_the_cpu_kernel() -> None:
+    backend = mp.get_backend("cpu")
+    table = backend.kernels()
+    if not hasattr(table["rmsprop_update"], "calls_original_below"):
+        pytest.skip("oneDNN does not provide the updates here")
+    below = table["rmsprop_update"].calls_original_below
+    assert runs_cpu_kernel(backend, "rmsprop_update", GATHER_MAX_ELEMENTS)
+    assert not runs_cpu_kernel(backend, "rmsprop_update", below)
+    assert not runs_cpu_kernel(backend, "rmsprop_update")
