@@ -3,9 +3,10 @@
 Every kernel NumPy and CuPy spell the same comes from :class:`mpcore_xp.XpBackend`; the mixins
 here hold what is the CPU's own: conversions (:mod:`.creation`), 16-bit elementwise math under
 an error state that keeps overflow quiet (:mod:`.elementwise`), 16-bit GEMMs through float32
-(:mod:`.linalg`), relu's blocked backward pass (:mod:`.nn`), images (:mod:`.image`), the
-fused optimizer updates (:mod:`.optim`) and the rewrite of traced steps (:mod:`.compile`).
-Large outputs come from a buffer pool (:mod:`.pool`).
+(:mod:`.linalg`), relu's blocked backward pass (:mod:`.nn`), reductions without NumPy's
+wrappers (:mod:`.reduce`), images (:mod:`.image`), the fused optimizer updates
+(:mod:`.optim`) and the rewrite of traced steps (:mod:`.compile`). Large outputs come from a
+buffer pool (:mod:`.pool`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from .linalg import CpuLinalg
 from .nn import CpuNn
 from .optim import CpuOptim
 from .pool import POOL
+from .reduce import CpuReduce
 from .rules import cpu_policy_support
 
 
-class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuImage, CpuOptim, XpBackend):
+class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuReduce, CpuImage, CpuOptim,
+                 XpBackend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"
