@@ -107,6 +107,12 @@ def step_reads(step: Any) -> list[int]:
 IN_PLACE = frozenset({"sgd_update", "rmsprop_update", "adam_update"})
 
 
+def pure(step: Any) -> bool:
+    """Whether ``step`` writes into no array: a kernel call other than an in-place update (a
+    call kept whole or an assignment may write into variables)."""
+    return type(step) is KernelCall and step.name not in IN_PLACE
+
+
 def _constant(spec: Spec, known: dict[int, Any]) -> bool:
     kind = spec[0]
     if kind == "c":
@@ -192,8 +198,7 @@ def fold_constants(program: Program) -> Program:
     steps = []
     folded = set()
     for n, step in enumerate(program.steps):
-        if (type(step) is KernelCall and step.name not in IN_PLACE
-                and all(_constant(a, known) for a in step.args)):
+        if (pure(step) and all(_constant(a, known) for a in step.args)):
             bind(step.out, step.kernel(*[evaluate(a, known) for a in step.args]), known)
             folded.add(n)
             continue

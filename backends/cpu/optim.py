@@ -108,6 +108,10 @@ def _sgd(v: Any, g: Any, vel: Any, step: Any, update: Any,
         v += vel
 
 
+def _sgd_constants(lr: float, momentum: float) -> tuple[np.float32, np.float32]:
+    return _f32(lr), _f32(momentum)
+
+
 def _rmsprop_constants(lr: float, rho: float, momentum: float,
                        epsilon: float) -> tuple[np.float32, ...]:
     return _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(lr), _f32(momentum)
@@ -166,7 +170,7 @@ class CpuOptim:
                    lr: float, momentum: float, nesterov: bool, flag: Any) -> None:
         if _skip(flag):
             return
-        body = functools.partial(_sgd, constants=(_f32(lr), _f32(momentum)), nesterov=nesterov)
+        body = functools.partial(_sgd, constants=_sgd_constants(lr, momentum), nesterov=nesterov)
         _run([var, grad, velocity], body,
              lambda: body(var, grad, velocity, np.empty_like(var), np.empty_like(var)))
 
@@ -176,7 +180,7 @@ class CpuOptim:
         """``sgd_update`` of one block for a traced step (as :meth:`bind_rmsprop_update`)."""
         if not (0 < var.size <= BLOCK and _flat(var, grad, velocity)):
             return None
-        constants = (_f32(lr), _f32(momentum))
+        constants = _sgd_constants(lr, momentum)
         shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
         kernel = self._kernel_table["sgd_update"]
 

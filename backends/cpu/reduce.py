@@ -7,11 +7,12 @@ calling those directly gives the same bits. A training step reduces small arrays
 losses, its correct predictions), where the wrappers are most of the cost.
 
 NumPy scalars take the shared kernels, and so do means of dtypes other than float32 and
-float64, over axes given as tuples, and of no elements (with NumPy's warning).
+float64, over bad or repeated axes, and of no elements (with NumPy's warning).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,13 +25,18 @@ _DIRECT = frozenset({F32, F64})
 
 
 def _count(x: np.ndarray, axis: Any) -> int | None:
-    """How many elements each result of a reduction over ``axis`` (None or an int) sums, or
-    None where the shared kernel should decide (other axes, a bad axis)."""
+    """How many elements each result of a reduction over ``axis`` (None, an int or a tuple of
+    ints: the ops pass None or a tuple) sums, or None where the shared kernel should decide
+    (a bad or repeated axis: its error)."""
     if axis is None:
         return x.size
-    if type(axis) is int and -x.ndim <= axis < x.ndim:
-        return x.shape[axis]
-    return None
+    axes = (axis,) if type(axis) is int else axis
+    if type(axes) is not tuple or not all(type(a) is int and -x.ndim <= a < x.ndim
+                                          for a in axes):
+        return None
+    if len({a % x.ndim for a in axes}) != len(axes):
+        return None
+    return math.prod(x.shape[a] for a in axes)
 
 
 class CpuReduce:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore.program import (
-    IN_PLACE,
     KernelCall,
     Program,
+    pure,
     step_reads,
     substitute,
     substitute_reads,
@@ -52,11 +52,6 @@ def _probabilities(step: Any, logits: int) -> int | None:
     return None
 
 
-def _pure(step: Any) -> bool:
-    """Whether ``step`` writes into no array (a kernel call other than an in-place update)."""
-    return type(step) is KernelCall and step.name not in IN_PLACE
-
-
 def reuse_softmax(program: Program) -> Program | None:
     """``program`` without the softmax calls the cross-entropy after them computes too (module
     docstring), or None where there is none. The caller checks that both are the backend's
@@ -78,7 +73,7 @@ def reuse_softmax(program: Program) -> Program | None:
                         del steps[n]
                         n -= 1
                     break
-                if out in step_reads(steps[later]) or not _pure(steps[later]):
+                if out in step_reads(steps[later]) or not pure(steps[later]):
                     break     # read before the cross-entropy has made it, or arrays written
         n += 1
     if not replacements:

@@ -45,6 +45,19 @@ def test_softmax_equals_the_cross_entropys_probabilities_bit_for_bit(
             assert_same_bits(np.asarray(kernels()["softmax"](logits, axis)), np.asarray(probs))
 
 
+@pytest.mark.parametrize("shape", [(128, 10), (1, 4097), (37, 1000), (2048, 33)])
+@pytest.mark.parametrize("dtype", [*DTYPES, np.float64], ids=lambda d: np.dtype(d).name)
+def test_softmax_equals_the_probabilities_at_the_sizes_of_real_heads(shape: Any,
+                                                                     dtype: Any) -> None:
+    rng = np.random.default_rng(shape[1])
+    with np.errstate(all="ignore"):
+        logits = (rng.standard_normal(shape) * 20).astype(dtype)
+        logits.reshape(-1)[::97] = rng.choice(AWKWARD, logits.reshape(-1)[::97].size)
+        probs = kernels()["sparse_softmax_cross_entropy"](logits, rng.integers(0, shape[1],
+                                                                                shape[0]))[1]
+        assert_same_bits(np.asarray(kernels()["softmax"](logits, 1)), np.asarray(probs))
+
+
 def guide_fit(jit: bool) -> tuple[mp.Model, Any]:
     rng = np.random.default_rng(0)
     x = rng.random((96, 784), dtype=np.float32)
