@@ -184,6 +184,15 @@ def substitute_reads(step: Any, replacements: dict[int, Spec]) -> Any:
     return Assign(step.variable, substitute(step.value, replacements), step.text)
 
 
+def substituted(program: Program, steps: list[Any], replacements: dict[int, Spec],
+                folded: set[int]) -> Program:
+    """``program`` with ``steps`` (of its own) and its output reading ``replacements[i]``
+    wherever they read slot i."""
+    return Program([substitute_reads(step, replacements) for step in steps], program.slots,
+                   program.inputs, substitute(program.output, replacements), program.lines,
+                   folded)
+
+
 def fold_constants(program: Program) -> Program:
     """``program`` with every kernel call whose operands are all constants run once, here, and
     its results read as constants by the steps after it (the seed gradient of the loss and the
@@ -198,16 +207,15 @@ def fold_constants(program: Program) -> Program:
     steps = []
     folded = set()
     for n, step in enumerate(program.steps):
-        if (pure(step) and all(_constant(a, known) for a in step.args)):
+        if pure(step) and all(_constant(a, known) for a in step.args):
             bind(step.out, step.kernel(*[evaluate(a, known) for a in step.args]), known)
             folded.add(n)
             continue
         steps.append(step)
     if not known:
         return program
-    constants = {i: ("c", value) for i, value in known.items()}
-    return Program([substitute_reads(step, constants) for step in steps], program.slots,
-                   program.inputs, substitute(program.output, constants), program.lines, folded)
+    return substituted(program, steps, {i: ("c", value) for i, value in known.items()},
+                       folded)
 
 
 def plan_frees(program: Program) -> None:

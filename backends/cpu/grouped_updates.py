@@ -164,8 +164,6 @@ class UpdateGroup:
         #: while ``_seen`` names it (an assignment may free a variable's old array).
         self._held: list[np.ndarray] = []
         self._owners: set[int] = set()
-        #: (flat view of a state array, its buffer row, its span) for the copies back.
-        self._copies: list[tuple[np.ndarray, int, int, int]] = []
         #: The thread buffer the views below are of (rows: the gradients, each kind of state,
         #: two of scratch).
         self._buffer: np.ndarray | None = None
@@ -220,7 +218,10 @@ class UpdateGroup:
         full = iter(self._state_rows)
         self._body_state = [next(full) if p else None for p in self.present]
         self._scratch = [rows[-2], rows[-1]]
-        self._copy_pairs = [(flat, rows[row, lo:hi]) for flat, row, lo, hi in self._copies]
+        # (a state array, flat, and its part of its row) for the copies back
+        self._copy_pairs = [(a.reshape(-1), rows[1 + j % kinds, lo:hi])
+                            for j, a in enumerate(self._held)
+                            for lo, hi in [self.spans[j // kinds]]]
         self._buffer = buffer
 
     def _one_by_one(self, states: list[np.ndarray], grads: list[np.ndarray], flag: Any) -> None:
@@ -254,8 +255,6 @@ class UpdateGroup:
             owners.add(_owner(a))
         if len(owners) != len(states) or any(_owner(g) in owners for g in grads):
             return False        # two of them share memory: the order of reads would show
-        self._copies = [(a.reshape(-1), 1 + j % kinds, *self.spans[j // kinds])
-                        for j, a in enumerate(states)]
         self._seen, self._held, self._owners = seen, list(states), owners
         return True
 
@@ -281,7 +280,7 @@ def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
     inputs = set(program.inputs)
     run: list[KernelCall] = []
     key: tuple[Any, ...] | None = None
-    gathered = 0                           # elements in the run
+    elements = 0                           # in the run
     grouped = False
 
     def close() -> None:
@@ -296,15 +295,15 @@ def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
     for step in program.steps:
         member = _member_key(step, groupable)
         size = 0 if member is None else step.args[FORMS[step.name].state[0]][1].size
-        if member is None or member != key or gathered + size > GROUP_MAX_ELEMENTS:
+        if member is None or member != key or elements + size > GROUP_MAX_ELEMENTS:
             close()
-            gathered = 0
+            elements = 0
         key = member
         if member is None:
             steps.append(step)
         else:
             run.append(step)
-            gathered += size
+            elements += size
     close()
     if not grouped:
         return None

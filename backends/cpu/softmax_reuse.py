@@ -19,14 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.program import (
-    KernelCall,
-    Program,
-    pure,
-    step_reads,
-    substitute,
-    substitute_reads,
-)
+from mpcore.program import KernelCall, Program, pure, step_reads, substituted
 
 #: The kernels whose results agree (``softmax(x, axis)`` for the last axis of a matrix).
 PAIR = ("softmax", "sparse_softmax_cross_entropy")
@@ -56,28 +49,24 @@ def reuse_softmax(program: Program) -> Program | None:
     """``program`` without the softmax calls the cross-entropy after them computes too (module
     docstring), or None where there is none. The caller checks that both are the backend's
     own kernels."""
-    steps = list(program.steps)
+    steps = program.steps
     replacements: dict[int, Any] = {}
     taken: set[int] = set()                # probabilities already standing for a softmax
-    n = 0
-    while n < len(steps):
-        logits = _softmax_of(steps[n])
-        if logits is not None:
-            out = steps[n].out[1]
-            for later in range(n + 1, len(steps)):
-                probs = _probabilities(steps[later], logits)
-                if probs is not None:
-                    if probs not in taken:
-                        taken.add(probs)
-                        replacements[out] = ("s", probs)
-                        del steps[n]
-                        n -= 1
-                    break
-                if out in step_reads(steps[later]) or not pure(steps[later]):
-                    break     # read before the cross-entropy has made it, or arrays written
-        n += 1
+    for n, step in enumerate(steps):
+        logits = _softmax_of(step)
+        if logits is None:
+            continue
+        out = step.out[1]
+        for later in steps[n + 1:]:
+            probs = _probabilities(later, logits)
+            if probs is not None:
+                if probs not in taken:
+                    taken.add(probs)
+                    replacements[out] = ("s", probs)
+                break
+            if out in step_reads(later) or not pure(later):
+                break         # read before the cross-entropy has made it, or arrays written
     if not replacements:
         return None
-    return Program([substitute_reads(step, replacements) for step in steps], program.slots,
-                   program.inputs, substitute(program.output, replacements), program.lines,
-                   program.folded)
+    kept = [step for step in steps if _softmax_of(step) is None or step.out[1] not in replacements]
+    return substituted(program, kept, replacements, program.folded)

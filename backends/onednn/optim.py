@@ -185,9 +185,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
     rmsprop_update.bind = bind  # type: ignore[attr-defined]
     rmsprop_update.passes = passes  # type: ignore[attr-defined]
-    # what the CPU backend's grouped updates of traced steps rely on (mpcore_cpu.compile)
-    rmsprop_update.calls_original_below = UPDATE_MIN_ELEMENTS  # type: ignore[attr-defined]
-    return _mark(rmsprop_update, original, cache)
+    return _mark(rmsprop_update, original, cache, calls_original_below=UPDATE_MIN_ELEMENTS)
 
 
 def _rmsprop_values(lr: float, rho: float, epsilon: float) -> tuple[float, ...]:
@@ -265,9 +263,7 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
     sgd_update.bind = bind  # type: ignore[attr-defined]
     sgd_update.passes = passes  # type: ignore[attr-defined]
-    # what the CPU backend's grouped updates of traced steps rely on (mpcore_cpu.compile)
-    sgd_update.calls_original_below = UPDATE_MIN_ELEMENTS  # type: ignore[attr-defined]
-    return _mark(sgd_update, original, cache)
+    return _mark(sgd_update, original, cache, calls_original_below=UPDATE_MIN_ELEMENTS)
 
 
 def make_adam_update(original: Callable[..., None], cache: BinaryCache,
@@ -333,11 +329,14 @@ def make_unscale_and_check(original: Callable[..., Any], cache: BinaryCache,
     return _mark(unscale_and_check, original, cache)  # type: ignore[arg-type]
 
 
-def _mark(kernel: Callable[..., Any], original: Callable[..., Any], cache: Any
-          ) -> Callable[..., Any]:
-    """``kernel`` carrying the primitive cache it runs on and the kernel it falls back to."""
+def _mark(kernel: Callable[..., Any], original: Callable[..., Any], cache: Any,
+          calls_original_below: int = 0) -> Callable[..., Any]:
+    """``kernel`` carrying the primitive cache it runs on and the kernel it falls back to;
+    ``calls_original_below``: it hands arrays of fewer elements to that kernel, always (what
+    the CPU backend's grouped updates of traced steps rely on, ``mpcore_cpu.compile``)."""
     kernel.cache = cache  # type: ignore[attr-defined]
     kernel.original = original  # type: ignore[attr-defined]
+    kernel.calls_original_below = calls_original_below  # type: ignore[attr-defined]
     return kernel
 
 
