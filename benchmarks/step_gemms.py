@@ -2,6 +2,7 @@
 
     python benchmarks/step_gemms.py --torch-python /work/torchvenv/bin/python
     python benchmarks/step_gemms.py --quick             # tiny sizes, mpcore only
+    python benchmarks/step_gemms.py --batch 128 --units 64 --engines   # oneDNN vs NumPy
 
 A train step's float32 time is mostly its eight GEMMs (forward, input gradients, weight
 gradients; the first layer's input gradient is never needed), so this tells how much of a
@@ -10,6 +11,11 @@ Each GEMM is timed as the best of ``--repeats`` runs (after two warm-up runs) th
 ``matmul`` kernel of the chosen backend, and through ``torch.mm`` on the same shapes with the
 same transposed views in a separate interpreter (torch is never a dependency of mpcore). One
 JSON line per GEMM, then a summary line with the totals and their ratio.
+
+``--engines`` also times each GEMM on both engines of the CPU backend with oneDNN installed:
+the CPU kernel the provider wraps (NumPy's BLAS, ``numpy_ms``) and oneDNN's primitive with the
+provider's small-GEMM limit lifted (``onednn_ms``), the measurement behind
+``mpcore_onednn.linalg.SMALL_GEMM``.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def best_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 def measure(which: str, batch: int, units: int, repeats: int,
             backend: str | None = None) -> dict[str, float]:
-    """ms per GEMM: ``which`` is "mpcore" or "torch"."""
+    """ms per GEMM: ``which`` is "mpcore", "torch", or "numpy"/"onednn" (the CPU backend's
+    two engines, see ``--engines``)."""
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
     if which == "torch":
@@ -69,6 +76,8 @@ def measure(which: str, batch: int, units: int, repeats: int,
 
     be = mp.get_backend(backend) if backend else mp.get_backend()
     matmul = be.kernels()["matmul"]
+    if which in ("numpy", "onednn"):
+        matmul = _engine(matmul, which)
     for name, sa, sb, ta, tb in step_gemms(batch, units):
         a = be.asarray(rng.standard_normal(sa, dtype=np.float32), "float32")
         b = be.asarray(rng.standard_normal(sb, dtype=np.float32), "float32")
@@ -81,6 +90,26 @@ def measure(which: str, batch: int, units: int, repeats: int,
     return out
 
 
+def _engine(matmul: Any, which: str) -> Any:
+    """The CPU backend's ``matmul`` on one engine: the CPU kernel oneDNN's provider wraps, or
+    oneDNN's GEMM at every size."""
+    original = getattr(matmul, "original", None)
+    if original is None:
+        raise SystemExit("--engines needs the CPU backend with oneDNN's provider installed")
+    if which == "numpy":
+        return original
+    import mpcore_onednn.linalg
+
+    def onednn(a: Any, b: Any, transpose_a: bool, transpose_b: bool) -> Any:
+        limit, mpcore_onednn.linalg.SMALL_GEMM = mpcore_onednn.linalg.SMALL_GEMM, 0
+        try:
+            return matmul(a, b, transpose_a, transpose_b)
+        finally:
+            mpcore_onednn.linalg.SMALL_GEMM = limit
+
+    return onednn
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
@@ -90,6 +119,8 @@ def main() -> None:
     parser.add_argument("--torch-python", default=None,
                         help="an interpreter with torch, e.g. /work/torchvenv/bin/python")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
+    parser.add_argument("--engines", action="store_true",
+                        help="also time NumPy's and oneDNN's GEMM (the CPU backend with oneDNN)")
     parser.add_argument("--peer-only", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.quick:
@@ -98,6 +129,8 @@ def main() -> None:
         print(json.dumps(measure("torch", a.batch, a.units, a.repeats)))
         return
     ours = measure("mpcore", a.batch, a.units, a.repeats, a.backend)
+    engines = {e: measure(e, a.batch, a.units, a.repeats, a.backend)
+               for e in (("numpy", "onednn") if a.engines else ())}
     peer: dict[str, float] = {}
     if a.torch_python:
         proc = subprocess.run([a.torch_python, __file__, "--peer-only", "--batch", str(a.batch),
@@ -110,6 +143,8 @@ def main() -> None:
         record = {"bench": "step_gemm", "gemm": name, "m": m, "n": n, "k": k,
                   "transpose_a": ta, "transpose_b": tb, "mpcore_ms": round(ours[name], 4),
                   "mpcore_gflops": round(2 * m * n * k / ours[name] / 1e6, 1)}
+        for engine, times in engines.items():
+            record[f"{engine}_ms"] = round(times[name], 4)
         if name in peer:
             record["torch_ms"] = round(peer[name], 4)
             record["torch_vs_mpcore_time"] = round(peer[name] / ours[name], 3)

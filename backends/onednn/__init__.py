@@ -105,7 +105,8 @@ def float32_wanted() -> bool:
     """``MPCORE_ONEDNN_FLOAT32`` (``on``/``off``, default on): whether float32 work (matmuls and
     the fused optimizer updates) goes to oneDNN too when the plugin is in use. Its brgemm
     kernels beat NumPy's OpenBLAS on the train-step shapes here (see
-    benchmarks/train_step.py), and its binary primitives run the updates on both cores."""
+    benchmarks/train_step.py), and its binary primitives run the updates on both cores.
+    GEMMs too small to gain from a launch stay on NumPy (:data:`.linalg.SMALL_GEMM`)."""
     return env_choice("MPCORE_ONEDNN_FLOAT32", ("on", "off")) == "on"
 
 

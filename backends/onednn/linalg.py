@@ -3,15 +3,27 @@ the dtypes the plugin chose; everything else goes to the CPU kernels they wrap."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpcore_xp import DTYPES, LOW
 
+from mpcore.backend import bind_call
+
 from .matmul import MatmulCache
 from .nn import relu_in_place
 from .optim import Alloc, _mark
+
+#: Float32 GEMMs of at most this many multiply-adds (m * n * k) go to the CPU kernel: NumPy's
+#: BLAS runs them on the calling thread in about half the time of a oneDNN launch, whose fixed
+#: cost (the call, waking oneDNN's OpenMP team) is most of their time. OpenBLAS itself runs
+#: GEMMs up to 65536 * 4 multiply-adds on one thread, so no second thread pool wakes beside
+#: oneDNN's: two spinning pools on the same cores made a step 10x slower, measured
+#: (``benchmarks/step_gemms.py --engines``: "numpy_ms" against "onednn_ms"). The same rule for
+#: eager and traced calls: both give the same bits.
+SMALL_GEMM = 1 << 18
 
 #: The CPU backend's (upcast, convert) for 16-bit dtypes multiplied by the float32 GEMM.
 Upcasting = tuple[Callable[[Any], Any], Callable[[Any, Any], Any]] | None
@@ -50,13 +62,16 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
     oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
     "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
     GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
-    NumPy's: one GEMM library and one thread pool for the whole step. ``alloc(shape, dtype)``
-    gives the result arrays (the CPU backend's recycled buffers; default ``np.empty``)."""
+    NumPy's: one thread pool for the whole step. Float32 products of at most
+    :data:`SMALL_GEMM` multiply-adds go to ``original`` (NumPy's BLAS on the calling thread).
+    ``alloc(shape, dtype)`` gives the result arrays (the CPU backend's recycled buffers; default
+    ``np.empty``)."""
     route = _router(dtypes, via_float32)
 
     def matmul(a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> Any:
         dtype, out_dtype = route(a.dtype)
-        if dtype is None or b.dtype != a.dtype or a.ndim != b.ndim or a.size == 0 or b.size == 0:
+        if (dtype is None or b.dtype != a.dtype or a.ndim != b.ndim or a.size == 0 or b.size == 0
+                or _small(dtype, a, b, transpose_a, transpose_b)):
             return original(a, b, transpose_a, transpose_b)
         if out_dtype is not None:
             a, b = via_float32[0](a), via_float32[0](b)  # type: ignore[index]
@@ -71,6 +86,8 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
         dtype, out_dtype = route(a.dtype)
         if dtype is None or out_dtype is not None or not _plain(a, b):
             return None
+        if _small(dtype, a, b, transpose_a, transpose_b):   # a trace fixes the shapes
+            return bind_call(original, a, b, transpose_a, transpose_b) or original
         run = cache.bind(np.swapaxes(a, 0, 1) if transpose_a else a,
                          np.swapaxes(b, 0, 1) if transpose_b else b, dtype, alloc=alloc)
         if run is None:
@@ -95,14 +112,15 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
     ``dtypes``, the bias fused into it, added to the float32 accumulator (a bfloat16 result is
     rounded once), then relu in place (:func:`~mpcore_onednn.nn.relu_in_place`: NaN stays
     NaN); other 16-bit dtypes as :func:`make_matmul` does with ``via_float32``; everything
-    else goes to ``original``. ``alloc`` as for :func:`make_matmul`."""
+    else goes to ``original``, as do float32 products of at most :data:`SMALL_GEMM`
+    multiply-adds. ``alloc`` as for :func:`make_matmul`."""
     route = _router(dtypes, via_float32)
 
     def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
               activation: str | None) -> Any:
         dtype, out_dtype = route(x.dtype)
         if (dtype is None or w.dtype != x.dtype or x.ndim < 2 or x.size == 0 or w.size == 0
-                or activation not in (None, "relu")):
+                or activation not in (None, "relu") or _small(dtype, x, w, False, False)):
             return original(x, w, b, activation)
         if out_dtype is not None:
             x, w = via_float32[0](x), via_float32[0](w)  # type: ignore[index]
@@ -121,6 +139,8 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
         if (dtype is None or out_dtype is not None or not _plain(x, w)
                 or activation not in (None, "relu")):
             return None
+        if _small(dtype, x, w, False, False):
+            return bind_call(original, x, w, b, activation) or original
         run = cache.bind(x, w, dtype, None if b is None else b.astype(np.float32, copy=False),
                          alloc)
         if run is None:
@@ -142,6 +162,19 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
 
     dense.bind = bind  # type: ignore[attr-defined]
     return _mark(dense, original, cache)
+
+
+def _small(dtype: str, a: np.ndarray, b: np.ndarray, transpose_a: bool,
+           transpose_b: bool) -> bool:
+    """Whether ``op(a) @ op(b)`` computed in ``dtype`` is a float32 GEMM of at most
+    :data:`SMALL_GEMM` multiply-adds (batch axes counted)."""
+    if dtype != "float32" or a.ndim < 2 or b.ndim < 2:
+        return False
+    rows = a.shape[-1] if transpose_a else a.shape[-2]
+    inner = a.shape[-2] if transpose_a else a.shape[-1]
+    cols = b.shape[-2] if transpose_b else b.shape[-1]
+    batch = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
+    return batch * rows * inner * cols <= SMALL_GEMM
 
 
 def _plain(a: np.ndarray, b: np.ndarray) -> bool:

@@ -58,6 +58,10 @@ def _backends(monkeypatch: pytest.MonkeyPatch, config: str) -> tuple[CpuBackend,
     """(the CPU backend with the config's providers, the plain CPU backend)."""
     settings, providers = CONFIGS[config]
     _skip_unless_loadable(providers)
+    if "mpcore_onednn" in providers:   # the small cases' GEMMs on oneDNN too, not NumPy
+        import mpcore_onednn.linalg
+
+        monkeypatch.setattr(mpcore_onednn.linalg, "SMALL_GEMM", 0)
     for name, value in _OFF.items():
         monkeypatch.setenv(name, value)
     plain = CpuBackend()

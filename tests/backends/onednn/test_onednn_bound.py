@@ -9,6 +9,7 @@ import gc
 from typing import Any
 
 import ml_dtypes
+import mpcore_onednn.linalg as onednn_linalg
 import mpcore_onednn.optim as onednn_optim
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "auto")
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
+    monkeypatch.setattr(onednn_linalg, "SMALL_GEMM", 0)   # these small GEMMs on oneDNN too
     return CpuBackend().kernels()
 
 

@@ -30,6 +30,7 @@ def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The CPU backend's kernel table with oneDNN forced on (a fresh backend instance)."""
     library_or_skip()
     monkeypatch.setenv("MPCORE_ONEDNN", "force")
+    monkeypatch.setattr(mpcore_onednn.linalg, "SMALL_GEMM", 0)   # small GEMMs on oneDNN too
     backend = CpuBackend()
     kernels = backend.kernels()
     assert "mpcore_onednn" in [s.provider for s in backend.kernel_sets]
