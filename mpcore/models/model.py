@@ -364,6 +364,8 @@ class Model(Layer):
         self.stop_training = False
         self.history = history
         backend = flatten(xd)[0].backend
+        names = self.metrics_names
+        results = (lambda: self._results(True)) if _sharding.world_size() == 1 else None
         cbs.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
@@ -379,7 +381,7 @@ class Model(Layer):
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
                 a, b = _sharding.shard(lo, hi, train=True)  # this rank's rows of the batch
                 self.train_step(_data.rows(xd, a, b, order), _data.rows(yd, a, b, order))
-                cbs.on_train_batch_end(step, {"batch": step, "size": hi - lo})
+                cbs.on_train_batch_end(step, _callbacks.BatchLogs(step, hi - lo, names, results))
                 if bar is not None:
                     bar.update(1)
                     now = time.perf_counter()
