@@ -2,10 +2,11 @@
 LossScaleHistory, LossScaleMonitor.
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
-their own except where they say so; ``on_train_batch_end``'s :class:`BatchLogs` read the
-running results only if a callback reads one. ``fit`` lists the keys its epoch logs will hold
-in ``params["metrics"]`` (as Keras 2), so a callback checks the keys it needs at
-``on_train_begin``, before any training.
+their own except where they say so. As Keras, ``fit`` reads the loss and metrics for
+``on_train_batch_end``'s logs only where a callback has that hook (:func:`reads_batch_results`:
+a host read per batch). ``fit`` lists the keys its epoch logs will hold in ``params["metrics"]``
+(as Keras 2), so a callback checks the keys it needs at ``on_train_begin``, before any
+training.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import math
 import os
 import re
 import string
-import sys
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import arguments as _args
@@ -23,6 +23,10 @@ from mpcore import arguments as _args
 
 class Callback:
     """Base class; ``self.model`` is set by ``fit``."""
+
+    #: Whether an ``on_train_batch_end`` of this class reads the loss and metrics from its logs
+    #: (for those, ``fit`` reads them from the device at each batch end, as Keras does).
+    reads_batch_results = True
 
     def __init__(self) -> None:
         self.model: Any = None
@@ -39,7 +43,7 @@ class Callback:
     def on_epoch_begin(self, epoch: int, logs: dict[str, float] | None = None) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None: ...
     def on_train_batch_begin(self, batch: int, logs: dict[str, float] | None = None) -> None: ...
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None: ...
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None: ...
 
 
 class CallbackList(Callback):
@@ -78,85 +82,30 @@ class CallbackList(Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, float] | None = None) -> None:
         self._each("on_train_batch_begin", batch, logs)
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
-        held = sys.getrefcount(logs)
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         self._each("on_train_batch_end", batch, logs)
-        kept = sys.getrefcount(logs) > held   # (before logs.settle: a bound method is a ref)
-        if isinstance(logs, BatchLogs):
-            logs.settle(kept)
 
 
-class BatchLogs(MutableMapping[str, float]):
-    """The logs of ``on_train_batch_end``, as Keras gives them: "batch", "size", and the loss's
-    and metrics' running results over the epoch so far ("loss", "accuracy", ...).
+def reads_batch_results(callbacks: Sequence[Callback]) -> bool:
+    """Whether a callback's ``on_train_batch_end`` may read the loss and metrics from its
+    logs: one that overrides the hook (or a LambdaCallback given one), unless its class says
+    ``reads_batch_results = False`` (the built-in ones that record other things)."""
+    for cb in callbacks:
+        if isinstance(cb, CallbackList):
+            if reads_batch_results(cb.callbacks):
+                return True
+        elif cb.reads_batch_results and (
+                "on_train_batch_end" in vars(cb)
+                or type(cb).on_train_batch_end is not Callback.on_train_batch_end):
+            return True
+    return False
 
-    The results are read from the device only when a callback reads one: one host read for
-    the batch, which waits for its step; callbacks that never read them cost no read. A
-    callback that keeps the logs (or a copy, ``dict(logs)``) has this batch's results, read
-    before the next step. Under a distribution the results are a read every rank must make at
-    once, so per-batch logs leave them out (``on_epoch_end``'s logs have them); asking for one
-    says so. Callbacks may add or remove keys, as Keras' may."""
 
-    def __init__(self, batch: int, size: int, names: Sequence[str],
-                 read: Callable[[], dict[str, float]] | None) -> None:
-        self._fixed: dict[str, float] = {"batch": batch, "size": size}
-        self._names = list(names) if read is not None else []
-        self._read = read
-        self._results: dict[str, float] | None = None
-
-    def _value(self, key: str) -> float:
-        if self._results is None:
-            if self._read is None:
-                raise RuntimeError(f"the per-batch result {key!r} was asked for after its batch "
-                                   "ended: copy the logs inside the callback (dict(logs))")
-            self._results = self._read()
-        return self._results[key]
-
-    def __getitem__(self, key: str) -> float:
-        if key in self._fixed:
-            return self._fixed[key]
-        if key in self._names:
-            return self._value(key)
-        why = ("under a distribution, per-batch logs hold no results (every rank would have "
-               "to read them at once); on_epoch_end's logs have them"
-               if self._read is None and self._results is None else
-               f"the per-batch logs hold {', '.join(map(repr, self))}")
-        raise KeyError(f"{key!r}: {why}")
-
-    def __setitem__(self, key: str, value: float) -> None:
-        if key in self._names:
-            self._names.remove(key)
-        self._fixed[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        if key in self._fixed:
-            del self._fixed[key]
-        elif key in self._names:
-            self._names.remove(key)
-        else:
-            raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:   # (Mapping's would read the results)
-        return key in self._fixed or key in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._fixed
-        yield from self._names
-
-    def __len__(self) -> int:
-        return len(self._fixed) + len(self._names)
-
-    def __repr__(self) -> str:
-        results = self._results or {}
-        shown = {**self._fixed, **{k: results.get(k, "...") for k in self._names}}
-        return f"BatchLogs({shown})"
-
-    def settle(self, kept: bool) -> None:
-        """After the batch's callbacks: the results read now if a callback kept the logs
-        (later steps change the running results), and the reader dropped."""
-        if kept and self._names and self._results is None and self._read is not None:
-            self._results = self._read()
-        self._read = None
+def batch_logs(batch: int, size: int, results: dict[str, float] | None) -> dict[str, float]:
+    """``on_train_batch_end``'s logs, as Keras gives them: "batch", "size" and the loss's and
+    metrics' running results over the epoch so far (``fit`` reads them at the batch's end
+    where :func:`reads_batch_results`; a metric named "batch" or "size" wins, as in Keras 2)."""
+    return {"batch": batch, "size": size, **(results or {})}
 
 
 class History(Callback):
@@ -180,6 +129,8 @@ class LossScaleHistory(Callback):
     """Records the loss scale after every training step (``scales``), and which steps were
     skipped (``skipped``); reads no device value (the scale lives on the host)."""
 
+    reads_batch_results = False
+
     def __init__(self) -> None:
         super().__init__()
         self.scales: list[float] = []
@@ -187,7 +138,7 @@ class LossScaleHistory(Callback):
         self._step = 0
         self._last_skipped = 0
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         opt = getattr(self.model, "optimizer", None)
         scale = getattr(opt, "loss_scale", None)
         self.scales.append(float(scale()) if scale is not None else 1.0)
@@ -216,7 +167,7 @@ class LossScaleMonitor(LossScaleHistory):
         self._step = 0
         self._last_skipped = getattr(getattr(self.model, "optimizer", None), "skipped_steps", 0)
 
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
         before = len(self.skipped)
         super().on_train_batch_end(batch, logs)
         opt = getattr(self.model, "optimizer", None)

@@ -364,8 +364,7 @@ class Model(Layer):
         self.stop_training = False
         self.history = history
         backend = flatten(xd)[0].backend
-        names = self.metrics_names
-        results = (lambda: self._results(True)) if _sharding.world_size() == 1 else None
+        per_batch = _callbacks.reads_batch_results(callbacks) and _sharding.world_size() == 1
         cbs.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
@@ -381,7 +380,8 @@ class Model(Layer):
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
                 a, b = _sharding.shard(lo, hi, train=True)  # this rank's rows of the batch
                 self.train_step(_data.rows(xd, a, b, order), _data.rows(yd, a, b, order))
-                cbs.on_train_batch_end(step, _callbacks.BatchLogs(step, hi - lo, names, results))
+                cbs.on_train_batch_end(step, _callbacks.batch_logs(
+                    step, hi - lo, self._results(True) if per_batch else None))
                 if bar is not None:
                     bar.update(1)
                     now = time.perf_counter()

@@ -1,16 +1,17 @@
-"""``on_train_batch_end``'s logs (mp.callbacks.BatchLogs): Keras' keys ("loss" and the metrics'
-running results, beside "batch" and "size"), read from the device only when a callback reads
-one, and this batch's values even for a callback that keeps them."""
+"""``on_train_batch_end``'s logs: as Keras gives them, a dict with the loss's and metrics'
+running results beside "batch" and "size", read at each batch's end only where a callback has
+that hook (a host read per batch), and not at all otherwise."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore.callbacks import BatchLogs
+from mpcore.callbacks import CallbackList, batch_logs, reads_batch_results
 
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((40, 6)).astype(np.float32)
@@ -26,23 +27,24 @@ def _model(jit: bool) -> mp.Model:
     return model
 
 
-class _Reads(mp.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[dict[str, float]] = []
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.seen.append({"loss": logs["loss"], "accuracy": logs["accuracy"],
-                          "batch": logs["batch"], "size": logs["size"]})
-
-
 class _Keeps(mp.callbacks.Callback):
+    """Keeps the logs themselves and a deep copy, read only after training."""
+
     def __init__(self) -> None:
         super().__init__()
         self.kept: list[Any] = []
+        self.copies: list[Any] = []
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.kept.append(logs)        # read after training, never inside the callback
+        self.kept.append(logs)
+        self.copies.append(copy.deepcopy(logs))
+
+
+class _Resets(mp.callbacks.Callback):
+    """The Keras idiom for per-batch metrics: reset after each batch."""
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.model.reset_metrics()
 
 
 def _counting_reads(model: mp.Model, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -59,83 +61,69 @@ def _counting_reads(model: mp.Model, monkeypatch: pytest.MonkeyPatch) -> list[in
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_per_batch_logs_hold_the_running_results(jit: bool) -> None:
-    model, reads = _model(jit), _Reads()
+    model, keeps = _model(jit), _Keeps()
     history = model.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0,
-                        callbacks=[reads])
-    assert [s["batch"] for s in reads.seen] == [0, 1, 2] * 2
-    assert [s["size"] for s in reads.seen] == [16, 16, 8] * 2
+                        callbacks=[keeps])
+    seen = keeps.kept
+    assert all(type(logs) is dict for logs in seen)
+    assert [s["batch"] for s in seen] == [0, 1, 2] * 2
+    assert [s["size"] for s in seen] == [16, 16, 8] * 2
+    assert seen == keeps.copies                  # kept logs are that batch's values
     # the last batch's running results are the epoch's
-    for epoch, last in enumerate((reads.seen[2], reads.seen[5])):
+    for epoch, last in enumerate((seen[2], seen[5])):
         assert last["loss"] == history.history["loss"][epoch]
         assert last["accuracy"] == history.history["accuracy"][epoch]
     # the first batch's: that batch's loss alone (a twin model's first step)
-    twin = _model(jit)
-    first = twin.train_on_batch(X[:16], Y[:16], return_dict=True)
-    assert reads.seen[0]["loss"] == pytest.approx(first["loss"], rel=1e-6)
-    assert reads.seen[0]["accuracy"] == first["accuracy"]
-    assert reads.seen[1]["loss"] != reads.seen[0]["loss"]
+    first = _model(jit).train_on_batch(X[:16], Y[:16], return_dict=True)
+    assert seen[0]["loss"] == pytest.approx(first["loss"], rel=1e-6)
+    assert seen[0]["accuracy"] == first["accuracy"]
+    assert len({s["loss"] for s in seen}) == 6
 
 
-def test_results_are_read_only_for_a_callback_that_reads_them(
+def test_results_are_read_only_where_a_callback_has_the_batch_hook(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(False)
     reads = _counting_reads(model, monkeypatch)
-    model.fit(X, Y, batch_size=16, epochs=2, verbose=0,
-              callbacks=[mp.callbacks.LambdaCallback(
-                  on_train_batch_end=lambda batch, logs: logs["batch"])])
+    fit = dict(x=X, y=Y, batch_size=16, epochs=2, verbose=0)
+    model.fit(**fit, callbacks=[mp.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: None),
+                                mp.callbacks.LossScaleMonitor()])
     assert reads[0] == 2                       # the epochs' logs alone
-    reads[0] = 0
-    model.fit(X, Y, batch_size=16, epochs=2, verbose=0, callbacks=[_Reads(), _Reads()])
-    assert reads[0] == 2 + 6                   # one read a batch, shared by both callbacks
+    for callbacks in ([mp.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: None)],
+                      [_Keeps(), _Keeps()], [CallbackList([_Keeps()])]):
+        reads[0] = 0
+        model.fit(**fit, callbacks=callbacks)
+        assert reads[0] == 2 + 6               # one read a batch, however many read them
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_kept_logs_hold_their_own_batchs_results(jit: bool) -> None:
-    model, keeps, reads = _model(jit), _Keeps(), _Reads()
+def test_a_batchs_logs_are_read_before_any_callback_runs(jit: bool) -> None:
+    model, keeps = _model(jit), _Keeps()
     model.fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0,
-              callbacks=[keeps, reads])
-    later = [dict(logs) for logs in keeps.kept]
-    assert [d["loss"] for d in later] == [s["loss"] for s in reads.seen]
-    assert len({d["loss"] for d in later}) == 3
-    keeps2 = _Keeps()
-    _model(jit).fit(X, Y, batch_size=16, epochs=1, shuffle=False, verbose=0,
-                    callbacks=[keeps2])           # kept and never read inside: read at the end
-    assert [logs["loss"] for logs in keeps2.kept] == [s["loss"] for s in reads.seen]
+              callbacks=[_Resets(), keeps])      # resets before the keeper's hook
+    # each batch's own results: the running mean restarted at every batch
+    twin = _model(jit)
+    for logs, lo in zip(keeps.kept, (0, 16, 32)):
+        alone = twin.train_on_batch(X[lo:lo + 16], Y[lo:lo + 16], return_dict=True)
+        assert logs["loss"] == pytest.approx(alone["loss"], rel=1e-6)
+        assert logs["accuracy"] == alone["accuracy"]
 
 
-def test_batch_logs_as_a_mapping() -> None:
-    reads = [0]
+def test_reads_batch_results() -> None:
+    class Records(mp.callbacks.Callback):
+        reads_batch_results = False
 
-    def read() -> dict[str, float]:
-        reads[0] += 1
-        return {"loss": 0.5, "accuracy": 0.25}
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None: ...
 
-    logs = BatchLogs(3, 16, ["loss", "accuracy"], read)
-    assert list(logs) == ["batch", "size", "loss", "accuracy"] and len(logs) == 4
-    assert "loss" in logs and "val_loss" not in logs and reads[0] == 0
-    assert repr(logs) == "BatchLogs({'batch': 3, 'size': 16, 'loss': '...', 'accuracy': '...'})"
-    assert dict(logs) == {"batch": 3, "size": 16, "loss": 0.5, "accuracy": 0.25}
-    assert logs["accuracy"] == 0.25 and reads[0] == 1          # one read for every key
-    with pytest.raises(KeyError, match=r"'val_loss'.*'batch', 'size', 'loss', 'accuracy'"):
-        logs["val_loss"]
-    logs["lr"] = 0.01                                           # callbacks may add keys
-    del logs["accuracy"]
-    assert dict(logs) == {"batch": 3, "size": 16, "lr": 0.01, "loss": 0.5}
-    with pytest.raises(KeyError):
-        del logs["accuracy"]
-    logs.settle(kept=False)
-    assert logs["loss"] == 0.5                                  # read already: still there
+    assert not reads_batch_results([])
+    assert not reads_batch_results([mp.callbacks.EarlyStopping(), Records(),
+                                    mp.callbacks.LossScaleHistory(),
+                                    mp.callbacks.LambdaCallback(on_epoch_end=print)])
+    assert reads_batch_results([_Keeps()])
+    assert reads_batch_results([mp.callbacks.LambdaCallback(on_train_batch_end=print)])
+    assert reads_batch_results([CallbackList([Records(), CallbackList([_Resets()])])])
 
 
-def test_a_result_asked_for_after_the_batch_names_what_to_do() -> None:
-    logs = BatchLogs(0, 8, ["loss"], lambda: {"loss": 1.0})
-    logs.settle(kept=False)                                     # nobody kept or read them
-    with pytest.raises(RuntimeError, match=r"after its batch ended.*dict\(logs\)"):
-        logs["loss"]
-
-
-def test_under_a_distribution_per_batch_logs_hold_no_results() -> None:
-    logs = BatchLogs(0, 8, ["loss"], None)                      # what fit passes there
-    assert dict(logs) == {"batch": 0, "size": 8}
-    with pytest.raises(KeyError, match=r"under a distribution.*on_epoch_end"):
-        logs["loss"]
+def test_batch_logs() -> None:
+    assert batch_logs(3, 16, None) == {"batch": 3, "size": 16}
+    assert batch_logs(3, 16, {"loss": 0.5, "size": 0.25}) == {"batch": 3, "size": 0.25,
+                                                              "loss": 0.5}
