@@ -100,6 +100,10 @@ def _engine(matmul: Any, which: str) -> Any:
         return original
     import mpcore_onednn.linalg
 
+    if not mpcore_onednn.float32_wanted():
+        raise SystemExit("--engines times oneDNN's float32 GEMM: MPCORE_ONEDNN_FLOAT32=off "
+                         "leaves float32 on NumPy")
+
     def onednn(a: Any, b: Any, transpose_a: bool, transpose_b: bool) -> Any:
         limit, mpcore_onednn.linalg.SMALL_GEMM = mpcore_onednn.linalg.SMALL_GEMM, 0
         try:

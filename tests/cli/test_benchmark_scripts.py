@@ -158,6 +158,21 @@ def test_step_gemms_quick() -> None:
     assert total["mpcore_ms"] > 0
 
 
+def test_step_gemms_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both engines of the CPU backend with oneDNN's provider: NumPy's and oneDNN's GEMM."""
+    import mpcore_onednn
+
+    try:
+        mpcore_onednn.library()
+    except mpcore_onednn.DnnlError as exc:
+        pytest.skip(f"oneDNN cannot be loaded here: {exc}")
+    monkeypatch.setenv("MPCORE_ONEDNN", "force")
+    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
+    records = run("step_gemms.py", "--quick", "--backend", "cpu", "--engines")
+    gemms = [r for r in records if r["bench"] == "step_gemm"]
+    assert len(gemms) == 8 and all(r["numpy_ms"] > 0 and r["onednn_ms"] > 0 for r in gemms)
+
+
 def _compare_module() -> Any:
     sys.path.insert(0, str(BENCH))
     try:
@@ -229,6 +244,11 @@ def test_traced_vs_eager() -> None:
     assert record["eager_ms_per_step"] > 0 and record["traced_ms_per_step"] > 0
     low, high = record["traced_vs_eager_range"]
     assert 0 < low <= record["traced_vs_eager_median"] <= high
+    assert record["traced_us_per_op"] == pytest.approx(
+        record["traced_ms_per_step"] * 1e3 / record["program_steps"])
+    assert record["saved_us_per_op"] == pytest.approx(
+        (record["eager_ms_per_step"] - record["traced_ms_per_step"]) * 1e3
+        / record["program_steps"])
     assert set(record["peak_traced_mb"]) == {"eager", "traced"}
 
 
