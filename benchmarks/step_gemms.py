@@ -95,7 +95,9 @@ def _engine(matmul: Any, which: str) -> Any:
     oneDNN's GEMM at every size."""
     original = getattr(matmul, "original", None)
     if original is None:
-        raise SystemExit("--engines needs the CPU backend with oneDNN's provider installed")
+        raise SystemExit("--engines needs the CPU backend with oneDNN's provider in use: "
+                         "pip install -e \".[onednn]\", and MPCORE_ONEDNN=auto or force "
+                         "(choices: auto, force, off)")
     if which == "numpy":
         return original
     import mpcore_onednn.linalg

@@ -2,8 +2,9 @@
 ``jit_compile=True`` and with ``jit_compile=False``, both built in one process (the same
 weights, data and shuffles) and timed in alternating rounds (the order reversed every other
 round). One JSON line per configuration: the median ms per step of each, the median and range
-of the per-round ratios (eager time / traced time), the traced program's length, per recorded
-op the traced step's time and the time the replay saves (eager - traced), and the peak of
+of the per-round ratios (eager time / traced time), the traced program's length (its steps:
+kernel calls and whole calls), per program step the traced step's time and the time the
+replay saves (eager - traced), and the peak of
 Python-allocated memory (NumPy arrays included) of one epoch of each, measured after the timed
 rounds.
 
@@ -80,8 +81,8 @@ def measure(policy: str, units: int, batch: int, rounds: int) -> dict[str, Any]:
             "traced_vs_eager_median": statistics.median(ratios),
             "traced_vs_eager_range": [min(ratios), max(ratios)],
             "program_steps": ops,
-            "traced_us_per_op": None if not ops else traced_ms * 1e3 / ops,
-            "saved_us_per_op": None if not ops else (eager_ms - traced_ms) * 1e3 / ops,
+            "traced_us_per_program_step": None if not ops else traced_ms * 1e3 / ops,
+            "saved_us_per_program_step": None if not ops else (eager_ms - traced_ms) * 1e3 / ops,
             "peak_traced_mb": {"eager": _peak_mb(models[False], x, y, batch),
                                "traced": _peak_mb(models[True], x, y, batch)}}
 

@@ -11,6 +11,7 @@ training.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -20,12 +21,15 @@ from typing import Any
 
 from mpcore import arguments as _args
 
+logger = logging.getLogger("mpcore")
+
 
 class Callback:
     """Base class; ``self.model`` is set by ``fit``."""
 
-    #: Whether an ``on_train_batch_end`` of this class reads the loss and metrics from its logs
-    #: (for those, ``fit`` reads them from the device at each batch end, as Keras does).
+    #: Whether this class's own ``on_train_batch_end`` reads the loss and metrics from its logs
+    #: (for those, ``fit`` reads them from the device at each batch end, as Keras does); looked
+    #: up on the class that defines the hook (:func:`reads_batch_results`).
     reads_batch_results = True
 
     def __init__(self) -> None:
@@ -88,17 +92,32 @@ class CallbackList(Callback):
 
 def reads_batch_results(callbacks: Sequence[Callback]) -> bool:
     """Whether a callback's ``on_train_batch_end`` may read the loss and metrics from its
-    logs: one that overrides the hook (or a LambdaCallback given one), unless its class says
-    ``reads_batch_results = False`` (the built-in ones that record other things)."""
+    logs: one that overrides the hook (or a LambdaCallback given one), unless the class that
+    defines the hook says ``reads_batch_results = False`` there (a subclass that overrides the
+    hook of one that says so reads, unless it says so too)."""
     for cb in callbacks:
         if isinstance(cb, CallbackList):
             if reads_batch_results(cb.callbacks):
                 return True
-        elif cb.reads_batch_results and (
-                "on_train_batch_end" in vars(cb)
-                or type(cb).on_train_batch_end is not Callback.on_train_batch_end):
+        elif "on_train_batch_end" in vars(cb):
             return True
+        else:
+            owner = next(c for c in type(cb).__mro__ if "on_train_batch_end" in vars(c))
+            if owner is not Callback and vars(owner).get("reads_batch_results", True):
+                return True
     return False
+
+
+def per_batch_results(callbacks: Sequence[Callback], world_size: int) -> bool:
+    """Whether ``fit`` reads the results into ``on_train_batch_end``'s logs: where
+    :func:`reads_batch_results`, in one process. Under a distribution that read is one every
+    rank must make at once, and a rank's callbacks may differ, so it is not made (logged)."""
+    wanted = reads_batch_results(callbacks)
+    if wanted and world_size > 1:
+        logger.warning("on_train_batch_end's logs hold no loss or metrics under a distribution "
+                     "(a read every rank would have to make at once); on_epoch_end's hold them")
+        return False
+    return wanted
 
 
 def batch_logs(batch: int, size: int, results: dict[str, float] | None) -> dict[str, float]:
@@ -155,6 +174,8 @@ class LossScaleMonitor(LossScaleHistory):
     NaN (``nonfinite``: a list per step, empty where it was applied; found only for skipped
     steps, one host read per variable). At the end of training the History carries them as
     ``history.steps["loss_scale"]``, ``["applied"]`` and ``["nonfinite"]``."""
+
+    reads_batch_results = False
 
     def __init__(self) -> None:
         super().__init__()

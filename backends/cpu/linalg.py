@@ -101,7 +101,7 @@ class CpuLinalg:
         flat = xs.reshape(-1, xs.shape[-1]) if xs.ndim > 2 else xs
         z = self._gemm(flat, ws)
         if xs.ndim > 2:
-            z = z.reshape(*xs.shape[:-1], -1)
+            z = z.reshape(*xs.shape[:-1], ws.shape[-1])   # (-1 cannot be inferred for 0 rows)
         if b is not None:
             z += self.convert(b, F32) if low else b
         if activation == "relu":

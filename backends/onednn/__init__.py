@@ -8,7 +8,8 @@ accumulation, bfloat16 out; ``dense`` fuses the bias, and applies relu after the
 that a NaN stays a NaN, as in the CPU kernel: see ``nn.py``), reading transposed operands in
 place through strided memory descriptors. float32 operands go to oneDNN as well
 (``MPCORE_ONEDNN_FLOAT32=off`` keeps them on NumPy): its f32 brgemm is faster than OpenBLAS on
-the train step's shapes here, and the fused bias saves a pass per layer. With float32 on, the
+the train step's larger shapes here, and the fused bias saves a pass per layer; GEMMs of at
+most ``linalg.SMALL_GEMM`` multiply-adds stay on NumPy, faster there. With float32 on, the
 fused optimizer updates (SGD, RMSprop, Adam) of large float32 weights and a dense layer's relu
 backward with its bias gradient also run on oneDNN (binary primitives on its OpenMP team, both
 cores, the CPU kernels' results bit for bit; see ``optim.py`` and ``nn.py``). Whenever the

@@ -62,8 +62,9 @@ def make_matmul(original: Callable[..., Any], cache: MatmulCache,
     oneDNN, everything else to ``original``. With ``via_float32`` ((upcast, convert), and
     "float32" in ``dtypes``), 16-bit operands of other dtypes are multiplied by oneDNN's float32
     GEMM on their float32 copies and the result is rounded once, as the CPU kernel does with
-    NumPy's: one thread pool for the whole step. Float32 products of at most
-    :data:`SMALL_GEMM` multiply-adds go to ``original`` (NumPy's BLAS on the calling thread).
+    NumPy's: one thread pool for the whole step. Products computed in float32 (16-bit operands
+    on that route too) of at most :data:`SMALL_GEMM` multiply-adds go to ``original`` (NumPy's
+    BLAS on the calling thread).
     ``alloc(shape, dtype)`` gives the result arrays (the CPU backend's recycled buffers; default
     ``np.empty``)."""
     route = _router(dtypes, via_float32)
@@ -112,8 +113,8 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
     ``dtypes``, the bias fused into it, added to the float32 accumulator (a bfloat16 result is
     rounded once), then relu in place (:func:`~mpcore_onednn.nn.relu_in_place`: NaN stays
     NaN); other 16-bit dtypes as :func:`make_matmul` does with ``via_float32``; everything
-    else goes to ``original``, as do float32 products of at most :data:`SMALL_GEMM`
-    multiply-adds. ``alloc`` as for :func:`make_matmul`."""
+    else goes to ``original``, as do products computed in float32 of at most
+    :data:`SMALL_GEMM` multiply-adds. ``alloc`` as for :func:`make_matmul`."""
     route = _router(dtypes, via_float32)
 
     def dense(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -167,14 +168,14 @@ def make_dense(original: Callable[..., Any], cache: MatmulCache,
 def _small(dtype: str, a: np.ndarray, b: np.ndarray, transpose_a: bool,
            transpose_b: bool) -> bool:
     """Whether ``op(a) @ op(b)`` computed in ``dtype`` is a float32 GEMM of at most
-    :data:`SMALL_GEMM` multiply-adds (batch axes counted)."""
+    :data:`SMALL_GEMM` multiply-adds, ``a``'s batch axes counted (the kernels take equal batch
+    shapes, or a 2-D ``b``: ``mpcore.ops`` broadcasts first)."""
     if dtype != "float32" or a.ndim < 2 or b.ndim < 2:
         return False
     rows = a.shape[-1] if transpose_a else a.shape[-2]
     inner = a.shape[-2] if transpose_a else a.shape[-1]
     cols = b.shape[-2] if transpose_b else b.shape[-1]
-    batch = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
-    return batch * rows * inner * cols <= SMALL_GEMM
+    return math.prod(a.shape[:-2]) * rows * inner * cols <= SMALL_GEMM
 
 
 def _plain(a: np.ndarray, b: np.ndarray) -> bool:

@@ -364,7 +364,7 @@ class Model(Layer):
         self.stop_training = False
         self.history = history
         backend = flatten(xd)[0].backend
-        per_batch = _callbacks.reads_batch_results(callbacks) and _sharding.world_size() == 1
+        per_batch = _callbacks.per_batch_results(callbacks, _sharding.world_size())
         cbs.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()
@@ -380,15 +380,15 @@ class Model(Layer):
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
                 a, b = _sharding.shard(lo, hi, train=True)  # this rank's rows of the batch
                 self.train_step(_data.rows(xd, a, b, order), _data.rows(yd, a, b, order))
-                cbs.on_train_batch_end(step, _callbacks.batch_logs(
-                    step, hi - lo, self._results(True) if per_batch else None))
+                results = self._results(True) if per_batch else None   # (the bar's too)
+                cbs.on_train_batch_end(step, _callbacks.batch_logs(step, hi - lo, results))
                 if bar is not None:
                     bar.update(1)
                     now = time.perf_counter()
                     if (now - last_refresh >= _REFRESH_S and step + 1 < steps
                             and _sharding.world_size() == 1):  # a global read needs every rank
                         last_refresh = now
-                        bar.set_postfix_str(_progress.format_logs(self._results(True)),
+                        bar.set_postfix_str(_progress.format_logs(results or self._results(True)),
                                             refresh=True)
                 if self.stop_training:
                     break

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT, SHARED
 
@@ -171,6 +172,24 @@ def test_step_gemms_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     records = run("step_gemms.py", "--quick", "--backend", "cpu", "--engines")
     gemms = [r for r in records if r["bench"] == "step_gemm"]
     assert len(gemms) == 8 and all(r["numpy_ms"] > 0 and r["onednn_ms"] > 0 for r in gemms)
+    # each engine is the one it names: oneDNN's primitives run for one only
+    sys.path.insert(0, str(BENCH))
+    try:
+        import step_gemms
+    finally:
+        sys.path.remove(str(BENCH))
+    from mpcore_cpu import CpuBackend
+
+    matmul = CpuBackend().kernels()["matmul"]
+    a = np.ones((8, 4), np.float32)
+    for engine, runs in (("numpy", 0), ("onednn", 1)):
+        before = matmul.cache.hits + matmul.cache.misses
+        step_gemms._engine(matmul, engine)(a, a, True, False)
+        assert matmul.cache.hits + matmul.cache.misses == before + runs, engine
+    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")   # float32 left on NumPy: refused
+    proc = subprocess.run([sys.executable, str(BENCH / "step_gemms.py"), "--quick", "--engines"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "MPCORE_ONEDNN_FLOAT32=off" in proc.stderr
 
 
 def _compare_module() -> Any:
@@ -244,9 +263,9 @@ def test_traced_vs_eager() -> None:
     assert record["eager_ms_per_step"] > 0 and record["traced_ms_per_step"] > 0
     low, high = record["traced_vs_eager_range"]
     assert 0 < low <= record["traced_vs_eager_median"] <= high
-    assert record["traced_us_per_op"] == pytest.approx(
+    assert record["traced_us_per_program_step"] == pytest.approx(
         record["traced_ms_per_step"] * 1e3 / record["program_steps"])
-    assert record["saved_us_per_op"] == pytest.approx(
+    assert record["saved_us_per_program_step"] == pytest.approx(
         (record["eager_ms_per_step"] - record["traced_ms_per_step"]) * 1e3
         / record["program_steps"])
     assert set(record["peak_traced_mb"]) == {"eager", "traced"}

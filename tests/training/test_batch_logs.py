@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore.callbacks import CallbackList, batch_logs, reads_batch_results
+from mpcore.callbacks import CallbackList, batch_logs, per_batch_results, reads_batch_results
 
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((40, 6)).astype(np.float32)
@@ -121,6 +121,23 @@ def test_reads_batch_results() -> None:
     assert reads_batch_results([_Keeps()])
     assert reads_batch_results([mp.callbacks.LambdaCallback(on_train_batch_end=print)])
     assert reads_batch_results([CallbackList([Records(), CallbackList([_Resets()])])])
+
+    class ReadsLosses(mp.callbacks.LossScaleMonitor):   # its own hook: the flag is not its
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            super().on_train_batch_end(batch, logs)
+
+    assert not reads_batch_results([mp.callbacks.LossScaleMonitor()])
+    assert reads_batch_results([ReadsLosses()])
+
+
+def test_no_per_batch_results_under_a_distribution(caplog: pytest.LogCaptureFixture) -> None:
+    """A rank's callbacks may differ, and the results are a read every rank makes at once."""
+    with caplog.at_level("WARNING", logger="mpcore"):
+        assert not per_batch_results([_Keeps()], world_size=2)
+    assert "no loss or metrics under a distribution" in caplog.text
+    caplog.clear()
+    assert per_batch_results([_Keeps()], world_size=1)
+    assert not per_batch_results([_Resets.__base__()], world_size=2) and not caplog.text
 
 
 def test_batch_logs() -> None:

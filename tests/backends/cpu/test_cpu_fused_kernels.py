@@ -161,6 +161,16 @@ def _data(seed: int, dtype: str) -> tuple[mp.Tensor, mp.Variable, mp.Variable]:
     return x, w, b
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_dense_of_an_empty_batch_of_sequences(dtype: np.dtype) -> None:
+    """A (0, 8, 16) input: the result's last axis comes from the weights (reshape cannot infer
+    it from zero elements)."""
+    x = np.zeros((0, 8, 16), dtype)
+    w, b = np.ones((16, 3), dtype), np.ones(3, dtype)
+    out = CpuBackend().dense(x, w, b, "relu")
+    assert out.shape == (0, 8, 3) and out.dtype == dtype
+
+
 @pytest.mark.parametrize("activation", [None, "relu"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_dense_value_and_gradients_match_the_composite_ops(dtype: str,

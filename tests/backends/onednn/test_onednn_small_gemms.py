@@ -32,6 +32,26 @@ def _lookups(kernel: Any) -> int:
     return int(kernel.cache.hits + kernel.cache.misses)
 
 
+@pytest.fixture
+def onednn_calls(kernels: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every oneDNN GEMM the kernels make or bind, counted at the cache they share (a bound
+    GEMM goes around the cache's lookups)."""
+    cache, calls = kernels["matmul"].cache, []
+
+    def counting(name: str) -> Any:
+        run = getattr(cache, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return run(*args, **kwargs)
+
+        return counted
+
+    for name in ("matmul", "bind"):
+        monkeypatch.setattr(cache, name, counting(name))
+    return calls
+
+
 def _gemm(rng: np.random.Generator, m: int, k: int, n: int, transpose_a: bool,
           transpose_b: bool, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's operands for an (m x k) @ (k x n) product; a transposed flag passes the
@@ -58,28 +78,31 @@ def test_the_limit_counts_multiply_adds_over_the_product_and_its_batch() -> None
 
 @pytest.mark.parametrize("transpose_a", [False, True])
 @pytest.mark.parametrize("transpose_b", [False, True])
-def test_a_small_float32_matmul_runs_on_the_cpu_kernel_eager_and_bound(
-        kernels: dict[str, Any], transpose_a: bool, transpose_b: bool) -> None:
+@pytest.mark.parametrize("mkn", [(128, 10, 64), (64, 200, 20)])   # a step's; the engines'
+def test_a_small_float32_matmul_runs_on_the_cpu_kernel_eager_and_bound(  # bits differ here
+        kernels: dict[str, Any], onednn_calls: list[str], transpose_a: bool, transpose_b: bool,
+        mkn: tuple[int, int, int]) -> None:
     matmul = kernels["matmul"]
     rng = np.random.default_rng(0)
-    a, b = _gemm(rng, 128, 10, 64, transpose_a, transpose_b)      # a step's input gradient
+    a, b = _gemm(rng, *mkn, transpose_a, transpose_b)
     before = _lookups(matmul)
     got = matmul(a, b, transpose_a, transpose_b)
     bound = matmul.bind(a, b, transpose_a, transpose_b)
     assert bound is not None
     for _ in range(2):
-        a, b = _gemm(rng, 128, 10, 64, transpose_a, transpose_b)
+        a, b = _gemm(rng, *mkn, transpose_a, transpose_b)
         want = matmul.original(a, b, transpose_a, transpose_b)
         assert np.array_equal(matmul(a, b, transpose_a, transpose_b).view(np.uint32),
                               want.view(np.uint32))
         assert np.array_equal(bound(a, b, transpose_a, transpose_b).view(np.uint32),
                               want.view(np.uint32))
-    assert got.shape == (128, 64)
-    assert _lookups(matmul) == before                              # oneDNN never ran
+    assert got.shape == (mkn[0], mkn[2])
+    assert _lookups(matmul) == before and onednn_calls == []      # oneDNN never ran
 
 
 @pytest.mark.parametrize("transpose_a", [False, True])
 def test_one_multiply_add_past_the_limit_runs_on_onednn(kernels: dict[str, Any],
+                                                        onednn_calls: list[str],
                                                         transpose_a: bool) -> None:
     matmul = kernels["matmul"]
     rng = np.random.default_rng(1)
@@ -93,11 +116,15 @@ def test_one_multiply_add_past_the_limit_runs_on_onednn(kernels: dict[str, Any],
     a, b = past
     ref = (a.T if transpose_a else a).astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-    assert matmul.bind(*past, transpose_a, False) is not matmul.original
+    matmul.bind(*at_limit, transpose_a, False)
+    assert onednn_calls == ["matmul"]
+    matmul.bind(*past, transpose_a, False)
+    assert onednn_calls == ["matmul", "bind"]
 
 
 @pytest.mark.parametrize("activation", [None, "relu"])
 def test_a_small_dense_runs_on_the_cpu_kernel_eager_and_bound(kernels: dict[str, Any],
+                                                              onednn_calls: list[str],
                                                               activation: str | None) -> None:
     dense = kernels["dense"]
     rng = np.random.default_rng(2)
@@ -111,10 +138,12 @@ def test_a_small_dense_runs_on_the_cpu_kernel_eager_and_bound(kernels: dict[str,
     for got in (dense(x, w, bias, activation), bound(x, w, bias, activation)):
         assert np.array_equal(got, want, equal_nan=True)
         assert np.isnan(got[0]).all()
-    assert _lookups(dense) == before
+    assert _lookups(dense) == before and onednn_calls == []
     big_x, big_w = _gemm(rng, 128, 784, 64, False, False)         # the first layer: oneDNN
     dense(big_x, big_w, None, activation)
     assert _lookups(dense) == before + 1
+    dense.bind(big_x, big_w, None, activation)
+    assert onednn_calls == ["matmul", "bind"]
 
 
 def test_small_16_bit_gemms(kernels: dict[str, Any]) -> None:
