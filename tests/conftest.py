@@ -71,6 +71,18 @@ def backend(request: pytest.FixtureRequest) -> Iterator[mp.Backend]:
         registry._current, registry._detection_note = previous, note
 
 
+@pytest.fixture
+def on_cpu() -> Iterator[mp.Backend]:
+    """The CPU backend made current, for tests of its own kernels and rewrites (the suite may
+    run with MPCORE_BACKEND naming another backend); the previous one returns."""
+    previous, note = registry._current, registry._detection_note
+    be = mp.set_backend("cpu")
+    try:
+        yield be
+    finally:
+        registry._current, registry._detection_note = previous, note
+
+
 @pytest.fixture(autouse=True)
 def _reset_global_policy() -> Iterator[None]:
     yield

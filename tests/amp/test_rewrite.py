@@ -24,6 +24,7 @@ def _train_graph(model: mp.Model) -> str:
     return str(model.train_function.graph)
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_the_seeds_example_word_for_word() -> None:
     mp.random.set_seed(1)
     x_train, y_train = X, Y
@@ -77,6 +78,7 @@ def test_it_returns_the_optimizer_wrapped(loss_scale: object, expected: str) -> 
     assert repr(opt.loss_scale).startswith(expected)
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_the_rewritten_step_paints_casts_and_keeps_float32_where_it_must() -> None:
     model = float32_model()
     model.compile(loss="sparse_categorical_crossentropy",
@@ -184,6 +186,7 @@ def test_an_eager_fit_with_a_plain_optimizer_says_so_too(
     assert any("only applies to traced" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_forced_overflow_skips_steps_and_recovers() -> None:
     model = float32_model(units=32, seed=4)
     model.compile(loss="sparse_categorical_crossentropy",
@@ -204,6 +207,7 @@ def test_forced_overflow_skips_steps_and_recovers() -> None:
     assert all(w.dtype == np.float32 for w in model.get_weights())
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_edited_lists_and_a_backends_overrides_apply(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPCORE_AMP_ALLOWLIST_REMOVE", "dense")
     model = float32_model()

@@ -187,7 +187,8 @@ def test_step_gemms_engines(monkeypatch: pytest.MonkeyPatch) -> None:
         step_gemms._engine(matmul, engine)(a, a, True, False)
         assert matmul.cache.hits + matmul.cache.misses == before + runs, engine
     monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "off")   # float32 left on NumPy: refused
-    proc = subprocess.run([sys.executable, str(BENCH / "step_gemms.py"), "--quick", "--engines"],
+    proc = subprocess.run([sys.executable, str(BENCH / "step_gemms.py"), "--quick", "--backend",
+                           "cpu", "--engines"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert proc.returncode != 0 and "MPCORE_ONEDNN_FLOAT32=off" in proc.stderr
 

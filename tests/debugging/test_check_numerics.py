@@ -71,6 +71,7 @@ def test_a_non_finite_weight_is_named(checking: None) -> None:
         model(np.ones((8, 3), np.float32))
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_an_overflowing_dense_layer_is_named(checking: None) -> None:
     mp.set_global_policy("mixed_float16")
     inputs = mp.Input((4,))

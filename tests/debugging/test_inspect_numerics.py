@@ -133,6 +133,7 @@ def test_the_layer_whose_gradients_underflow_in_float16() -> None:
     assert report.layer("dense_1", "backward").fractions["bfloat16"].underflow == 0
 
 
+@pytest.mark.usefixtures("on_cpu")   # names the CPU's fused dense op
 def test_json_and_table() -> None:
     report = mp.debugging.inspect_numerics(guide_model(), *batch(),
                                            dtypes=("float16", "float8_e5m2"))

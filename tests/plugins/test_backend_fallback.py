@@ -221,9 +221,11 @@ class _Plugin:
 
 
 @pytest.fixture
-def registered() -> Iterator[None]:
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The two backends above, registered as a plugin object, with the detection state of
-    this process put back afterwards."""
+    this process put back afterwards (auto-detection: whatever MPCORE_BACKEND the suite runs
+    with is unset)."""
+    monkeypatch.delenv("MPCORE_BACKEND", raising=False)
     plugins = get_plugins()
     saved = registry._current, registry._detection_note, dict(registry._failures)
     plugins.register(_Plugin(), name="fallback-in-process-test")

@@ -44,6 +44,7 @@ GRADS = [RNG.standard_normal((3, 4)).astype(np.float32) for _ in range(6)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.usefixtures("on_cpu")   # the CPU kernels' promise (OpenCL's differ by an ulp)
 def test_fused_kernel_and_composite_paths_agree(case: str) -> None:
     assert "sgd_update" in mp.get_backend("cpu").kernels()
     fused, fused_slots = _run(CASES[case](), True)

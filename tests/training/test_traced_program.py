@@ -354,6 +354,7 @@ def test_a_traced_function_does_not_keep_the_optimizers_it_saw_alive() -> None:
     step(mp.optimizers.SGD(0.1), mp.constant(np.ones((1, 2), np.float32)))  # still works
 
 
+@pytest.mark.usefixtures("on_cpu")   # the CPU's relu_grad_bias calls its matmul
 def test_a_kernel_calling_another_through_the_table_is_recorded_once() -> None:
     """The CPU's 16-bit bias gradient sums with the matmul kernel it takes from the kernel
     table: only the outer call is the step's (the inner one was recorded too, and replayed on

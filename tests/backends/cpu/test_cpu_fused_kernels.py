@@ -19,6 +19,9 @@ from mpcore_cpu.optim import BLOCK
 import mpcore as mp
 from mpcore import ops
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F16, F32, BF16 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
 
 

@@ -19,6 +19,9 @@ import mpcore as mp
 from mpcore import layers
 from mpcore.program import KernelCall, Program
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 RNG = np.random.default_rng(5)
 XS = [RNG.random((16, 300), dtype=np.float32) for _ in range(4)]
 YS = [RNG.integers(0, 3, 16) for _ in range(4)]

@@ -15,6 +15,9 @@ from mpcore_cpu.pool import ALIGNMENT, BufferPool, aligned_empty
 
 import mpcore as mp
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F32 = np.dtype(np.float32)
 MB = 1 << 20
 

@@ -23,6 +23,9 @@ from mpcore_cpu import CpuBackend
 import mpcore as mp
 from mpcore import registry
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float32": F32, "float16": F16, "bfloat16": BF16}

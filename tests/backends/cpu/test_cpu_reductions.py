@@ -13,6 +13,9 @@ import pytest
 from mpcore_cpu import CpuBackend
 from mpcore_cpu.elementwise import quiet
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F16, F32, BF16 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-40, -1e-45, 1.0, 1.0,
                     88.0, -104.0], np.float32)

@@ -20,6 +20,9 @@ import mpcore as mp
 from mpcore.demo import build_model
 from mpcore.program import KernelCall, Program
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 AWKWARD = [0.0, -0.0, 1.0, -1.0, 88.7, -88.7, 1e30, -1e30, np.inf, -np.inf, np.nan, 1e-40]
 

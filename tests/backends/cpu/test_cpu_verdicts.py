@@ -10,6 +10,9 @@ import mpcore as mp
 from mpcore.backend import Device, KernelSet
 from mpcore.extras import install_command
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 SKYLAKE = frozenset({"avx2", "fma", "f16c", "avx512f"})
 COOPER_LAKE = SKYLAKE | {"avx512_bf16"}
 SAPPHIRE_RAPIDS = COOPER_LAKE | {"amx_tile", "amx_bf16", "avx512_fp16"}

@@ -19,6 +19,9 @@ from test_onednn_matmul import _operands, _same_bits, _updates_or_skip
 
 import mpcore as mp
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 

@@ -24,6 +24,9 @@ from mpcore.backend import Device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 
 @pytest.fixture
 def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -217,6 +220,7 @@ import json
 import ml_dtypes, numpy as np
 import mpcore_onednn
 from mpcore_cpu import CpuBackend
+
 
 backend = CpuBackend()
 kernels = backend.kernels()

@@ -20,6 +20,9 @@ from mpcore_cpu import CpuBackend
 from mpcore_onednn import dnnl
 from onednn_isa import NATIVE_BF16_ISAS, library_or_skip
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F32 = np.dtype(np.float32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -21,6 +21,9 @@ from onednn_isa import NATIVE_BF16_ISAS, library_or_skip, probes_under
 
 import mpcore as mp
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -14,6 +14,9 @@ from mpcore_cpu import CpuBackend
 from mpcore_onednn.linalg import SMALL_GEMM, _small
 from onednn_isa import library_or_skip
 
+#: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
