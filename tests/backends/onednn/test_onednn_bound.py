@@ -9,12 +9,11 @@ import gc
 from typing import Any
 
 import ml_dtypes
-import mpcore_onednn.linalg as onednn_linalg
 import mpcore_onednn.optim as onednn_optim
 import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
-from onednn_isa import library_or_skip
+from onednn_isa import library_or_skip, onednn_kernels
 from test_onednn_matmul import _operands, _same_bits, _updates_or_skip
 
 import mpcore as mp
@@ -27,11 +26,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    library_or_skip()
-    monkeypatch.setenv("MPCORE_ONEDNN", "auto")
-    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
-    monkeypatch.setattr(onednn_linalg, "SMALL_GEMM", 0)   # these small GEMMs on oneDNN too
-    return CpuBackend().kernels()
+    return onednn_kernels(monkeypatch, "auto", small_gemms_on_onednn=True)   # small shapes
 
 
 def _matrix(rng: np.random.Generator, shape: tuple[int, int], transposed: bool,

@@ -10,9 +10,8 @@ import ml_dtypes
 import mpcore_onednn
 import numpy as np
 import pytest
-from mpcore_cpu import CpuBackend
 from mpcore_onednn.linalg import SMALL_GEMM, _small
-from onednn_isa import library_or_skip
+from onednn_isa import onednn_kernels
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -22,13 +21,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    library_or_skip()
-    monkeypatch.setenv("MPCORE_ONEDNN", "force")
-    monkeypatch.setenv("MPCORE_ONEDNN_FLOAT32", "on")
-    backend = CpuBackend()
-    table = backend.kernels()
-    assert "mpcore_onednn" in [s.provider for s in backend.kernel_sets]
-    return table
+    return onednn_kernels(monkeypatch, "force")
 
 
 def _lookups(kernel: Any) -> int:
