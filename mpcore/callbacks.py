@@ -2,7 +2,7 @@
 LossScaleHistory, LossScaleMonitor.
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
-their own except where they say so. As Keras, ``fit`` reads the loss and metrics for
+their own except where they say so. As Keras does, ``fit`` reads the loss and metrics for
 ``on_train_batch_end``'s logs only where a callback has that hook (:func:`reads_batch_results`:
 a host read per batch). ``fit`` lists the keys its epoch logs will hold in ``params["metrics"]``
 (as Keras 2), so a callback checks the keys it needs at ``on_train_begin``, before any
@@ -115,7 +115,7 @@ def per_batch_results(callbacks: Sequence[Callback], world_size: int) -> bool:
     wanted = reads_batch_results(callbacks)
     if wanted and world_size > 1:
         logger.warning("on_train_batch_end's logs hold no loss or metrics under a distribution "
-                     "(a read every rank would have to make at once); on_epoch_end's hold them")
+                       "(a read every rank would have to make at once); on_epoch_end's hold them")
         return False
     return wanted
 

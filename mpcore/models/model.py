@@ -380,7 +380,7 @@ class Model(Layer):
                 lo, hi = step * batch_size, min((step + 1) * batch_size, n)
                 a, b = _sharding.shard(lo, hi, train=True)  # this rank's rows of the batch
                 self.train_step(_data.rows(xd, a, b, order), _data.rows(yd, a, b, order))
-                results = self._results(True) if per_batch else None   # (the bar's too)
+                results = self._results(True) if per_batch else None   # (the bar shows them)
                 cbs.on_train_batch_end(step, _callbacks.batch_logs(step, hi - lo, results))
                 if bar is not None:
                     bar.update(1)
