@@ -329,28 +329,7 @@ class Model(Layer):
         shuffle = _args.flag("shuffle", shuffle)
         callbacks = _args.instances("callbacks", callbacks, _callbacks.Callback,
                                     "mp.callbacks.Callback")
-        if validation_data is not None and (not isinstance(validation_data, (tuple, list))
-                                            or len(validation_data) != 2):
-            raise ValueError("validation_data must be a pair (x_val, y_val)")
-        xd, yd, n = self._xy(x, y, "fit")
-        val: tuple[Any, Any] | None = None
-        if validation_data is not None:
-            val_x, val_y, n_val = self._xy(*validation_data, "validation_data")
-            if n_val == 0:
-                raise ValueError("fit got no validation samples in validation_data")
-            val = (val_x, val_y)
-        elif validation_split:
-            split = int(n * (1.0 - validation_split))
-            if split < 1 or split >= n:
-                raise ValueError(f"validation_split={validation_split} leaves no training or "
-                                 f"no validation samples out of {n}")
-            val = (_data.rows(xd, split, n, None), _data.rows(yd, split, n, None))
-            xd, yd, n = _data.rows(xd, 0, split, None), _data.rows(yd, 0, split, None), split
-        if n == 0:
-            raise ValueError("fit got no training samples")
-        _data.validate_labels(self, xd, yd, "y")
-        if val is not None:
-            _data.validate_labels(self, val[0], val[1], "the validation labels")
+        xd, yd, n, val = _data.fit_data(self, x, y, validation_split, validation_data)
         steps = _sharding.plan("fit", n, batch_size, _data.count(val[0], "x") if val else 0,
                                epochs)  # every rank the same data, before the first step
         verbose = _sharding.begin_fit(self, verbose)  # rank 0's weights; rank 0 prints
