@@ -4,9 +4,8 @@ weights, data and shuffles) and timed in alternating rounds (the order reversed 
 round). One JSON line per configuration: the median ms per step of each, the median and range
 of the per-round ratios (eager time / traced time), the traced program's length (its steps:
 kernel calls and whole calls), per program step the traced step's time and the time the
-replay saves (eager - traced), and the peak of
-Python-allocated memory (NumPy arrays included) of one epoch of each, measured after the timed
-rounds.
+replay saves (eager - traced), and the peak of Python-allocated memory (NumPy arrays included)
+of one epoch of each, measured after the timed rounds.
 
     python benchmarks/traced_vs_eager.py                               # 784-64-64-10, batch 128
     python benchmarks/traced_vs_eager.py --units 1024 --batch 1024 --rounds 5
@@ -72,7 +71,7 @@ def measure(policy: str, units: int, batch: int, rounds: int) -> dict[str, Any]:
         ratios.append(times[False][-1] / times[True][-1])
     traced = models[True].train_function
     program = traced.graph if traced is not None else None
-    ops = None if program is None else len(program.steps)
+    length = None if program is None else len(program.steps)
     eager_ms = statistics.median(times[False]) * 1e3
     traced_ms = statistics.median(times[True]) * 1e3
     return {"bench": "traced_vs_eager", "backend": mp.get_backend().name, "policy": policy,
@@ -80,9 +79,10 @@ def measure(policy: str, units: int, batch: int, rounds: int) -> dict[str, Any]:
             "eager_ms_per_step": eager_ms, "traced_ms_per_step": traced_ms,
             "traced_vs_eager_median": statistics.median(ratios),
             "traced_vs_eager_range": [min(ratios), max(ratios)],
-            "program_steps": ops,
-            "traced_us_per_program_step": None if not ops else traced_ms * 1e3 / ops,
-            "saved_us_per_program_step": None if not ops else (eager_ms - traced_ms) * 1e3 / ops,
+            "program_steps": length,
+            "traced_us_per_program_step": None if not length else traced_ms * 1e3 / length,
+            "saved_us_per_program_step": (None if not length
+                                          else (eager_ms - traced_ms) * 1e3 / length),
             "peak_traced_mb": {"eager": _peak_mb(models[False], x, y, batch),
                                "traced": _peak_mb(models[True], x, y, batch)}}
 

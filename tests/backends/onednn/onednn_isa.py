@@ -86,10 +86,10 @@ def library_or_skip() -> Any:
         pytest.skip(f"oneDNN cannot be loaded here: {exc}")
 
 
-def onednn_kernels(monkeypatch: Any, mode: str, small_gemms_on_onednn: bool = False) -> Any:
-    """A fresh CPU backend's kernel table with oneDNN's provider in use in ``mode`` ("auto" or
-    "force") and float32 work on (or a skip where the library cannot load);
-    ``small_gemms_on_onednn``: the GEMMs it leaves to NumPy (``linalg.SMALL_GEMM``) too."""
+def onednn_backend(monkeypatch: Any, mode: str, small_gemms_on_onednn: bool = False) -> Any:
+    """A fresh CPU backend with oneDNN's provider in use in ``mode`` ("auto" or "force") and
+    float32 work on (or a skip where the library cannot load); ``small_gemms_on_onednn``: the
+    GEMMs it leaves to NumPy (``linalg.SMALL_GEMM``) too."""
     import mpcore_onednn.linalg
     from mpcore_cpu import CpuBackend
 
@@ -99,6 +99,6 @@ def onednn_kernels(monkeypatch: Any, mode: str, small_gemms_on_onednn: bool = Fa
     if small_gemms_on_onednn:
         monkeypatch.setattr(mpcore_onednn.linalg, "SMALL_GEMM", 0)
     backend = CpuBackend()
-    table = backend.kernels()
+    backend.kernels()
     assert "mpcore_onednn" in [s.provider for s in backend.kernel_sets]
-    return table
+    return backend

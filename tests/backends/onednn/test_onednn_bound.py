@@ -13,7 +13,7 @@ import mpcore_onednn.optim as onednn_optim
 import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
-from onednn_isa import library_or_skip, onednn_kernels
+from onednn_isa import library_or_skip, onednn_backend
 from test_onednn_matmul import _operands, _same_bits, _updates_or_skip
 
 import mpcore as mp
@@ -26,7 +26,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    return onednn_kernels(monkeypatch, "auto", small_gemms_on_onednn=True)   # small shapes
+    return onednn_backend(monkeypatch, "auto", small_gemms_on_onednn=True).kernels()  # small
 
 
 def _matrix(rng: np.random.Generator, shape: tuple[int, int], transposed: bool,

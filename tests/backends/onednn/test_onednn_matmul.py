@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from mpcore_cpu import CpuBackend
 from mpcore_onednn.matmul import MatmulCache
-from onednn_isa import library_or_skip, run_under
+from onednn_isa import library_or_skip, onednn_backend, run_under
 
 import mpcore as mp
 from mpcore.backend import Device
@@ -30,14 +30,9 @@ pytestmark = pytest.mark.usefixtures("on_cpu")
 
 @pytest.fixture
 def forced(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The CPU backend's kernel table with oneDNN forced on (a fresh backend instance)."""
-    library_or_skip()
-    monkeypatch.setenv("MPCORE_ONEDNN", "force")
-    monkeypatch.setattr(mpcore_onednn.linalg, "SMALL_GEMM", 0)   # small GEMMs on oneDNN too
-    backend = CpuBackend()
-    kernels = backend.kernels()
-    assert "mpcore_onednn" in [s.provider for s in backend.kernel_sets]
-    return backend, kernels["matmul"]
+    """A fresh CPU backend with oneDNN forced on (its small GEMMs too), and its matmul."""
+    backend = onednn_backend(monkeypatch, "force", small_gemms_on_onednn=True)
+    return backend, backend.kernels()["matmul"]
 
 
 def _bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

@@ -11,7 +11,7 @@ import mpcore_onednn
 import numpy as np
 import pytest
 from mpcore_onednn.linalg import SMALL_GEMM, _small
-from onednn_isa import onednn_kernels
+from onednn_isa import onednn_backend
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -21,7 +21,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    return onednn_kernels(monkeypatch, "force")
+    return onednn_backend(monkeypatch, "force").kernels()
 
 
 def _lookups(kernel: Any) -> int:
