@@ -172,7 +172,7 @@ def run_peer(path: str, device: str, policy: str, units: int, batch: int, steps:
                 "skipped": f"{type(exc).__name__}: {exc} {stderr.strip()[-300:]}"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", nargs="+", choices=POLICIES,
                     default=["float32", "mixed_float16"])
@@ -186,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--jit", action="store_true",
                     help="trace the step with mp.function (the graph plans go to stderr)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     if a.jit:
         logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
         logging.getLogger("mpcore_cuda.graphs").setLevel(logging.INFO)
