@@ -48,6 +48,13 @@ def report(result: dict[str, Any], verdict: Any, where: str, epochs: int,
     if not verdict.fast:
         out(f"Note: the backend's verdict, from the hardware and not from these timings, is "
             f"that {policy} is not fast here: {verdict.reason}")
+    elif runs.get(policy, {}).get("speedup", 1.0) < 1.0:
+        # the verdict and the table disagree on their face: say why both hold
+        out(f"Note: {policy} ran slower than float32 here, though the backend's verdict is "
+            f"that it is fast on this hardware. The verdict is about 16-bit matrix "
+            f"products; at {result['units']} units they are too small to repay the casts to "
+            f"and from 16-bit that mixed precision adds to every step. A larger --units "
+            f"(1024, say) shows where it pays.")
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -130,6 +130,27 @@ def test_demo_report_covers_the_rewrite_run_and_is_honest_about_speed() -> None:
     assert "the backend's verdict, from the hardware and not from these timings" in text
 
 
+@pytest.mark.parametrize("mixed_time, said", [(2e-5, True), (1e-5, False), (5e-6, False)])
+def test_demo_report_explains_a_fast_verdict_beside_a_slower_mixed_run(
+        mixed_time: float, said: bool) -> None:
+    """A "fast" verdict next to a mixed run slower than float32 (the README's demo at 64 units
+    on a CPU with avx512_bf16) is explained, not left as a contradiction; an equal or faster
+    run needs no note."""
+    from mpcore import demo_report
+
+    result = _result()
+    result["runs"]["mixed_bfloat16"]["time_per_sample"] = mixed_time  # type: ignore[index]
+    lines: list[str] = []
+    demo_report.report(result, _verdict("mixed_bfloat16", True), "cpu (dev)", 5, [],
+                       lines.append)
+    notes = [line for line in lines if line.startswith("Note: ")]
+    assert notes == ([
+        "Note: mixed_bfloat16 ran slower than float32 here, though the backend's verdict is "
+        "that it is fast on this hardware. The verdict is about 16-bit matrix products; at 16 "
+        "units they are too small to repay the casts to and from 16-bit that mixed precision "
+        "adds to every step. A larger --units (1024, say) shows where it pays."] if said else [])
+
+
 def test_demo_plot_draws_every_loss_scale_and_whole_epochs(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 18, defect 13: the plot said "no loss scaling" for a bfloat16 policy though the
