@@ -1,7 +1,8 @@
 """Traced steps: ``mp.function`` records the kernel calls of a step once and replays them.
 
-The first call with a new signature (input shapes and dtypes, backends, the global policy, the
-non-tensor arguments by value) runs the function eagerly while every kernel call is recorded:
+The first call with a new signature (input shapes and dtypes, backends, the current backend,
+the global policy, the non-tensor arguments by value: numbers, strings, None and containers of
+them; other objects by identity) runs the function eagerly while every kernel call is recorded:
 which kernel, which arrays it read (an input, a variable, the output of an earlier call, a
 captured constant) and which it produced. Later calls with the same signature replay that
 program on the new inputs: the kernels are called in the same order on the same kinds of
@@ -25,8 +26,6 @@ run eagerly and not kept; the next call traces again).
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 import threading
 import warnings
 import weakref
@@ -34,16 +33,21 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import backend as _backend
-from mpcore import policy as _policy
 from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
+from mpcore import trace_arguments as _args
 from mpcore import trace_hooks as _hooks
+from mpcore import trace_outputs as _outputs
 from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, Program, WholeCall, fold_constants
 from mpcore.recorder import Recorder
 from mpcore.tensor import Tensor, Variable
+from mpcore.trace_arguments import value_key
+
+__all__ = ["Function", "TraceError", "function", "in_kept_whole", "in_traced_step", "kept_whole",
+           "on_replay", "recording_kernels", "value_key"]
 
 
 class TraceError(RuntimeError):
@@ -166,7 +170,7 @@ def _install_hooks() -> None:
         if _tracing == 1:
             _backend.set_kernel_view(_kernel_view)
             _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
-            _random.next_seed = _next_seed_recorded
+            _random.next_seed, _random.state_hook = _next_seed_recorded, on_replay
 
 
 def _remove_hooks() -> None:
@@ -174,7 +178,7 @@ def _remove_hooks() -> None:
     with _hooks_lock:
         _tracing -= 1
         if _tracing == 0:
-            _random.next_seed = _draw_seed
+            _random.next_seed, _random.state_hook = _draw_seed, None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
 
@@ -197,7 +201,7 @@ def _refuse_host_read(tensor: Tensor) -> None:
     recorder.whole_depth += 1
 
 
-def _on_variable(variable: Variable, event: str) -> None:
+def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
     recorder = _local.recorder
     if recorder is None:
         return
@@ -212,84 +216,11 @@ def _on_variable(variable: Variable, event: str) -> None:
         recorder.variable_of[id(variable._data)] = variable
         return
     recorder.variable_of[id(variable._data)] = variable
-    recorder.steps.append(Assign(variable, recorder.spec(variable._data),
-                                  f"assign {variable.name}"))
-
-
-_BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
-
-
-def value_key(value: Any) -> Any:
-    """``value`` as a key that tells apart what ``==`` does not and a kernel does: the signed
-    zeros of a float (or of a complex's parts). ``0.0 == -0.0``, but ``x * -0.0`` is -0 where
-    ``x * 0.0`` is +0, so a step traced with one must not replay for the other."""
-    kind = type(value)
-    if kind is float:                    # (the common case first: a guard reads a few a step)
-        return (value, math.copysign(1.0, value))
-    if kind is int or kind is bool or kind is str or isinstance(value, int):
-        return value
-    if isinstance(value, numbers.Real):  # a float of any kind (NumPy's register as Real)
-        return (value, math.copysign(1.0, value))
-    if isinstance(value, complex):
-        return (value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
-    return value
-
-
-class _Identity:
-    """An object in a signature, compared by identity (a method's ``self`` whose ``__eq__``
-    says two instances are equal must not share a program) through a weak reference where it
-    can (a cached program does not keep the object alive)."""
-
-    __slots__ = ("_hash", "_ref")
-
-    def __init__(self, value: Any) -> None:
-        try:
-            self._ref: Callable[[], Any] = weakref.ref(value)
-        except TypeError:
-            self._ref = lambda: value
-        self._hash = id(value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Identity):
-            return False
-        mine = self._ref()
-        return mine is not None and mine is other._ref()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
-def _tensor_key(t: Tensor) -> tuple[Any, ...]:
-    return ("tensor", t._backend.name, t._dtype, t.shape, isinstance(t, Variable) and id(t))
-
-
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tensor],
-               plain: bool = False) -> tuple[Any, ...]:
-    """The signature of a call; ``plain``: ``args`` are plain tensors and there are no
-    ``kwargs`` (a model's step), whose key is then built flat: the same tuple as the walk."""
-    def key(value: Any) -> Any:
-        if isinstance(value, Tensor):
-            return _tensor_key(value)
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            return ("array", str(value.dtype), tuple(value.shape))
-        if isinstance(value, (list, tuple)):
-            return (type(value).__name__, tuple(key(v) for v in value))
-        if isinstance(value, dict):
-            return ("dict", tuple((_Identity(k) if not isinstance(k, _BY_VALUE) else k,
-                                   key(v)) for k, v in value.items()))
-        if isinstance(value, _BY_VALUE):
-            return ("value", type(value).__name__, value_key(value))
-        return ("object", _Identity(value))
-
-    described = (("tuple", tuple(map(_tensor_key, tensors))), ("dict", ())) if plain else (
-        key(args), key(kwargs))
-    # which inputs are one array passed twice: a program traced with f(a, a) reads one slot
-    # for both, so f(b, a) must trace again
-    first: dict[int, int] = {}
-    aliases = tuple(first.setdefault(id(t._data), n)
-                    for n, t in enumerate(tensors))
-    extra = None if _hooks.signature_hook is None else _hooks.signature_hook()
-    return (_policy.global_policy().name, *described, aliases, extra)
+    assign = Assign(variable, recorder.spec(variable._data), f"assign {variable.name}")
+    recorder.steps.append(assign)
+    # the array the variable held until now, should the step read it later (a value taken
+    # with current_value() before the assignment): each replay's, not the trace's
+    recorder.retire(replaced, variable, assign)
 
 
 def in_kept_whole() -> bool:
@@ -337,9 +268,9 @@ class Function:
         if plain:
             tensors = list(args)              # plain tensors (not variables): as they are
         else:
-            args, kwargs = _as_tensors(args), _as_tensors(kwargs)
-            tensors = _tensors((args, kwargs))
-        signature = _signature(args, kwargs, tensors, plain)
+            args, kwargs = _args.as_tensors(args), _args.as_tensors(kwargs)
+            tensors = _args.tensors((args, kwargs))
+        signature = _args.signature(args, kwargs, tensors, plain)
         if self._key is not None:
             signature = (*signature, self._key())
         runner = self._runners.get(self._guarded(signature))
@@ -363,8 +294,9 @@ class Function:
         recorder.fallback = self._fallback
         for variable in _tensor.live_variables():
             recorder.variable_of[id(variable._data)] = variable
+        args, kwargs = _args.private_inputs((args, kwargs), {})
         inputs = []
-        for t in _tensors((args, kwargs)):
+        for t in _args.tensors((args, kwargs)):
             slot = recorder.slot_of.get(id(t._data))
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
@@ -379,7 +311,12 @@ class Function:
             session.begin(recorder)
         try:
             out = self._fn(*args, **kwargs)
-            output = recorder.tensor_spec(out)
+            try:
+                output, rebuild = _outputs.spec(recorder, out, self.__name__)
+            except _outputs.UnsupportedOutputError as exc:
+                if not recorder.fallback:
+                    raise TraceError(str(exc)) from None
+                recorder.refused, output, rebuild = str(exc), ("c", None), None
         finally:
             if session is not None:
                 session.end()
@@ -422,37 +359,11 @@ class Function:
             if ref not in self._guards:
                 self._guards.append(ref)
         signature = self._guarded(signature)
-        self._runners[signature] = runner or runnable.compile()
+        runner = runner or runnable.compile()
+        self._runners[signature] = runner if rebuild is None else _outputs.rebuilding(runner,
+                                                                                      rebuild)
         self._last = program
         return out
-
-
-def _as_tensors(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value
-    if hasattr(value, "shape") and hasattr(value, "dtype"):   # a host array
-        from mpcore.ops import constant
-
-        return constant(value)
-    if isinstance(value, list):
-        return [_as_tensors(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_as_tensors(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _as_tensors(v) for k, v in value.items()}
-    return value
-
-
-def _tensors(value: Any) -> list[Tensor]:
-    if isinstance(value, Variable):
-        return []                            # read through the variable, not as an input
-    if isinstance(value, Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False,

@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _MASK = (1 << 64) - 1
 _lock = threading.Lock()
@@ -26,6 +26,10 @@ _counter = 0
 _stream = 0
 _shared: contextvars.ContextVar[bool] = contextvars.ContextVar("mpcore_random_shared",
                                                               default=False)
+#: Set by :mod:`mpcore.function` while it traces a step: told of every change of the state
+#: (``hook(fn, *args)``), which each replay then makes again at the same point, so that the
+#: seeds drawn after it are those eager execution would draw.
+state_hook: Callable[..., None] | None = None
 
 
 def _splitmix64(x: int) -> int:
@@ -42,6 +46,8 @@ def set_seed(seed: int) -> None:
         raise TypeError(f"seed must be an int, got {seed!r}")
     with _lock:
         _seed, _counter = seed & _MASK, 0
+    if state_hook is not None:
+        state_hook(set_seed, seed)
 
 
 def next_seed() -> int:
@@ -61,6 +67,8 @@ def set_stream(stream: int) -> None:
     if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
         raise ValueError(f"stream must be an int >= 0, got {stream!r}")
     _stream = stream
+    if state_hook is not None:
+        state_hook(set_stream, stream)
 
 
 @contextlib.contextmanager
@@ -73,11 +81,21 @@ def shared() -> Iterator[None]:
     >>> set_seed(7); set_stream(0); a != next_seed() and b == next_seed()
     True
     """
+    before = _shared.get()
     token = _shared.set(True)
+    if state_hook is not None:
+        state_hook(_set_shared, True)
     try:
         yield
     finally:
         _shared.reset(token)
+        if state_hook is not None:
+            state_hook(_set_shared, before)
+
+
+def _set_shared(value: bool) -> None:
+    """What a replay does where the traced step entered or left :func:`shared`."""
+    _shared.set(value)
 
 
 def get_state() -> dict[str, int]:
@@ -88,3 +106,5 @@ def set_state(state: dict[str, int]) -> None:
     global _seed, _counter
     with _lock:
         _seed, _counter = int(state["seed"]) & _MASK, int(state["counter"])
+    if state_hook is not None:
+        state_hook(set_state, dict(state))

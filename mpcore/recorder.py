@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import user_frames as _user_frames
-from mpcore.program import KernelCall, Spec
+from mpcore.program import KernelCall, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
 
 #: Kernels that take a seed, and the seed's position among their arguments.
@@ -25,6 +25,8 @@ class Recorder:
         # arrays that cannot be watched by a weak reference, held so that no id is reused
         self.pinned: list[Any] = []
         self.variable_of: dict[int, Variable] = {}
+        #: arrays a variable held until an assignment in the step: (array, variable, assign)
+        self.retired: dict[int, tuple[Any, Variable, Any]] = {}
         self.created: list[str] = []
         self.drawn: set[int] = set()
         self.whole_depth = 0
@@ -62,7 +64,25 @@ class Recorder:
         variable = self.variable_of.get(id(value))
         if variable is not None and variable._data is value:
             return ("v", variable)
+        retired = self.retired.get(id(value))
+        if retired is not None and retired[0] is value:
+            return ("s", self._read_before(value, *retired[1:]))
         return ("c", value)                    # captured from outside the step
+
+    def retire(self, array: Any, variable: Variable, assign: Any) -> None:
+        """``array`` was ``variable``'s until ``assign`` (a step of this trace) replaced it."""
+        if array is not None:
+            self.retired[id(array)] = (array, variable, assign)
+
+    def _read_before(self, array: Any, variable: Variable, assign: Any) -> int:
+        """A slot for ``array``, written by a step just before ``assign`` that reads the
+        variable's array at that point of each replay."""
+        at = next(n for n, step in enumerate(self.steps) if step is assign)
+        slot = self.new_slot(array)
+        self.steps.insert(at, WholeCall(_array_of, ("t", [("t", [("c", variable)]), ("d", {})]),
+                                        ("s", slot), f"read {variable.name} before it is "
+                                                     "assigned  [on each replay]"))
+        return slot
 
     def bind(self, value: Any) -> Spec:
         """Slots for what a call returned (arrays, or lists/tuples of them)."""
@@ -130,6 +150,10 @@ class Recorder:
             return out
 
         return call
+
+
+def _array_of(variable: Variable) -> Any:
+    return variable._data
 
 
 def _bound(backend: Any, name: str, kernel: Callable[..., Any],

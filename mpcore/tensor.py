@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 #: Set by :mod:`mpcore.function` while it traces a step: called before every host read of a
 #: tensor (a traced step must not depend on one), and when a Variable is created or assigned.
 host_read_guard: Callable[[Tensor], None] | None = None
-variable_hook: Callable[[Variable, str], None] | None = None
+#: (the variable, "create" or "assign", the array an assignment replaced or None)
+variable_hook: Callable[[Variable, str, Any], None] | None = None
 
 
 class Tensor:
@@ -65,7 +66,9 @@ class Tensor:
 
     @property
     def data(self) -> Any:
-        """The backend's native array (read-only by convention)."""
+        """The backend's native array (read-only by convention). Ops hand it to kernels
+        inside traced steps too, so a host read of it there is not refused: a replay would
+        reuse the trace's value (use ``numpy()``, which is refused)."""
         return self._data
 
     def numpy(self) -> Any:
@@ -234,7 +237,7 @@ class Variable(Tensor):
         self._cast_cache: tuple[Any, Tensor] | None = None
         _live_variables.add(self)
         if variable_hook is not None:
-            variable_hook(self, "create")
+            variable_hook(self, "create", None)
 
     def assign(self, value: Any) -> Variable:
         """Replace the value (same shape; cast to this variable's dtype)."""
@@ -247,10 +250,10 @@ class Variable(Tensor):
             # Never alias another tensor's array, nor a caller's host array (which may be
             # read-only, and which in-place optimizer kernels would otherwise write into).
             data = self._backend.kernels()["copy"](data)
-        self._data = data
+        old, self._data = self._data, data
         self.mark_updated()
         if variable_hook is not None:
-            variable_hook(self, "assign")
+            variable_hook(self, "assign", old)
         return self
 
     def assign_add(self, delta: Any) -> Variable:

@@ -201,13 +201,15 @@ class Model(Layer):
                 _trace_hooks.eager_step_hook()
             return compute(*args)
         traced = self._traced.get(kind)
-        if traced is None or traced.optimizer is not self.optimizer:  # (replaced: new slots)
+        compiled = (self.optimizer, self.loss, *self.compiled_metrics)
+        if traced is None or any(a is not b for a, b in zip(traced.compiled, compiled)) or len(
+                traced.compiled) != len(compiled):   # one replaced after compile: a new step
             # which variables train is read inside the step: a change retraces
             traced = self._traced[kind] = function(
                 compute, fallback=self.jit_compile == "auto",
                 key=lambda: tuple(id(v) for v in self.trainable_variables))
             traced.__name__ = f"the {kind} step of model {self.name!r}"
-            traced.optimizer = self.optimizer
+            traced.compiled = compiled
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
