@@ -24,6 +24,7 @@ from typing import Any
 from mpcore.commands import Command, Subcommands
 from mpcore.plugins import COMMANDS_GROUP, PluginError, command_plugins
 from mpcore.policy import POLICIES
+from mpcore.settings import SettingError
 
 INFO_HELP = "backends, devices and policy verdicts"
 
@@ -196,7 +197,11 @@ def commands() -> tuple[dict[str, Command], list[PluginError]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    available, failures = commands()
+    try:
+        available, failures = commands()
+    except SettingError as exc:  # a bad MPCORE_STRICT_PLUGINS: one line, not a traceback
+        print(f"mpcore: {exc}", file=sys.stderr)
+        return 1
     for e in failures:
         print(f"mpcore: plugin {e.plugin!r} ({e.target}) failed: {e.error}; its commands are "
               "left out (mpcore info lists every plugin failure)", file=sys.stderr)
@@ -209,7 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return available[args.command].run(args)
+    try:
+        return available[args.command].run(args)
+    except SettingError as exc:  # a bad MPCORE_* value found while the command ran
+        print(f"mpcore {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

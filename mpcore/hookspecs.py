@@ -40,6 +40,11 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     it to give an existing backend a faster kernel, for example a oneDNN bfloat16 matmul for
     the ``cpu`` backend, without replacing the backend. The KernelSet's ``fast_dtypes`` lets
     the backend's verdict say that a 16-bit policy now runs fast, and why.
+
+    A hook that raises is reported as its plugin's failure and the backend runs without it;
+    one that raises :class:`mpcore.settings.SettingError` (what ``env_choice`` raises for a bad
+    ``MPCORE_*`` value) fails the backend's first use with that message instead, so that a
+    mistyped setting is never silently ignored.
     """
 
 

@@ -2,7 +2,9 @@
 time, onto one plugin manager.
 
 A plugin that fails to import is recorded with its error (``mpcore info`` shows it) and the
-others keep working; ``MPCORE_STRICT_PLUGINS=1`` turns such a failure into an exception. The
+others keep working; ``MPCORE_STRICT_PLUGINS=1`` turns such a failure into an exception. A
+hook that raises :class:`~mpcore.settings.SettingError` (a bad ``MPCORE_*`` value) is not a
+failure of its plugin: the error reaches the user (see :mod:`mpcore.settings`). The
 built-in backends are found the same way as a third party's: nothing here names them.
 
 Design decision, how built-in commands are found: ``mpcore demo`` and ``mpcore conformance``
@@ -16,7 +18,6 @@ loads no plugin, and a training process that loads the backends imports no comma
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from mpcore import hookspecs
+from mpcore.settings import SettingError, env_choice
 
 if TYPE_CHECKING:
     from mpcore.backend import Backend, KernelSet
@@ -47,7 +49,7 @@ class PluginLoadError(RuntimeError):
 
 
 def _strict() -> bool:
-    return os.environ.get("MPCORE_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes"}
+    return env_choice("MPCORE_STRICT_PLUGINS", ("0", "1")) == "1"
 
 
 class Plugins:
@@ -81,6 +83,9 @@ class Plugins:
         return self.errors[-1]
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        # checked before anything loads: read only when a plugin fails, a mistyped value
+        # would pass unnoticed until then
+        _strict()
         self.loaded_groups.add(group)
         errors_before = len(self.errors)
         dist_names: dict[int, str] = {}
@@ -163,6 +168,8 @@ class Plugins:
         for impl in self.manager.hook.mpcore_kernels.get_hookimpls():
             try:
                 result = impl.function(backend=backend)
+            except SettingError:
+                raise  # the user's mistake: their setting must not be silently ignored
             except Exception as exc:
                 self._fail(impl.plugin_name, "mpcore_kernels", exc)
                 continue

@@ -78,8 +78,15 @@ def status(backend: Backend) -> str:
     return "available" if exc is None else f"failing: {describe_failure(exc)}"
 
 
-def _describe_choices() -> str:
-    lines = [f"  {b.name}: {_first_line(status(b))}" for b in backends()]
+def _describe_choices(shy: frozenset[str] = frozenset()) -> str:
+    """A line per backend: its :func:`status`; for the names in ``shy``, backends that work
+    but that auto-detection does not choose, how to choose one."""
+    lines = []
+    for b in backends():
+        state = _first_line(status(b))
+        if b.name in shy and state == "available":
+            state = f"available but not auto-selected (MPCORE_BACKEND={b.name} chooses it)"
+        lines.append(f"  {b.name}: {state}")
     return "\n".join(lines) if lines else "  (no backend is registered: is mpcore installed?)"
 
 
@@ -133,12 +140,15 @@ def _chosen(backend: Backend, source: str, undo: str) -> Backend:
 
 def _auto_detect() -> tuple[Backend, str]:
     skipped: list[str] = []
+    shy: set[str] = set()  # available, but auto-detection does not choose them
     passed_over: list[str] = []
     new_failures = [b.name for b in backends() if b.name not in _failures]
     for backend in backends():
         if not backend.auto_select():
-            reason = backend.unavailable_reason() or "not auto-selected"
-            skipped.append(f"{backend.name} ({reason})")
+            reason = backend.unavailable_reason()
+            if reason is None:
+                shy.add(backend.name)
+            skipped.append(f"{backend.name} ({reason or 'not auto-selected'})")
             continue
         exc = _prove(backend)
         if exc is not None:
@@ -152,7 +162,10 @@ def _auto_detect() -> tuple[Backend, str]:
         _warn_passed_over([n for n in new_failures if n in _failures], backend)
         return backend, why
     _warn_passed_over([n for n in new_failures if n in _failures], None)
-    raise BackendUnavailableError("no mpcore backend works here:\n" + _describe_choices())
+    # "works here" would contradict a backend listed as available but never auto-selected
+    head = ("no mpcore backend could be auto-detected (one that is not auto-selected may "
+            "work: choose it with MPCORE_BACKEND)" if shy else "no mpcore backend works here")
+    raise BackendUnavailableError(f"{head}:\n{_describe_choices(frozenset(shy))}")
 
 
 def _warn_passed_over(names: list[str], used: Backend | None) -> None:
