@@ -27,7 +27,7 @@ from .image import CpuImage
 from .linalg import CpuLinalg
 from .nn import CpuNn
 from .optim import CpuOptim
-from .pool import POOL
+from .pool import POOL, default_limit
 from .reduce import CpuReduce
 from .rules import cpu_policy_support
 
@@ -43,6 +43,10 @@ class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuReduce, CpuIm
     xp = np
     quiet_dtypes = LOW
     errstate = staticmethod(quiet)
+
+    def _activate(self) -> None:
+        default_limit()  # a bad MPCORE_CPU_POOL_MB fails the first use, naming the variable
+        super()._activate()
 
     def operands(self, a: Any, b: Any) -> tuple[Any, Any]:
         return operands(a, b)

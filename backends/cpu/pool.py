@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from mpcore.settings import SettingError
+
 #: Arrays smaller than this come from ``np.empty`` (glibc reuses small blocks well).
 MIN_BYTES = 1 << 20
 #: At most this many buffers of one size; beyond, a request is a plain ``np.empty``.
@@ -60,14 +62,15 @@ _IDLE = _refcounts([aligned_empty((1,), np.uint8)])[0]
 def default_limit() -> int:
     """``MPCORE_CPU_POOL_MB`` (default 1024) in bytes: the most memory the pool keeps; 0
     turns it off (every request is a plain ``np.empty``)."""
-    raw = os.environ.get("MPCORE_CPU_POOL_MB", "1024").strip() or "1024"
+    raw = os.environ.get("MPCORE_CPU_POOL_MB", "")
+    text = raw.strip() or "1024"
     try:
-        mb = int(raw)
+        mb = int(text)
     except ValueError:
-        raise ValueError(f"MPCORE_CPU_POOL_MB={raw!r} is not valid; give a size in MB "
-                         "(0 turns the pool off)") from None
+        mb = -1
     if mb < 0:
-        raise ValueError(f"MPCORE_CPU_POOL_MB={raw!r} is not valid: it must be >= 0")
+        raise SettingError(f"MPCORE_CPU_POOL_MB={raw!r} is not valid; valid values: a whole "
+                           "number of MB >= 0 (default 1024; 0 turns the pool off)")
     return mb << 20
 
 
@@ -79,12 +82,21 @@ class BufferPool:
     arrays keep them)."""
 
     def __init__(self, limit: int | None = None, min_bytes: int = MIN_BYTES) -> None:
-        self.limit = default_limit() if limit is None else limit
+        # None: read from the environment at first use, so that a bad MPCORE_CPU_POOL_MB
+        # fails the CPU backend's first use with its message instead of the plugin's import
+        # (which would only drop the backend from the list, the reason shown in no error)
+        self._limit = limit
         self.min_bytes = min_bytes
         self._buffers: dict[int, list[np.ndarray]] = {}
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
+
+    @property
+    def limit(self) -> int:
+        if self._limit is None:
+            self._limit = default_limit()
+        return self._limit
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -17,6 +17,8 @@ from mpcore import registry
 from mpcore.plugins import Plugins, get_plugins
 from mpcore.settings import SettingError
 
+POOL_VALUES = "a whole number of MB >= 0 (default 1024; 0 turns the pool off)"
+
 
 def run_mpcore(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items()
@@ -26,6 +28,8 @@ def run_mpcore(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("name", "value", "valid"), [
+    ("MPCORE_CPU_POOL_MB", "abc", POOL_VALUES),
+    ("MPCORE_CPU_POOL_MB", "-1", POOL_VALUES),
     ("MPCORE_ONEDNN", "bogus", "auto, force, off"),
     ("MPCORE_ONEDNN_FLOAT32", "maybe", "on, off"),
     ("MPCORE_ONNXRUNTIME", "bogus", "auto, off"),
@@ -110,6 +114,10 @@ def test_the_commands_show_a_bad_setting_in_one_line() -> None:
     strict = run_mpcore("info", MPCORE_STRICT_PLUGINS="yes")
     assert strict.returncode == 1 and strict.stdout == ""
     assert strict.stderr == "mpcore: MPCORE_STRICT_PLUGINS='yes' is not valid; valid values: 0, 1\n"
+    pool = run_mpcore("demo", "--epochs", "1", MPCORE_CPU_POOL_MB="abc")
+    assert pool.returncode == 1 and pool.stdout == "" and "Traceback" not in pool.stderr
+    assert (f"\n  cpu: failing: SettingError: MPCORE_CPU_POOL_MB='abc' is not valid; valid "
+            f"values: {POOL_VALUES}\n") in pool.stderr
     chosen = run_mpcore("demo", "--epochs", "1", MPCORE_BACKEND="cpu",
                         MPCORE_ONNXRUNTIME="bogus")
     assert chosen.returncode == 1 and "Traceback" not in chosen.stderr

@@ -14,6 +14,7 @@ from mpcore_cpu import backend as cpu_backend
 from mpcore_cpu.pool import ALIGNMENT, BufferPool, aligned_empty
 
 import mpcore as mp
+from mpcore.settings import SettingError
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -84,9 +85,14 @@ def test_small_requests_and_an_exhausted_limit_are_plain_arrays() -> None:
 def test_the_pool_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPCORE_CPU_POOL_MB", "5")
     assert BufferPool().limit == 5 * MB
-    monkeypatch.setenv("MPCORE_CPU_POOL_MB", "lots")
-    with pytest.raises(ValueError, match="MPCORE_CPU_POOL_MB"):
-        BufferPool()
+    for bad in ("lots", "-1", "1.5"):
+        monkeypatch.setenv("MPCORE_CPU_POOL_MB", bad)
+        pool = BufferPool()                     # read at first use, not at construction
+        with pytest.raises(SettingError) as info:
+            pool.limit  # noqa: B018
+        assert str(info.value) == (f"MPCORE_CPU_POOL_MB={bad!r} is not valid; valid values: a "
+                                   "whole number of MB >= 0 (default 1024; 0 turns the pool "
+                                   "off)")
 
 
 def test_gradients_die_with_their_last_reference(no_cyclic_gc: None) -> None:
