@@ -362,7 +362,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     import mpcore as mp
-    from mpcore.datasets.mnist import MnistUnavailableError
+    from mpcore.datasets.mnist import MnistFileError, MnistUnavailableError
 
     if args.inspect:
         return _inspect(args)
@@ -384,7 +384,8 @@ def _demo(args: argparse.Namespace) -> int:
         run(units=args.units, policy=args.policy, epochs=args.epochs,
             batch_size=args.batch_size, plot=plot, seed=args.seed, verbose=args.verbose,
             out=out, rewrite=args.rewrite)
-    except (MnistUnavailableError, RuntimeError) as exc:
+    # a corrupt or truncated file is as much the user's to fix as a missing one: one line
+    except (MnistUnavailableError, MnistFileError, RuntimeError) as exc:
         if mp.distribution.rank() == 0:  # every rank fails alike: one message
             print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1

@@ -164,3 +164,25 @@ def test_run_checks_its_arguments_before_any_work(kwargs: dict, message: str) ->
         demo.run(out=lines.append, **kwargs)
     assert str(info.value).startswith(message)
     assert lines == []  # nothing printed, no backend asked, no data loaded
+
+
+def test_a_corrupt_mnist_file_ends_the_demo_in_one_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    from mpcore import cli
+    from mpcore.datasets import mnist
+
+    images = tmp_path / "t10k-images-idx3-ubyte.gz"
+    images.write_bytes(gzip.compress(b"garbage\n"))
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"x\n")   # truncated: not gzip
+    monkeypatch.setenv("MPCORE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cli.main(["demo", "--epochs", "1", "--verbose", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"mpcore demo: {images} has md5 {mnist.md5sum(images)}, not the published "
+                   f"md5 {mnist.FILES[images.name]} of {images.name}: it is corrupt, incomplete "
+                   f"or another file; delete {images} so that mpcore downloads a fresh copy (or "
+                   "put the original file there). For another data set in MNIST's format (e.g. "
+                   "Fashion-MNIST), pass md5s={file name: md5} with its md5s.\n")
