@@ -5,6 +5,12 @@ NumPy's own float16 matmul is hundreds of times slower than float32; it is never
 float32 copy of a 16-bit GEMM operand is remembered (:class:`Upcasts`), so the forward and
 backward GEMMs that share an operand convert it once; the fused ``dense`` kernel adds the bias
 and applies the activation in float32, rounding once.
+
+GEMMs print no floating-point warnings, in any dtype: a loss-scale overflow puts Inf in a
+step's gradients routinely and the all-finite check skips that step, so NumPy's "invalid value
+encountered in matmul" would only point the user at this file (and the oneDNN provider's GEMMs
+never warned, so whether one appeared hung on the operands' size). Elementwise and reduction
+kernels keep NumPy's float32 warnings, as an op a user writes.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from mpcore_xp import F32, LOW
+
+from .elementwise import quiet
 
 _ZERO32 = np.zeros((), F32)
 
@@ -80,9 +88,12 @@ class CpuLinalg:
 
     def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``a @ b``; a 2-D float32 result goes into a recycled buffer."""
-        if a.ndim == 2 and b.ndim == 2 and a.dtype == F32 and b.dtype == F32:
-            return np.matmul(a, b, out=self.buffer((a.shape[0], b.shape[1]), F32))
-        return np.matmul(a, b)
+        # Inf * 0 in a gradient is routine (a loss-scale overflow) and the all-finite check
+        # handles it; NumPy's warning would point the user at this line for nothing
+        with quiet():
+            if a.ndim == 2 and b.ndim == 2 and a.dtype == F32 and b.dtype == F32:
+                return np.matmul(a, b, out=self.buffer((a.shape[0], b.shape[1]), F32))
+            return np.matmul(a, b)
 
     def upcast(self, x: np.ndarray) -> np.ndarray:
         """``x`` in float32 for a GEMM (read only: it may be shared with later calls)."""
@@ -103,7 +114,8 @@ class CpuLinalg:
         if xs.ndim > 2:
             z = z.reshape(*xs.shape[:-1], ws.shape[-1])   # (-1 cannot be inferred for 0 rows)
         if b is not None:
-            z += self.convert(b, F32) if low else b
+            with quiet():  # Inf + -Inf, as in the GEMM
+                z += self.convert(b, F32) if low else b
         if activation == "relu":
             np.maximum(z, _ZERO32 if z.dtype == F32 else np.zeros((), z.dtype), out=z)
         elif activation is not None:

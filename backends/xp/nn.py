@@ -1,5 +1,10 @@
 """Neural-network kernels shared by the array-library backends: softmax, log-softmax, sparse
-softmax cross-entropy, relu's backward pass and the bias add, in the input's dtype."""
+softmax cross-entropy, relu's backward pass and the bias add, in the input's dtype.
+
+Their arithmetic runs under :attr:`XpBackend.errstate`: Inf - Inf or Inf * 0 in logits or
+gradients is routine in mixed precision training (a loss-scale overflow, caught by the
+all-finite check that skips the step), and the array library's warning would point at these
+lines, not at anything the user can change."""
 
 from __future__ import annotations
 
@@ -14,16 +19,16 @@ class NnKernels:
 
     def softmax(self, x: Any, axis: int) -> Any:
         xp = self.xp
-        z = x - x.max(axis=axis, keepdims=True)
         with self.errstate():
+            z = x - x.max(axis=axis, keepdims=True)
             xp.exp(z, out=z)
-        z /= z.sum(axis=axis, keepdims=True)
+            z /= z.sum(axis=axis, keepdims=True)
         return z
 
     def log_softmax(self, x: Any, axis: int) -> Any:
         xp = self.xp
-        z = x - x.max(axis=axis, keepdims=True)
         with self.errstate():
+            z = x - x.max(axis=axis, keepdims=True)
             z -= xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
         return z
 
@@ -34,21 +39,23 @@ class NnKernels:
             bad = labels[(labels < 0) | (labels >= classes)][0]
             raise ValueError(f"label {int(bad)} is out of range: labels must be in "
                              f"[0, {classes}) for logits with {classes} classes")
-        z = logits - logits.max(axis=1, keepdims=True)
-        probs = xp.exp(z)
-        total = probs.sum(axis=1, keepdims=True)
-        rows = xp.arange(n)
-        loss = xp.log(total[:, 0]) - z[rows, labels]
-        probs /= total
+        with self.errstate():
+            z = logits - logits.max(axis=1, keepdims=True)
+            probs = xp.exp(z)
+            total = probs.sum(axis=1, keepdims=True)
+            rows = xp.arange(n)
+            loss = xp.log(total[:, 0]) - z[rows, labels]
+            probs /= total
         return loss, probs
 
     def sparse_softmax_cross_entropy_grad(self, probs: Any, labels: Any, g: Any) -> Any:
         # the composite's float32 results: probs - 0 is probs, probs - 1 at the label, times g
         n = probs.shape[0]
         dx = probs.copy()
-        if n:
-            dx[self.xp.arange(n), labels] -= 1
-        dx *= g.astype(probs.dtype, copy=False)[:, None]
+        with self.errstate():
+            if n:
+                dx[self.xp.arange(n), labels] -= 1
+            dx *= g.astype(probs.dtype, copy=False)[:, None]
         return dx
 
     def relu_grad(self, g: Any, y: Any) -> Any:
@@ -57,4 +64,5 @@ class NnKernels:
         return xp.where(y > 0, g, xp.zeros((), dtype=g.dtype))
 
     def bias_add(self, x: Any, bias: Any) -> Any:
-        return x + bias
+        with self.errstate():
+            return x + bias
