@@ -1,6 +1,7 @@
 """``mpcore conformance NAME`` and ``python -m mpcore.conformance NAME``: run the kit on a
 registered backend and print the report (a table, or JSON); the exit status is 0 when the
-backend conforms, 1 when it does not, 2 for a backend name that is not registered.
+backend conforms, 1 when it does not, 2 for a backend name that is not registered or an
+``--only`` pattern that matches no check.
 
 The subcommand comes in through the ``mpcore_commands`` hook, as a third party's would.
 """

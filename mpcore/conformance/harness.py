@@ -182,6 +182,12 @@ class Context:
 
 
 
+def selected(name: str, only: Sequence[str] | None) -> bool:
+    """Whether check ``name`` runs under ``only``: it contains one of the strings or matches
+    one as an fnmatch pattern (all run when ``only`` is empty)."""
+    return not only or any(p in name or fnmatch.fnmatchcase(name, p) for p in only)
+
+
 def run_checks(backend: Backend, reference: Backend, checks: Iterable[Check], *, quick: bool,
                only: Sequence[str] | None = None) -> Report:
     """Run ``checks`` in order on ``backend`` against ``reference``, keeping those whose names
@@ -192,7 +198,7 @@ def run_checks(backend: Backend, reference: Backend, checks: Iterable[Check], *,
     gate: str | None = None  # once the contract rules out kernels, the rest is skipped
     gate_all = False         # ... and for a backend that is not available, the contract too
     for spec in checks:
-        if only and not any(p in spec.name or fnmatch.fnmatchcase(spec.name, p) for p in only):
+        if not selected(spec.name, only):
             continue
         if gate is not None and (spec.group != "contract" or gate_all):
             report.results.append(CheckResult(spec.name, spec.group, SKIP, gate, 0.0,

@@ -7,6 +7,7 @@ a training step relies on, gradients and a training run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 import mpcore.conformance.contract as contract
@@ -14,7 +15,7 @@ import mpcore.conformance.kernels as kernels
 import mpcore.conformance.training as training
 import mpcore.conformance.training_kernels as training_kernels
 from mpcore.backend import Backend
-from mpcore.conformance.harness import FLOATS, Check, run_checks
+from mpcore.conformance.harness import FLOATS, Check, run_checks, selected
 from mpcore.conformance.report import Report
 
 
@@ -116,6 +117,20 @@ def check(backend: Backend | str, *, reference: Backend | str = "cpu", quick: bo
     """Run the conformance checks on ``backend`` (an instance or a registered name) against
     ``reference``; ``only`` keeps the checks whose names contain one of its strings
     (``"matmul"``, ``"[bfloat16]"``) or match it as an fnmatch pattern (``"reduce.*[[]int32]"``).
-    Never raises for a broken backend: every problem is a failed check in the report."""
-    return run_checks(_resolve(backend), _resolve(reference), checks(quick), quick=quick,
-                      only=only)
+    Never raises for a broken backend: every problem is a failed check in the report; a
+    string of ``only`` that selects no check is a ValueError (a typo would otherwise run
+    nothing and report that the backend conforms)."""
+    tested, ref = _resolve(backend), _resolve(reference)
+    plan = list(checks(quick))
+    _check_only(only or (), [spec.name for spec in plan])
+    return run_checks(tested, ref, plan, quick=quick, only=only)
+
+
+def _check_only(only: Sequence[str], names: list[str]) -> None:
+    unmatched = [p for p in only if not any(selected(name, [p]) for name in names)]
+    if unmatched:
+        families = dict.fromkeys(re.split(r"[.\[]", name, maxsplit=1)[0] for name in names)
+        raise ValueError(f"--only {', '.join(map(repr, unmatched))} matches no check; a check "
+                         "name contains or matches the pattern, and check names start with "
+                         f"{', '.join(families)} (`mpcore conformance NAME --list` lists all "
+                         f"{len(names)})")

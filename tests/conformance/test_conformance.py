@@ -75,6 +75,27 @@ def test_only_filters_by_substring_and_pattern() -> None:
     assert report.ok and "not proven" not in report.format_table()
 
 
+FAMILIES = ("contract, creation, unary, binary, compare, logical, isfinite, where, reduce, "
+            "matmul, shapes, take, getitem, one_hot, image, random, loss_scale, optional, "
+            "autodiff, training")
+
+
+def test_an_only_pattern_that_matches_no_check_is_an_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from mpcore.conformance.cli import main
+
+    total = len(conformance.check_names(quick=True))
+    with pytest.raises(ValueError) as info:
+        conformance.check("cpu", quick=True, only=["matmul", "zzz", "nope*"])
+    assert str(info.value) == (
+        "--only 'zzz', 'nope*' matches no check; a check name contains or matches the "
+        f"pattern, and check names start with {FAMILIES} (`mpcore conformance NAME --list` "
+        f"lists all {total})")
+    assert main(["cpu", "--quick", "--only", "zzz"]) == 2   # not "0 passed ... CONFORMS"
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mpcore conformance: --only 'zzz' matches no check; ")
+
+
 def opencl_problem() -> None:
     problem = backend_problem("opencl")
     if problem is not None:
