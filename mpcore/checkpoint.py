@@ -11,13 +11,15 @@ with a warning. Saves are atomic: to a temporary file in the same folder (create
 0666 less the umask, as ``np.save``), flushed and fsynced, then ``os.replace``-d over the
 target, so a crash mid-write leaves the previous file (or none), never a broken one. The
 temporary file's name holds this machine's name, PID namespace and the saving process's ID, so
-a later save in the folder removes those of saves that were killed. Only load checkpoints you trust:
-unpickling runs code.
+a later save in the folder removes those of saves that were killed. A path that cannot be saved
+to (a folder, a read-only place, a full disk) is an OSError of the type the OS gave, naming that
+path and why, not the temporary file. Only load checkpoints you trust: unpickling runs code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -138,11 +140,39 @@ def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
                       "every rank calls save_weights/save_checkpoint, not rank 0 alone", (), [])
 
 
+def _refused(path: str, what: str, exc: OSError) -> OSError:
+    """``exc`` (same type and errno) told about the user's ``path``: the OS names the temporary
+    file or the folder, which the user never gave."""
+    reason = str(exc) if exc.strerror is None else exc.strerror
+    error = type(exc)(f"cannot save to {path!r}: {what}" + (f": {reason}" if reason else ""))
+    error.errno = exc.errno
+    return error
+
+
 def _write(path: str | os.PathLike[str], payload: Any) -> None:
-    target = os.path.abspath(os.fspath(path))
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    remove_stale_temporaries(os.path.dirname(target))
-    fd, tmp = _create_temporary(target)
+    shown = os.fspath(path)
+    target = os.path.abspath(shown)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise _refused(shown, "it is a folder; give a file name in it, e.g. "
+                       f"{os.path.join(shown, 'weights.mpcore')!r}",
+                       IsADirectoryError(errno.EISDIR, ""))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise _refused(shown, f"{folder!r}, where it would go, is a file, not a folder",
+                       NotADirectoryError(errno.ENOTDIR, ""))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        remove_stale_temporaries(folder)
+        fd, tmp = _create_temporary(target)
+    except OSError as exc:
+        raise _refused(shown, f"cannot create a file in its folder {folder!r}", exc) from exc
+    try:
+        _write_temporary(fd, tmp, target, payload)
+    except OSError as exc:
+        raise _refused(shown, "writing it failed", exc) from exc
+
+
+def _write_temporary(fd: int, tmp: str, target: str, payload: Any) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(bytes(HEADER.size))

@@ -1,5 +1,6 @@
 """Checkpoint files on disk: saves killed by SIGKILL leave temporary files that a later save in
-the folder removes (a live concurrent save's are kept), and files honour the umask as np.save."""
+the folder removes (a live concurrent save's are kept), files honour the umask as np.save, and
+a path that cannot be saved to is an error naming it (not the temporary file) and why."""
 
 from __future__ import annotations
 
@@ -111,3 +112,42 @@ def test_files_honour_the_umask_like_np_save(tmp_path: Path, umask: int) -> None
     assert expected == 0o666 & ~umask
     for name in ("w.weights", "c.mpck"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == expected, name
+
+
+def test_a_path_that_cannot_be_saved_to_is_named_with_the_problem(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(IsADirectoryError) as info:
+        model.save_weights(str(tmp_path))
+    assert str(info.value) == (f"cannot save to {str(tmp_path)!r}: it is a folder; give a file "
+                               f"name in it, e.g. {str(tmp_path / 'weights.mpcore')!r}")
+    (tmp_path / "a-file").write_text("")
+    inside = str(tmp_path / "a-file" / "ckpt")
+    with pytest.raises(NotADirectoryError) as info:
+        model.save_checkpoint(inside)
+    assert str(info.value) == (f"cannot save to {inside!r}: {str(tmp_path / 'a-file')!r}, "
+                               "where it would go, is a file, not a folder")
+
+    def refused(target: str) -> tuple[int, str]:   # as in /proc, or a read-only folder
+        raise PermissionError(13, "Permission denied", target + ".x.tmp")
+
+    target = str(tmp_path / "ckpt")
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "_create_temporary", refused)
+        with pytest.raises(PermissionError) as info:
+            model.save_checkpoint(target)
+    assert info.value.errno == 13
+    assert str(info.value) == (f"cannot save to {target!r}: cannot create a file in its folder "
+                               f"{str(tmp_path)!r}: Permission denied")
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", full)
+        with pytest.raises(OSError) as info:
+            model.save_weights(target)
+    assert str(info.value) == (f"cannot save to {target!r}: writing it failed: No space left "
+                               "on device")
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]   # no temporary file left behind
