@@ -201,9 +201,10 @@ class Model(Layer):
                 _trace_hooks.eager_step_hook()
             return compute(*args)
         traced = self._traced.get(kind)
+        # what compile set, each object by identity: one replaced after compile, a new step
         compiled = (self.optimizer, self.loss, *self.compiled_metrics)
-        if traced is None or any(a is not b for a, b in zip(traced.compiled, compiled)) or len(
-                traced.compiled) != len(compiled):   # one replaced after compile: a new step
+        if traced is None or len(traced.compiled) != len(compiled) or any(
+                a is not b for a, b in zip(traced.compiled, compiled)):
             # which variables train is read inside the step: a change retraces
             traced = self._traced[kind] = function(
                 compute, fallback=self.jit_compile == "auto",
