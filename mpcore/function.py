@@ -41,7 +41,7 @@ from mpcore import trace_hooks as _hooks
 from mpcore import trace_outputs as _outputs
 from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
-from mpcore.program import Assign, Program, WholeCall, fold_constants
+from mpcore.program import Assign, Program, WholeCall, fold_constants, weakened
 from mpcore.recorder import Recorder
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_arguments import value_key
@@ -351,6 +351,9 @@ class Function:
         backends = list(recorder.backends.values())
         compile_program = getattr(backends[0] if len(backends) == 1 else None,
                                   "compile_program", None)
+        weak = {id(obj): obj for obj in _args.weak_objects(signature)}
+        if weak:   # the call's arguments: held weakly, and the program dropped with them
+            program = weakened(program, weak)
         runnable = fold_constants(program)
         program.folded = runnable.folded   # print(graph) marks them
         runner = compile_program(runnable) if compile_program is not None else None
@@ -359,11 +362,20 @@ class Function:
             if ref not in self._guards:
                 self._guards.append(ref)
         signature = self._guarded(signature)
+        for obj in weak.values():
+            weakref.finalize(obj, _forget, weakref.ref(self), signature)
         runner = runner or runnable.compile()
         self._runners[signature] = runner if rebuild is None else _outputs.rebuilding(runner,
                                                                                       rebuild)
         self._last = program
         return out
+
+
+def _forget(function: weakref.ref[Function], signature: tuple[Any, ...]) -> None:
+    """An argument of the call ``signature`` stands for is gone: no call can match it again."""
+    fn = function()
+    if fn is not None:
+        fn._runners.pop(signature, None)
 
 
 def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False,

@@ -5,7 +5,8 @@ whole (:class:`WholeCall`: an optimizer update, a loss-scaling step) and variabl
 (:class:`Assign`). An argument is described by a spec: ``("c", value)`` a constant, ``("s", i)``
 slot i, ``("v", variable)`` the variable's array at that moment, ``("r",)`` a fresh seed from
 ``mp.random``, ``("T", spec, backend, dtype)`` a tensor around an array, and ``("l"/"t"/"d",
-...)`` lists, tuples and dicts of specs.
+...)`` lists, tuples and dicts of specs. ``("w", ref)`` and ``("vw", ref)`` are a constant and
+a variable that were arguments of the traced call, held weakly (:func:`weakened`).
 
 :meth:`Program.compile` turns the steps into the source of one Python function, each slot a
 local variable and each step one line (``s7 = k3(s2, s5, c1)``), so a replay costs one call per
@@ -17,7 +18,8 @@ buffers out again at the next replay). A backend may compile a program its own w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +51,15 @@ class WholeCall:
 
 @dataclass
 class Assign:
-    variable: Variable
+    variable: Variable | weakref.ref[Variable]   # weak where it is an argument of the call
     value: Spec
     text: str
     free: tuple[int, ...] = ()
+
+    def target(self) -> Variable:
+        """The variable assigned (a replay runs only while the call's arguments live)."""
+        variable = self.variable
+        return variable if isinstance(variable, Variable) else variable()  # type: ignore[return-value]
 
 
 @dataclass
@@ -138,6 +145,10 @@ def evaluate(spec: Spec, env: dict[int, Any]) -> Any:
         return spec[1]
     if kind == "v":
         return spec[1]._data
+    if kind == "w":
+        return spec[1]()
+    if kind == "vw":
+        return spec[1]()._data
     if kind == "r":
         return _random.next_seed()
     if kind == "T":
@@ -182,6 +193,37 @@ def substitute_reads(step: Any, replacements: dict[int, Spec]) -> Any:
     if type(step) is WholeCall:
         return WholeCall(step.fn, substitute(step.args, replacements), step.out, step.text)
     return Assign(step.variable, substitute(step.value, replacements), step.text)
+
+
+def weakened(program: Program, objects: Collection[int]) -> Program:
+    """``program`` holding the objects whose ids are in ``objects`` (the traced call's
+    arguments: an optimizer, its variables) through weak references: a traced function keeps
+    no argument alive, and its programs for one go when it does (``Function`` drops them)."""
+    def weak(spec: Spec) -> Spec:
+        kind = spec[0]
+        if kind in ("c", "v") and id(spec[1]) in objects:
+            return ("w" if kind == "c" else "vw", weakref.ref(spec[1]))
+        if kind == "T":
+            return ("T", weak(spec[1]), *spec[2:])
+        if kind == "d":
+            return ("d", {k: weak(v) for k, v in spec[1].items()})
+        if kind in ("l", "t"):
+            return (kind, [weak(s) for s in spec[1]])
+        return spec
+
+    steps: list[Any] = []
+    for step in program.steps:
+        if type(step) is KernelCall:
+            steps.append(KernelCall(step.kernel, [weak(a) for a in step.args], step.out,
+                                    step.text, name=step.name, dtype=step.dtype))
+        elif type(step) is WholeCall:
+            steps.append(WholeCall(step.fn, weak(step.args), step.out, step.text))
+        else:
+            target = step.variable
+            steps.append(Assign(weakref.ref(target) if id(target) in objects else target,
+                                weak(step.value), step.text))
+    return Program(steps, program.slots, program.inputs, weak(program.output), program.lines,
+                   program.folded)
 
 
 def substituted(program: Program, steps: list[Any], replacements: dict[int, Spec],
@@ -266,6 +308,8 @@ class ProgramWriter:
             return self.name("c", value)
         if kind == "v":
             return f"{self.name('v', spec[1])}._data"
+        if kind in ("w", "vw"):
+            return f"{self.name('w', spec[1])}()" + ("._data" if kind == "vw" else "")
         if kind == "r":
             return "_random.next_seed()"
         if kind == "T":
@@ -293,6 +337,8 @@ class ProgramWriter:
         kind = type(step)
         if kind is Assign:
             var = self.name("v", step.variable)
+            if not isinstance(step.variable, Variable):   # weak: an argument of the call
+                var += "()"
             self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
                               f"{var}._backend, {var}._dtype))")
             return

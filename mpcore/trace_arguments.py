@@ -68,9 +68,25 @@ class Identity:
     def __hash__(self) -> int:
         return self._hash
 
+    def weak(self) -> Any:
+        """The object, where the signature holds it weakly (None where it cannot)."""
+        return self._ref() if isinstance(self._ref, weakref.ref) else None
+
 
 def tensor_key(t: Tensor) -> tuple[Any, ...]:
-    return ("tensor", t._backend.name, t._dtype, t.shape, isinstance(t, Variable) and id(t))
+    return ("tensor", t._backend.name, t._dtype, t.shape,
+            isinstance(t, Variable) and Identity(t))
+
+
+def weak_objects(key: Any) -> list[Any]:
+    """The objects a signature holds weakly (arguments keyed by identity: an optimizer, a
+    variable, a model), which the program must not keep alive either."""
+    if isinstance(key, Identity):
+        found = key.weak()
+        return [] if found is None else [found]
+    if isinstance(key, (tuple, frozenset)):
+        return [obj for item in key for obj in weak_objects(item)]
+    return []
 
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tensor],

@@ -229,7 +229,7 @@ def plan(program: Program, *, uncapturable: Mapping[str, str] | None = None,
     uncapturable = uncapturable or {}
     trusted = trusted or (lambda step: True)
     refused = refused or {}
-    assigned = {id(s.variable) for s in program.steps if type(s) is Assign}
+    assigned = {id(s.target()) for s in program.steps if type(s) is Assign}
     host: dict[int, str] = {}
     for n, step in enumerate(program.steps):
         why = refused.get(n) or step_reason(step, assigned, uncapturable, trusted,

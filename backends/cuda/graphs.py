@@ -164,7 +164,7 @@ def _run_step(step: Any, env: dict[int, Any]) -> None:
         bind(step.out, step.fn(*evaluate(args, env), **evaluate(kwargs, env)), env)
     else:
         assert kind is Assign
-        var = step.variable
+        var = step.target()
         var.assign(Tensor(evaluate(step.value, env), var._backend, var._dtype))
     for i in step.free:
         env.pop(i, None)

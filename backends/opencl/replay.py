@@ -184,7 +184,7 @@ class _Recorder:
                 self.bind(step.out, step.fn(*args, **kwargs))
             else:
                 assert kind is Assign
-                var = step.variable
+                var = step.target()
                 var.assign(Tensor(self.value(step.value), var._backend, var._dtype))
             for i in step.free:
                 self.env.pop(i, None)

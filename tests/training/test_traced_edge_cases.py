@@ -2,14 +2,17 @@
 ``mp.function`` (defect numbers of that trial): an input that is also a variable's or a captured
 tensor's array (D1), a step without tensor inputs on another backend (D2), a variable's array
 read after the step assigns it (D3), a loss replaced after compile (D5), Python arguments by
-value (D6), the random state changed inside a step (D8), structured outputs (D9, D10) and
-namedtuple arguments (D11). Each replay equals the eager call, on every backend here."""
+value (D6), the random state changed inside a step (D8), structured outputs (D9, D10),
+namedtuple arguments (D11) and argument objects kept alive by a program (D4). Each replay
+equals the eager call, on every backend here."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
 import enum
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -194,3 +197,34 @@ def test_an_object_holding_tensors_as_output_is_refused() -> None:
         first = auto(_c(1))
     assert np.asarray(auto(_c(5)).loss).tolist() == [6]
     assert np.asarray(first.loss).tolist() == [2]
+
+
+def test_a_traced_function_keeps_no_argument_object_alive(backend: mp.Backend) -> None:
+    """D4: a program held the optimizer it called whole (Adam) and the variables it read, so a
+    traced function given a new optimizer and variable at each call kept every one alive."""
+    @mp.function
+    def step(opt: Any, variables: list[Any], x: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = mp.ops.sum(mp.ops.multiply(variables[0], x))
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        variables[1].assign(mp.ops.add(variables[1], 1.0))
+        return loss
+
+    refs: list[weakref.ref[Any]] = []
+    for make in (lambda: mp.optimizers.Adam(0.1), lambda: mp.optimizers.SGD(0.1)):
+        for _ in range(2):
+            w, n = mp.Variable(np.ones(4, F32)), mp.Variable(np.zeros(1, F32))
+            opt = make()            # Adam is kept whole, SGD recorded kernel by kernel
+            eager = make()
+            w_eager, n_eager = mp.Variable(np.ones(4, F32)), mp.Variable(np.zeros(1, F32))
+            for _ in range(3):
+                step(opt, [w, n], _c(1, 2, 3, 4))
+                step._fn(eager, [w_eager, n_eager], _c(1, 2, 3, 4))
+            np.testing.assert_array_equal(w.numpy(), w_eager.numpy())
+            assert n.numpy().tolist() == [3]
+            refs += [weakref.ref(w), weakref.ref(n), weakref.ref(opt)]
+            del w, n, opt
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert not step._runners                   # their programs went with them
+    assert step.tracing_count == 4
