@@ -258,3 +258,16 @@ def test_host_steps_run_as_the_default_replay(monkeypatch: Any, policy: str) -> 
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1], results[1][1], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_variable_passed_as_an_argument_stays_on_the_host() -> None:
+    """A program holds the variables of its call's arguments weakly (("vw", ref)): a graph
+    would bake in the array the variable had at the capture, so those kernels stay on the
+    host, run as the default replay, which reads the variable at each replay."""
+    v = mp.Variable(np.ones(4, np.float32))
+    x = mp.constant(np.ones(4, np.float32))
+    program = traced(lambda var, t: mp.ops.exp(mp.ops.add(mp.ops.multiply(var, t), t)), v, x)
+    multiply = next(n for n, s in enumerate(program.steps) if s.name == "multiply")
+    assert program.steps[multiply].args[0][0] == "vw"
+    plan = gp.plan(program, trusted=CPU_OWN)
+    assert plan.host[multiply] == "an argument of kind 'vw', which a graph cannot hold"
