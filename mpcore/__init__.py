@@ -25,7 +25,7 @@ from mpcore.backend import (
 from mpcore.function import Function, TraceError, function
 from mpcore.hookspecs import hookimpl
 from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
-from mpcore.mixed_precision import set_global_policy, set_policy
+from mpcore.mixed_precision import DTypePolicy, set_global_policy, set_policy
 from mpcore.plugins import plugin_errors
 from mpcore.policy import Policy, global_policy, policy_scope
 from mpcore.registry import backends, get_backend, set_backend
@@ -70,7 +70,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Backend", "BackendUnavailableError", "Device", "DynamicLossScale", "FixedLossScale",
+    "Backend", "BackendUnavailableError", "DTypePolicy", "Device", "DynamicLossScale",
+    "FixedLossScale",
     "Function", "GradientTape", "KernelBuildError", "KernelSet", "LossScale", "Measurement",
     "Policy", "Support", "Tensor", "TraceError", "Variable", "Verdict", "backends",
     "check_policy", "constant", "convert_to_tensor", "dtypes", "function", "get_backend",

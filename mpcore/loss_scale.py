@@ -79,6 +79,10 @@ class LossScale:
     def __call__(self) -> float:
         raise NotImplementedError
 
+    def __float__(self) -> float:
+        """The current scale (``float(optimizer.loss_scale)``, as with TF 2.4+'s tensor)."""
+        return float(self())
+
     def update(self, grads_finite: Any) -> bool:
         """Record one step; returns True when that step's gradients should be applied."""
         raise NotImplementedError

@@ -34,19 +34,20 @@ from mpcore.tensor import Tensor, Variable
 
 class LossScaleOptimizer(Optimizer):
     """Wraps ``inner_optimizer`` with ``loss_scale``: "dynamic" (the default), a number (a
-    fixed scale) or a :class:`~mpcore.LossScale`."""
+    fixed scale) or a :class:`~mpcore.LossScale` (TF 2.3's argument). Or, as TF 2.4+ and
+    Keras 3 spell it: ``dynamic`` (default True), ``initial_scale`` (default 2**15 when
+    dynamic; required when not) and ``dynamic_growth_steps`` (default 2000), by keyword."""
 
-    def __init__(self, inner_optimizer: Optimizer, loss_scale: Any = "dynamic") -> None:
+    def __init__(self, inner_optimizer: Optimizer, loss_scale: Any = None, *,
+                 dynamic: bool | None = None, initial_scale: float | None = None,
+                 dynamic_growth_steps: int | None = None) -> None:
         if isinstance(inner_optimizer, LossScaleOptimizer):
             raise TypeError("LossScaleOptimizer cannot wrap another LossScaleOptimizer; wrap "
                             "its inner_optimizer instead")
         if not isinstance(inner_optimizer, Optimizer):
             raise TypeError("LossScaleOptimizer wraps an mp.optimizers.Optimizer, got "
                             f"{type(inner_optimizer).__name__}")
-        if loss_scale is None:
-            raise ValueError("LossScaleOptimizer needs a loss scale: 'dynamic', a number or a "
-                             "LossScale (use the inner optimizer directly for none)")
-        scale = _ls.get(loss_scale, allow_none=False)
+        scale = _scale(loss_scale, dynamic, initial_scale, dynamic_growth_steps)
         self._inner = inner_optimizer
         self._loss_scale = scale
         self.skipped_steps = 0
@@ -58,6 +59,22 @@ class LossScaleOptimizer(Optimizer):
         self._unscaled_grads: list[Tensor] = []
         self._warned = False
         self.name = f"LossScaleOptimizer({inner_optimizer.name})"
+
+    # --- TF 2.4+ / Keras 3 names ---------------------------------------------------------
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale changes with the gradients (a DynamicLossScale)."""
+        return isinstance(self._loss_scale, _ls.DynamicLossScale)
+
+    @property
+    def initial_scale(self) -> float:
+        scale = self._loss_scale
+        return scale.initial_loss_scale if isinstance(scale, _ls.DynamicLossScale) else scale()
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        scale = self._loss_scale
+        return scale.increment_period if isinstance(scale, _ls.DynamicLossScale) else None
 
     # --- delegation ---------------------------------------------------------------------
     # Hyperparameters live on the inner optimizer (those its CHECKS list, its own class's
@@ -126,6 +143,10 @@ class LossScaleOptimizer(Optimizer):
         scale of its own step, in the product and in its gradient."""
         self._unscaled = False
         return ops.constant(self._loss_scale(), dtype=loss.dtype, backend=loss.backend)
+
+    def scale_loss(self, loss: Any) -> Any:
+        """Keras 3's name for :meth:`get_scaled_loss`."""
+        return self.get_scaled_loss(loss)
 
     @kept_whole
     def get_unscaled_gradients(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
@@ -223,3 +244,32 @@ def _same_tensors(given: Sequence[Tensor], unscaled: Sequence[Tensor]) -> bool:
     values: comparing values would be a host read every step."""
     return len(given) == len(unscaled) and all(
         a is b or a._data is b._data for a, b in zip(given, unscaled))
+
+
+def _scale(loss_scale: Any, dynamic: bool | None, initial_scale: float | None,
+           growth_steps: int | None) -> _ls.LossScale:
+    """The loss scale from TF 2.3's ``loss_scale`` or from TF 2.4+'s (Keras 3's) arguments."""
+    keras = {"dynamic": dynamic, "initial_scale": initial_scale,
+             "dynamic_growth_steps": growth_steps}
+    given = [name for name, value in keras.items() if value is not None]
+    if isinstance(loss_scale, bool):     # TF 2.4's second positional argument
+        raise TypeError("LossScaleOptimizer's second positional argument is loss_scale (TF "
+                        f"2.3); pass dynamic={loss_scale} by keyword, as TF 2.4+ and Keras 3 "
+                        "name it")
+    if loss_scale is not None:
+        if given:
+            raise ValueError(f"give loss_scale (TF 2.3) or {', '.join(given)} (TF 2.4+, "
+                             "Keras 3), not both")
+        return _ls.get(loss_scale, allow_none=False)  # type: ignore[return-value]
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
+    if dynamic is False:
+        if initial_scale is None:
+            raise ValueError("initial_scale is required when dynamic=False (a fixed loss scale)")
+        if growth_steps is not None:
+            raise ValueError("dynamic_growth_steps applies to a dynamic loss scale only; it "
+                             "was given with dynamic=False")
+        return _ls.FixedLossScale(initial_scale)
+    return _ls.DynamicLossScale(
+        initial_loss_scale=2.0**15 if initial_scale is None else initial_scale,
+        increment_period=2000 if growth_steps is None else growth_steps)

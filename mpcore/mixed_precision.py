@@ -14,6 +14,9 @@ from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
 from mpcore.policy import Policy, global_policy, policy_scope, set_global
 from mpcore.verdict import check_policy, log_compatibility_once
 
+#: Keras 3's name for a Policy (``keras.DTypePolicy``, ``keras.mixed_precision.DTypePolicy``).
+DTypePolicy = Policy
+
 if TYPE_CHECKING:
     from mpcore.amp.autocast import autocast
     from mpcore.amp.lists import AutoMixedPrecisionLists
@@ -84,7 +87,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AutoMixedPrecisionLists", "DynamicLossScale", "FixedLossScale", "LossScale",
-           "LossScaleOptimizer", "Policy", "autocast", "check_policy",
+__all__ = ["AutoMixedPrecisionLists", "DTypePolicy", "DynamicLossScale", "FixedLossScale",
+           "LossScale", "LossScaleOptimizer", "Policy", "autocast", "check_policy",
            "disable_mixed_precision_graph_rewrite", "enable_mixed_precision_graph_rewrite",
            "global_policy", "policy_scope", "set_global_policy", "set_policy"]

@@ -330,6 +330,9 @@ def enable_mixed_precision_graph_rewrite(opt: Optimizer, loss_scale: Any = "dyna
     if isinstance(opt, LossScaleOptimizer):
         raise ValueError("enable_mixed_precision_graph_rewrite: opt is already a "
                          "LossScaleOptimizer; pass its inner_optimizer")
+    if loss_scale is None:
+        raise ValueError("enable_mixed_precision_graph_rewrite needs a loss scale: 'dynamic', "
+                         "a number or a LossScale")
     policy = global_policy()
     if policy.name != "float32":
         scoped = policy_origin() != "the global policy"
