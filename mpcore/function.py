@@ -101,8 +101,10 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
             out = method(*args, **kwargs)
         finally:
             recorder.whole_depth -= 1
-        recorder.steps.append(WholeCall(method, spec, recorder.tensor_bind(out),
-                                         f"{method.__qualname__}(...)  [kept whole]"))
+        step = WholeCall(method, spec, recorder.tensor_bind(out),
+                         f"{method.__qualname__}(...)  [kept whole]")
+        recorder.steps.append(step)
+        recorder.anchor(step)
         return out
 
     return wrapper
@@ -155,9 +157,42 @@ def _kernel_view(backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str
 def _next_seed_recorded() -> int:
     seed = _draw_seed()
     recorder = _local.recorder
-    if recorder is not None:
+    if recorder is not None and not recorder.whole_depth:   # (a whole call draws its own)
         recorder.drawn.add(seed)
+        return _DrawnSeed(seed)
     return seed
+
+
+_SEED_MATH = (
+    "a traced step cannot compute with a seed from mp.random.next_seed() in Python (seed + 1, "
+    "seed ^ k): a replay draws a fresh seed where a random op takes one as it is, and would "
+    "reuse the first call's computed value. Draw another seed with next_seed() instead, or "
+    "call the function without mp.function.")
+
+
+class _DrawnSeed(int):
+    """A seed drawn while a step is recorded. A random op that takes it as it is gets a fresh
+    one at each replay; arithmetic on it is refused (a value computed from it in Python would
+    be the trace's forever)."""
+
+    __slots__ = ()
+
+
+def _seed_math(name: str) -> Callable[..., Any]:
+    plain = getattr(int, name)
+
+    def op(self: int, *args: Any) -> Any:
+        _refuse(_SEED_MATH)
+        return plain(int(self), *args)
+
+    return op
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__xor__",
+              "__rxor__", "__and__", "__rand__", "__or__", "__ror__", "__mod__", "__rmod__",
+              "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__",
+              "__lshift__", "__rshift__", "__neg__", "__invert__", "__abs__"):
+    setattr(_DrawnSeed, _name, _seed_math(_name))
 
 
 _draw_seed = _random.next_seed
@@ -171,6 +206,7 @@ def _install_hooks() -> None:
             _backend.set_kernel_view(_kernel_view)
             _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
             _random.next_seed, _random.state_hook = _next_seed_recorded, on_replay
+            _random.state_read_hook = _refuse_state_read
 
 
 def _remove_hooks() -> None:
@@ -179,6 +215,7 @@ def _remove_hooks() -> None:
         _tracing -= 1
         if _tracing == 0:
             _random.next_seed, _random.state_hook = _draw_seed, None
+            _random.state_read_hook = None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
 
@@ -190,14 +227,28 @@ _HOST_READ = (
     "the function without mp.function.")
 
 
+_STATE_READ = (
+    "a traced step cannot read mp.random's state (get_state()): a replay would restore the "
+    "first call's. Save and restore the state outside the step, or call the function without "
+    "mp.function.")
+
+
 def _refuse_host_read(tensor: Tensor) -> None:
+    _refuse(_HOST_READ)
+
+
+def _refuse_state_read() -> None:
+    _refuse(_STATE_READ)
+
+
+def _refuse(message: str) -> None:
     recorder = _local.recorder
     if recorder is None or recorder.whole_depth:
         return
     if not recorder.fallback:
-        raise TraceError(_HOST_READ)
+        raise TraceError(message)
     # this call goes on eagerly, unrecorded, and the function runs eagerly from now on
-    recorder.refused = _HOST_READ
+    recorder.refused = message
     recorder.whole_depth += 1
 
 
@@ -210,13 +261,15 @@ def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
         # the variable in the step reads its array then, not the trace's as a constant
         if event != "create":
             recorder.variable_of[id(variable._data)] = variable
+            recorder.retire(replaced, variable, None)   # anchored at the call's step
         return
     if event == "create":
         recorder.created.append(variable.name)
         recorder.variable_of[id(variable._data)] = variable
         return
-    recorder.variable_of[id(variable._data)] = variable
+    # the value's spec before the array is the variable's (it would read as the variable)
     assign = Assign(variable, recorder.spec(variable._data), f"assign {variable.name}")
+    recorder.variable_of[id(variable._data)] = variable
     recorder.steps.append(assign)
     # the array the variable held until now, should the step read it later (a value taken
     # with current_value() before the assignment): each replay's, not the trace's
@@ -323,6 +376,14 @@ class Function:
             _local.recorder = None
             _remove_hooks()
             _tape.state.generation += 1
+        if recorder.drawn - recorder.consumed and recorder.refused is None:
+            recorder.refused = (
+                f"{self.__name__} drew a seed (mp.random.next_seed()) that reached no random "
+                "op as drawn: a replay draws fresh seeds for random ops only, and would reuse "
+                "a seed computed from it in Python. Pass seeds from next_seed() to the random "
+                "ops unchanged, or call the function without mp.function.")
+            if not self._fallback:
+                raise TraceError(recorder.refused)
         if recorder.created and self._traced_once:
             recorder.refused = (
                 f"{self.__name__} created variables ({', '.join(recorder.created[:3])}) after "

@@ -30,6 +30,8 @@ _shared: contextvars.ContextVar[bool] = contextvars.ContextVar("mpcore_random_sh
 #: (``hook(fn, *args)``), which each replay then makes again at the same point, so that the
 #: seeds drawn after it are those eager execution would draw.
 state_hook: Callable[..., None] | None = None
+#: Set with it: called by :func:`get_state`, which a traced step cannot replay.
+state_read_hook: Callable[[], None] | None = None
 
 
 def _splitmix64(x: int) -> int:
@@ -81,24 +83,34 @@ def shared() -> Iterator[None]:
     >>> set_seed(7); set_stream(0); a != next_seed() and b == next_seed()
     True
     """
-    before = _shared.get()
     token = _shared.set(True)
     if state_hook is not None:
-        state_hook(_set_shared, True)
+        state_hook(_enter_shared)
     try:
         yield
     finally:
         _shared.reset(token)
         if state_hook is not None:
-            state_hook(_set_shared, before)
+            state_hook(_leave_shared)
 
 
-def _set_shared(value: bool) -> None:
-    """What a replay does where the traced step entered or left :func:`shared`."""
-    _shared.set(value)
+_replayed = threading.local()
+
+
+def _enter_shared() -> None:
+    """What a replay does where the traced step entered :func:`shared` (the flag it finds is
+    the replay's caller's, restored at :func:`_leave_shared`)."""
+    tokens = _replayed.__dict__.setdefault("tokens", [])
+    tokens.append(_shared.set(True))
+
+
+def _leave_shared() -> None:
+    _shared.reset(_replayed.tokens.pop())
 
 
 def get_state() -> dict[str, int]:
+    if state_read_hook is not None:
+        state_read_hook()
     return {"seed": _seed, "counter": _counter}
 
 

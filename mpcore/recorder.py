@@ -27,8 +27,11 @@ class Recorder:
         self.variable_of: dict[int, Variable] = {}
         #: arrays a variable held until an assignment in the step: (array, variable, assign)
         self.retired: dict[int, tuple[Any, Variable, Any]] = {}
+        self.pending: list[int] = []
         self.created: list[str] = []
         self.drawn: set[int] = set()
+        #: the drawn seeds that reached a random kernel as drawn (the others went elsewhere)
+        self.consumed: set[int] = set()
         self.whole_depth = 0
         self.kernel_depth = 0
         self.fallback = False
@@ -58,21 +61,35 @@ class Recorder:
             return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
         if value is None or isinstance(value, (bool, int, float, str)):
             return ("c", value)
-        slot = self.slot_of.get(id(value))
-        if slot is not None:
-            return ("s", slot)
+        # a variable's array first: an array assigned in the step is a slot too, but an
+        # update in place after the assignment writes the variable's (a replay's assignment
+        # copies, as the eager one did)
         variable = self.variable_of.get(id(value))
         if variable is not None and variable._data is value:
             return ("v", variable)
+        slot = self.slot_of.get(id(value))
+        if slot is not None:
+            return ("s", slot)
         retired = self.retired.get(id(value))
-        if retired is not None and retired[0] is value:
+        if retired is not None and retired[0] is value and retired[2] is not None:
             return ("s", self._read_before(value, *retired[1:]))
         return ("c", value)                    # captured from outside the step
 
     def retire(self, array: Any, variable: Variable, assign: Any) -> None:
-        """``array`` was ``variable``'s until ``assign`` (a step of this trace) replaced it."""
-        if array is not None:
-            self.retired[id(array)] = (array, variable, assign)
+        """``array`` was ``variable``'s until ``assign`` (a step of this trace) replaced it;
+        ``assign`` None: a call kept whole replaced it, the step :meth:`anchor` names next."""
+        if array is None or id(array) in self.retired:
+            return                  # (in a call kept whole: only the array it found counts)
+        self.retired[id(array)] = (array, variable, assign)
+        if assign is None:
+            self.pending.append(id(array))
+
+    def anchor(self, step: Any) -> None:
+        """``step`` is the call kept whole that replaced the pending arrays."""
+        for key in self.pending:
+            array, variable, _ = self.retired[key]
+            self.retired[key] = (array, variable, step)
+        self.pending.clear()
 
     def _read_before(self, array: Any, variable: Variable, assign: Any) -> int:
         """A slot for ``array``, written by a step just before ``assign`` that reads the
@@ -137,6 +154,9 @@ class Recorder:
             specs = [self.spec(a) for a in args]
             if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
                 specs[seed_at] = ("r",)
+                self.consumed.add(args[seed_at])
+                # the kernel gets a plain int (a drawn seed refuses arithmetic, see function)
+                args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
             self.kernel_depth += 1
             try:
                 out = kernel(*args)

@@ -41,7 +41,7 @@ def value_key(value: Any) -> Any:
             return ("nan", math.copysign(1.0, value))
         return (value, math.copysign(1.0, value))
     if isinstance(value, complex):
-        return (value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
+        return ("complex", value_key(value.real), value_key(value.imag))
     return value
 
 
@@ -103,11 +103,11 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tenso
             return (kind.__name__ if kind in (list, tuple) else kind,
                     tuple(key(v) for v in value))
         if isinstance(value, dict):
-            return ("dict", tuple((key(k), key(v)) for k, v in value.items()))
+            return ("dict", tuple((member_key(k), key(v)) for k, v in value.items()))
         if isinstance(value, _BY_VALUE):
             return ("value", type(value).__name__, value_key(value))
         if isinstance(value, (set, frozenset)):
-            return (type(value).__name__, frozenset(key(v) for v in value))
+            return (type(value).__name__, frozenset(member_key(v) for v in value))
         return ("object", Identity(value))
 
     described = (("tuple", tuple(map(tensor_key, tensors))), ("dict", ())) if plain else (
@@ -121,6 +121,18 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Tenso
     # the current backend: what a step's own tensors (mp.ops.ones, constants) are made on
     return (_policy.global_policy().name, _registry.get_backend().name, *described, aliases,
             extra)
+
+
+def member_key(value: Any) -> Any:
+    """A dict key's or a set member's key. Neither is a replay's input (a tensor or a NumPy
+    scalar there is read by the step as it is), so only plain values and tuples of them are
+    keyed by value (a NumPy scalar by its value too); anything else by identity."""
+    if isinstance(value, _BY_VALUE) or (isinstance(value, numbers.Number)
+                                        and not hasattr(value, "_backend")):
+        return ("value", type(value).__name__, value_key(value))
+    if type(value) is tuple:
+        return ("tuple", tuple(member_key(v) for v in value))
+    return ("object", Identity(value))
 
 
 def as_tensors(value: Any) -> Any:
@@ -143,7 +155,8 @@ def _rebuilt(value: list[Any] | tuple[Any, ...] | dict[Any, Any], fn: Callable[[
     items = [fn(v) for v in value]
     if isinstance(value, list):
         return items
-    return type(value)(*items) if hasattr(type(value), "_fields") else tuple(items)
+    # a namedtuple through _make: a subclass may give __new__ other arguments
+    return type(value)._make(items) if hasattr(type(value), "_fields") else tuple(items)
 
 
 def private_inputs(value: Any, aliases: dict[int, Any]) -> Any:
@@ -166,12 +179,13 @@ def private_inputs(value: Any, aliases: dict[int, Any]) -> Any:
 
 def _alias(backend: Any, array: Any) -> Any:
     """A new array object over ``array``'s memory: the backend's reshape to the same shape (a
-    view on every built-in backend), or ``array`` itself where a backend returns it."""
+    view on every built-in backend). A plugin whose reshape returns the array itself, or
+    raises, leaves the input its own array (and the read of it through a variable or a
+    captured tensor recorded as the input's)."""
     try:
-        alias = backend.kernels()["reshape"](array, tuple(array.shape))
-    except Exception:   # a plugin's reshape that cannot: the input keeps its own array
+        return backend.kernels()["reshape"](array, tuple(array.shape))
+    except Exception:   # a plugin's reshape that cannot
         return array
-    return alias if alias is not array else array
 
 
 def tensors(value: Any) -> list[Tensor]:

@@ -5,13 +5,15 @@ in lists, tuples and dicts that the generated source writes as literals. That co
 return almost always. Anything else is described here as a flat tuple of its leaves and a
 template that rebuilds the structure around them at each replay: a namedtuple (its type, so
 ``result.loss`` works on every call, not only the first), a dict whose keys are not literals
-the source can spell (an enum, ``float("inf")``). A leaf must be a tensor or a plain Python
-value; any other object (a dataclass holding tensors) would come back as the first call's
-object with the first call's tensors, so it is refused while tracing.
+the source can spell (an enum, ``float("inf")``), an OrderedDict. A leaf must be a tensor or a
+plain Python value; any other object (a dataclass holding tensors, another subclass of a list,
+tuple or dict, whose constructor a replay cannot know) would come back as the first call's
+object with the first call's tensors, or not at all, so it is refused while tracing.
 """
 
 from __future__ import annotations
 
+import collections
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -66,13 +68,15 @@ def _template(value: Any, leaves: list[Any], name: str) -> Any:
     if isinstance(value, (Tensor, *_VALUES)):
         leaves.append(value)
         return None
-    if isinstance(value, dict):
-        return (dict, list(value), [_template(v, leaves, name) for v in value.values()])
-    if isinstance(value, (list, tuple)):
-        return (type(value), [_template(v, leaves, name) for v in value])
+    kind = type(value)
+    if kind is dict or kind is collections.OrderedDict:
+        return (kind, list(value), [_template(v, leaves, name) for v in value.values()])
+    if kind is list or kind is tuple or hasattr(kind, "_fields"):    # (a namedtuple)
+        return (kind, [_template(v, leaves, name) for v in value])
     raise UnsupportedOutputError(
         f"{name} returned a {type(value).__name__}: a traced step returns tensors and plain "
-        "Python values (numbers, strings, None), in lists, tuples, namedtuples and dicts; a "
+        "Python values (numbers, strings, None), in lists, tuples, namedtuples, dicts and "
+        "OrderedDicts; a "
         f"replay would give back the first call's {type(value).__name__} with the first "
         "call's tensors. Return its fields (a tuple or dict of tensors) instead, or call the "
         "function without mp.function.")
@@ -82,13 +86,13 @@ def _rebuild_from(template: Any) -> Callable[[Any], Any]:
     def fill(node: Any, leaves: Any) -> Any:
         if node is None:
             return next(leaves)
-        if node[0] is dict:
-            return {k: fill(child, leaves) for k, child in zip(node[1], node[2])}
+        if len(node) == 3:
+            return node[0]((k, fill(child, leaves)) for k, child in zip(node[1], node[2]))
         kind, children = node
         items = [fill(child, leaves) for child in children]
         if kind is list or kind is tuple:
             return items if kind is list else tuple(items)
-        return kind(*items) if hasattr(kind, "_fields") else kind(items)
+        return kind._make(items)            # a namedtuple (its __new__ may differ)
 
     def rebuild(flat: Any) -> Any:
         return fill(template, iter(flat))

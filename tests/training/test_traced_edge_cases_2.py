@@ -1,0 +1,172 @@
+"""Traced steps at the edges of their contract, second round: each case from a review of the
+first round's fixes (its defect numbers, R1-R7) and a replay compared with the eager call on
+every backend here, or a refusal with its message."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import pytest
+
+import mpcore as mp
+
+F32 = np.float32
+
+
+def _c(*values: float) -> mp.Tensor:
+    return mp.constant(np.array(values, F32))
+
+
+def _both(make: Any, calls: int = 3, arg: Any = None) -> dict[bool, list[list[float]]]:
+    """``make()`` gives a fresh (step, state) pair; the step's results eagerly and traced."""
+    out = {}
+    for traced in (False, True):
+        step = make()
+        f = mp.function(step) if traced else step
+        out[traced] = [np.asarray(f(arg if arg is not None else mp.ops.ones((3,)))).tolist()
+                       for _ in range(calls)]
+    return out
+
+
+@pytest.mark.parametrize("clipped", [False, True])
+def test_a_value_read_before_a_composite_update_is_each_replays(backend: mp.Backend,
+                                                                clipped: bool) -> None:
+    """R2: the composite (not fused) SGD update assigns the variable, recorded kernel by kernel
+    or, with clipping, inside a call kept whole; a value taken before it was the trace's."""
+    def make() -> Any:
+        v = mp.Variable(np.array([1, 2, 3], F32))
+        opt = mp.optimizers.SGD(0.1, clipnorm=100.0) if clipped else mp.optimizers.SGD(0.1)
+        opt.use_fused_kernels = False
+
+        def step(x: mp.Tensor) -> mp.Tensor:
+            old = v.current_value()
+            with mp.GradientTape() as tape:
+                loss = mp.ops.sum(mp.ops.multiply(v, x))
+            opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+            return mp.ops.subtract(v, old)
+        return step
+
+    out = _both(make)
+    assert out[True] == out[False]
+    np.testing.assert_allclose(out[True], [[-0.1] * 3] * 3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_update_in_place_after_an_assignment_writes_the_variable(backend: mp.Backend,
+                                                                    fused: bool) -> None:
+    """R6: after ``v.assign``, a fused update wrote the replay's slot, not the variable."""
+    finals = {}
+    for traced in (False, True):
+        v = mp.Variable(np.zeros(3, F32))
+        opt = mp.optimizers.SGD(0.5)
+        opt.use_fused_kernels = fused
+
+        def step(x: mp.Tensor, v: Any = v, opt: Any = opt) -> mp.Tensor:
+            v.assign(mp.ops.multiply(x, 2.0))
+            with mp.GradientTape() as tape:
+                loss = mp.ops.sum(mp.ops.multiply(v, x))
+            opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+            return mp.ops.multiply(v, 1.0)
+
+        f = mp.function(step) if traced else step
+        results = [np.asarray(f(_c(n, n, n))).tolist() for n in (1, 2, 3)]
+        finals[traced] = (results, v.numpy().tolist())
+    assert finals[True] == finals[False]
+    assert finals[True][1] == [4.5, 4.5, 4.5]            # 2 * 3 - 0.5 * 3
+
+
+def test_tensors_and_numpy_scalars_as_keys_or_set_members_are_each_calls() -> None:
+    """R3: the signature took them by value but the step read them as constants."""
+    f = mp.function(lambda s: mp.ops.add(next(iter(s)), 0.0))
+    g = mp.function(lambda x, weights: mp.ops.multiply(
+        x, float(next(iter(weights.values()))) * float(next(iter(weights)))))
+    x = _c(1, 1)
+    for n in (1, 2, 3):
+        assert np.asarray(f(frozenset({_c(n, n)}))).tolist() == [n, n]
+        assert np.asarray(g(x, {np.int64(n): 1.0})).tolist() == [n, n]
+    assert f.tracing_count == 3 and g.tracing_count == 3
+    h = mp.function(lambda x, k: mp.ops.add(x, 1.0))
+    for _ in range(3):
+        h(x, complex(float("nan"), 1.0))                 # one trace, not one a call
+    assert h.tracing_count == 1
+
+
+def test_output_containers_come_back_as_they_went_or_are_refused(backend: mp.Backend) -> None:
+    """R4: an OrderedDict came back as a dict; a tuple subclass failed at its first replay."""
+    f = mp.function(lambda x: collections.OrderedDict([("b", x), ("a", mp.ops.add(x, 1.0))]))
+    for n in range(3):
+        out = f(_c(n))
+        assert type(out) is collections.OrderedDict and list(out) == ["b", "a"]
+        assert np.asarray(out["a"]).tolist() == [n + 1]
+
+    class Pair(tuple):
+        def __new__(cls, a: Any, b: Any) -> Pair:
+            return super().__new__(cls, (a, b))
+
+    for value, kind in ((lambda x: Pair(x, x), "Pair"),
+                        (lambda x: collections.defaultdict(list, {"x": x}), "defaultdict")):
+        with pytest.raises(mp.TraceError, match=f"returned a {kind}: a traced step returns"):
+            mp.function(value)(_c(1))
+
+
+def test_a_namedtuple_subclass_with_its_own_new_goes_in_and_out(backend: mp.Backend) -> None:
+    """R4b: rebuilt with the type's _make, not its __new__."""
+    class Scaled(collections.namedtuple("Scaled", "x scale")):
+        def __new__(cls, x: Any, scale: float = 2.0) -> Scaled:
+            return super().__new__(cls, x, scale)
+
+    f = mp.function(lambda s: Scaled(mp.ops.multiply(s.x, s.scale), s.scale))
+    for n in range(1, 4):
+        out = f(Scaled(_c(n)))
+        assert type(out) is Scaled and np.asarray(out.x).tolist() == [2 * n]
+
+
+def test_shared_inside_a_step_restores_the_callers_flag(backend: mp.Backend) -> None:
+    """R5: a replay restored the trace's flag when it left the step's shared() block."""
+    x = mp.ops.ones((32,))
+
+    def step(x: mp.Tensor) -> mp.Tensor:
+        with mp.random.shared():
+            return mp.ops.dropout(x, 0.5)
+
+    try:
+        results = {}
+        for traced in (False, True):
+            mp.random.set_stream(1)
+            mp.random.set_seed(0)
+            f = mp.function(step) if traced else step
+            f(x)                                          # traced outside shared()
+            with mp.random.shared():
+                inside = np.asarray(f(x)).tolist()
+                after = mp.random.next_seed()             # still shared: stream 0's
+            results[traced] = (inside, after, np.asarray(f(x)).tolist(),
+                               mp.random.next_seed())
+        assert results[True] == results[False]
+    finally:
+        mp.random.set_stream(0)
+
+
+def test_random_state_reads_and_seed_arithmetic_are_refused() -> None:
+    """R1 and R7: a replay cannot follow get_state() nor a seed computed from a drawn one."""
+    def rewinding(x: mp.Tensor) -> mp.Tensor:
+        saved = mp.random.get_state()
+        a = mp.ops.random_uniform((3,))
+        mp.random.set_state(saved)
+        return mp.ops.add(a, mp.ops.random_uniform((3,)))
+
+    def derived(x: mp.Tensor) -> mp.Tensor:
+        return mp.ops.random_uniform((3,), seed=mp.random.next_seed() + 1)
+
+    with pytest.raises(mp.TraceError, match=r"cannot read mp.random's state \(get_state\(\)\)"):
+        mp.function(rewinding)(_c(1))
+    with pytest.raises(mp.TraceError, match=r"cannot compute with a seed from "
+                                            r"mp.random.next_seed\(\) in Python"):
+        mp.function(derived)(_c(1))
+    with pytest.warns(RuntimeWarning, match="runs eagerly: a traced step cannot compute"):
+        auto = mp.function(derived, fallback=True)
+        first = np.asarray(auto(_c(1)))
+    assert not np.array_equal(first, np.asarray(auto(_c(1))))   # eager: fresh draws
+    kept = mp.function(lambda x: mp.ops.random_uniform((3,), seed=int(mp.random.next_seed())))
+    assert not np.array_equal(np.asarray(kept(_c(1))), np.asarray(kept(_c(1))))
