@@ -152,6 +152,9 @@ class LossScaleOptimizer(Optimizer):
     def get_unscaled_gradients(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
         """``grads`` divided by the scale, in float32; None stays None. Also computes the
         "all finite" flag that ``apply_gradients`` uses (no host read here)."""
+        if isinstance(grads, Tensor) or not isinstance(grads, Iterable):
+            raise TypeError("get_unscaled_gradients takes the list of gradients "
+                            f"(tape.gradient(scaled_loss, variables)), got {grads!r}")
         out, flag = ops.unscale_and_check(list(grads), 1.0 / self._loss_scale())
         self._flag = flag
         self._unscaled = True

@@ -80,3 +80,11 @@ def test_the_arguments_map_onto_loss_scales() -> None:
 def test_bad_arguments_say_what_is_valid(kwargs: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         LSO(mp.optimizers.SGD(), **kwargs)
+
+
+@pytest.mark.parametrize("grads", [None, 3.0])
+def test_unscaling_something_other_than_a_list_of_gradients_says_what_it_takes(
+        grads: object) -> None:
+    with pytest.raises(TypeError, match=r"get_unscaled_gradients takes the list of gradients "
+                                        r"\(tape.gradient\(scaled_loss, variables\)\), got "):
+        LSO(mp.optimizers.SGD()).get_unscaled_gradients(grads)  # type: ignore[arg-type]
