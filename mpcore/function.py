@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import backend as _backend
+from mpcore import loss_scale as _loss_scale
 from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
@@ -191,7 +192,8 @@ def _seed_math(name: str) -> Callable[..., Any]:
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__xor__",
               "__rxor__", "__and__", "__rand__", "__or__", "__ror__", "__mod__", "__rmod__",
               "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__",
-              "__lshift__", "__rshift__", "__neg__", "__invert__", "__abs__"):
+              "__rpow__", "__divmod__", "__rdivmod__", "__lshift__", "__rlshift__",
+              "__rshift__", "__rrshift__", "__neg__", "__invert__", "__abs__"):
     setattr(_DrawnSeed, _name, _seed_math(_name))
 
 
@@ -207,6 +209,7 @@ def _install_hooks() -> None:
             _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
             _random.next_seed, _random.state_hook = _next_seed_recorded, on_replay
             _random.state_read_hook = _refuse_state_read
+            _loss_scale.read_hook = _refuse_host_read
 
 
 def _remove_hooks() -> None:
@@ -215,16 +218,16 @@ def _remove_hooks() -> None:
         _tracing -= 1
         if _tracing == 0:
             _random.next_seed, _random.state_hook = _draw_seed, None
-            _random.state_read_hook = None
+            _random.state_read_hook = _loss_scale.read_hook = None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
 
 
 _HOST_READ = (
     "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), bool(t), "
-    "`if t:`): a replay would reuse the value of the first call. Keep the decision on the "
-    "device (mp.ops.where), or return the tensor from the step and read it outside, or call "
-    "the function without mp.function.")
+    "`if t:`, a dynamic loss scale's value): a replay would reuse the value of the first "
+    "call. Keep the decision on the device (mp.ops.where), or return the tensor from the step "
+    "and read it outside, or call the function without mp.function.")
 
 
 _STATE_READ = (
@@ -233,7 +236,7 @@ _STATE_READ = (
     "mp.function.")
 
 
-def _refuse_host_read(tensor: Tensor) -> None:
+def _refuse_host_read(tensor: Tensor | None = None) -> None:
     _refuse(_HOST_READ)
 
 
@@ -329,8 +332,12 @@ class Function:
         runner = self._runners.get(self._guarded(signature))
         if runner is not None:
             _local.replaying += 1
+            depth = _random.shared_depth()
             try:
                 return runner([t._data for t in tensors])
+            except BaseException:
+                _random.leave_shared_to(depth)   # (a shared() block the step did not leave)
+                raise
             finally:
                 _local.replaying -= 1
         return self._trace(signature, args, kwargs)
@@ -376,6 +383,13 @@ class Function:
             _local.recorder = None
             _remove_hooks()
             _tape.state.generation += 1
+        if recorder.reused_seeds and recorder.refused is None:
+            recorder.refused = (
+                f"{self.__name__} gave one seed from mp.random.next_seed() to two random ops: "
+                "a replay draws a fresh seed for each random op. Draw a seed for each, or "
+                "call the function without mp.function.")
+            if not self._fallback:
+                raise TraceError(recorder.refused)
         if recorder.drawn - recorder.consumed and recorder.refused is None:
             recorder.refused = (
                 f"{self.__name__} drew a seed (mp.random.next_seed()) that reached no random "

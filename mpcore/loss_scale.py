@@ -24,9 +24,14 @@ import math
 import operator
 import struct
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from mpcore import user_frames as _user_frames
+
+#: Set by :mod:`mpcore.function` while it traces a step: called when a dynamic scale's value
+#: is read (a host read there).
+read_hook: Callable[[], None] | None = None
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -197,6 +202,10 @@ class DynamicLossScale(LossScale):
         return self._good_steps
 
     def __call__(self) -> float:
+        if read_hook is not None:
+            # a host read in a traced step (outside the calls kept whole, which read it
+            # again at each replay): refused, as a replay would reuse the trace's scale
+            read_hook()
         return self._scale
 
     @property

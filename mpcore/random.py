@@ -108,6 +108,18 @@ def _leave_shared() -> None:
     _shared.reset(_replayed.tokens.pop())
 
 
+def shared_depth() -> int:
+    """How many :func:`shared` blocks replays have entered and not left in this thread."""
+    return len(_replayed.__dict__.get("tokens", ()))
+
+
+def leave_shared_to(depth: int) -> None:
+    """Leave the blocks a replay that raised had entered (back to ``depth``)."""
+    tokens = _replayed.__dict__.get("tokens", [])
+    while len(tokens) > depth:
+        _shared.reset(tokens.pop())
+
+
 def get_state() -> dict[str, int]:
     if state_read_hook is not None:
         state_read_hook()

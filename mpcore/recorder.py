@@ -32,6 +32,7 @@ class Recorder:
         self.drawn: set[int] = set()
         #: the drawn seeds that reached a random kernel as drawn (the others went elsewhere)
         self.consumed: set[int] = set()
+        self.reused_seeds = False
         self.whole_depth = 0
         self.kernel_depth = 0
         self.fallback = False
@@ -154,6 +155,8 @@ class Recorder:
             specs = [self.spec(a) for a in args]
             if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
                 specs[seed_at] = ("r",)
+                if args[seed_at] in self.consumed:    # a replay would draw two
+                    self.reused_seeds = True
                 self.consumed.add(args[seed_at])
                 # the kernel gets a plain int (a drawn seed refuses arithmetic, see function)
                 args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
