@@ -297,10 +297,10 @@ class Function:
         self._key = key
         #: Why this function runs eagerly (``fallback=True`` and a trace was refused), or None.
         self.eager_reason: str | None = None
-        self._runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
-        #: What traces depend on besides the arguments (an optimizer's hyperparameters, when
-        #: its update is recorded kernel by kernel): called at every call, part of the signature.
-        self._guards: list[weakref.WeakMethod[Callable[[], Any]]] = []   # (not kept alive)
+        #: The programs by signature: a runner, or where its traces depend on guards (an
+        #: optimizer's hyperparameters, when its update is recorded kernel by kernel) the
+        #: runners by the guards' values (:class:`_Guarded`: each signature its own guards).
+        self._runners: dict[tuple[Any, ...], Any] = {}
         self._traced_once = False
         #: How many traces were made (a first trace that created variables counts).
         self.tracing_count = 0
@@ -329,7 +329,9 @@ class Function:
         signature = _args.signature(args, kwargs, tensors, plain)
         if self._key is not None:
             signature = (*signature, self._key())
-        runner = self._runners.get(self._guarded(signature))
+        runner = self._runners.get(signature)
+        if type(runner) is _Guarded:
+            runner = runner.runners.get(runner.values())
         if runner is not None:
             _local.replaying += 1
             depth = _random.shared_depth()
@@ -342,11 +344,10 @@ class Function:
                 _local.replaying -= 1
         return self._trace(signature, args, kwargs)
 
-    def _guarded(self, signature: tuple[Any, ...]) -> tuple[Any, ...]:
-        if not self._guards:
-            return signature
-        return (*signature, tuple(None if (check := ref()) is None else check()
-                                  for ref in self._guards))
+    def runners(self) -> list[Callable[[list[Any]], Any]]:
+        """Every program this function replays (its compiled runners)."""
+        return [r for entry in self._runners.values()
+                for r in (entry.runners.values() if type(entry) is _Guarded else (entry,))]
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
@@ -432,18 +433,42 @@ class Function:
         runnable = fold_constants(program)
         program.folded = runnable.folded   # print(graph) marks them
         runner = compile_program(runnable) if compile_program is not None else None
-        for check in recorder.guards:   # what this trace depends on: part of its signature
-            ref = weakref.WeakMethod(check)
-            if ref not in self._guards:
-                self._guards.append(ref)
-        signature = self._guarded(signature)
         for obj in weak.values():
             weakref.finalize(obj, _forget, weakref.ref(self), signature)
         runner = runner or runnable.compile()
-        self._runners[signature] = runner if rebuild is None else _outputs.rebuilding(runner,
-                                                                                      rebuild)
+        if rebuild is not None:
+            runner = _outputs.rebuilding(runner, rebuild)
+        entry = self._runners.get(signature)
+        if recorder.guards or type(entry) is _Guarded:
+            # what this trace depends on besides the call: the values of its guards
+            if type(entry) is not _Guarded:
+                entry = self._runners[signature] = _Guarded()
+            entry.add(recorder.guards)
+            entry.runners[entry.values()] = runner
+        else:
+            self._runners[signature] = runner
         self._last = program
         return out
+
+
+class _Guarded:
+    """The programs of one signature whose traces depend on guards (methods called at every
+    call, held weakly), by the guards' values: another value traces again."""
+
+    __slots__ = ("guards", "runners")
+
+    def __init__(self) -> None:
+        self.guards: list[weakref.WeakMethod[Callable[[], Any]]] = []
+        self.runners: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
+
+    def add(self, checks: Any) -> None:
+        for check in checks:
+            ref = weakref.WeakMethod(check)
+            if ref not in self.guards:
+                self.guards.append(ref)
+
+    def values(self) -> tuple[Any, ...]:
+        return tuple(None if (check := ref()) is None else check() for ref in self.guards)
 
 
 def _forget(function: weakref.ref[Function], signature: tuple[Any, ...]) -> None:

@@ -5,6 +5,7 @@ every backend here, or a refusal with its message."""
 from __future__ import annotations
 
 import collections
+import gc
 from typing import Any
 
 import numpy as np
@@ -209,3 +210,27 @@ def test_a_replay_that_raises_inside_shared_leaves_it() -> None:
     with pytest.raises(Exception):   # noqa: B017 (the backend's own error, read at the host)
         np.asarray(f(x, mp.constant(np.array([7], np.int64))))
     assert mp.random.shared_depth() == 0 and not mp.random._shared.get()
+
+
+def test_each_signature_has_its_own_guards() -> None:
+    """R11 (third round): the guards of recorded optimizer updates were one list per function,
+    so every new optimizer changed every program's key (the kept one retraced each time) and
+    the list grew for ever."""
+    def step(opt: Any, v: Any, x: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = mp.ops.sum(mp.ops.multiply(v, x))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        return loss
+
+    f = mp.function(step)
+    kept, kept_v = mp.optimizers.SGD(0.1), mp.Variable(np.ones(3, F32))
+    for _ in range(20):
+        opt, v = mp.optimizers.SGD(0.1), mp.Variable(np.ones(3, F32))
+        f(opt, v, _c(1, 1, 1))
+        f(kept, kept_v, _c(1, 1, 1))
+        del opt, v
+    gc.collect()
+    assert f.tracing_count == 21 and len(f.runners()) == 1
+    kept.learning_rate = 0.2                          # its own guard: one more trace
+    f(kept, kept_v, _c(1, 1, 1))
+    assert f.tracing_count == 22 and len(f.runners()) == 2

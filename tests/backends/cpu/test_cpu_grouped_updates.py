@@ -52,7 +52,7 @@ def model_and_optimizer(policy: str, optimizer: str) -> tuple[mp.Model, Any]:
 
 
 def groups(step: Any) -> list[UpdateGroup]:
-    return [value for runner in step._runners.values()
+    return [value for runner in step.runners()
             for value in runner.__globals__.values() if isinstance(value, UpdateGroup)]
 
 

@@ -82,7 +82,7 @@ def test_a_traced_fit_without_its_softmax_call_equals_the_eager_one() -> None:
         assert_same_bits(a, b)
     names = [getattr(step, "name", "") for step in traced.train_function.graph.steps]
     assert "softmax" in names                   # the recorded program lists it ...
-    runner, = traced.train_function._runners.values()
+    runner, = traced.train_function.runners()
     softmax = kernels()["softmax"]
     assert not any(v is softmax for v in runner.__globals__.values())   # ... the replay not
 
