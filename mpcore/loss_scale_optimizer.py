@@ -272,7 +272,16 @@ def _scale(loss_scale: Any, dynamic: bool | None, initial_scale: float | None,
         if growth_steps is not None:
             raise ValueError("dynamic_growth_steps applies to a dynamic loss scale only; it "
                              "was given with dynamic=False")
-        return _ls.FixedLossScale(initial_scale)
-    return _ls.DynamicLossScale(
-        initial_loss_scale=2.0**15 if initial_scale is None else initial_scale,
-        increment_period=2000 if growth_steps is None else growth_steps)
+    try:
+        if dynamic is False:
+            return _ls.FixedLossScale(initial_scale)  # type: ignore[arg-type]
+        return _ls.DynamicLossScale(
+            initial_loss_scale=2.0**15 if initial_scale is None else initial_scale,
+            increment_period=2000 if growth_steps is None else growth_steps)
+    except (TypeError, ValueError) as exc:   # named as the caller named them
+        message = str(exc)
+        for ours, theirs in (("initial_loss_scale", "initial_scale"),
+                             ("loss_scale_value", "initial_scale"),
+                             ("increment_period", "dynamic_growth_steps")):
+            message = message.replace(ours, theirs)
+        raise type(exc)(message) from None

@@ -75,7 +75,9 @@ def test_the_arguments_map_onto_loss_scales() -> None:
      r"give loss_scale \(TF 2.3\) or initial_scale \(TF 2.4\+, Keras 3\), not both"),
     ({"dynamic": "yes"}, TypeError, "dynamic must be True or False, got 'yes'"),
     ({"loss_scale": False}, TypeError, "pass dynamic=False by keyword"),
-    ({"initial_scale": -1.0}, ValueError, "initial_loss_scale"),
+    ({"initial_scale": -1.0}, ValueError, "^initial_scale must be"),
+    ({"dynamic_growth_steps": 0}, ValueError, "^dynamic_growth_steps must be an integer >= 1"),
+    ({"dynamic": False, "initial_scale": float("inf")}, ValueError, "^initial_scale must be"),
 ])
 def test_bad_arguments_say_what_is_valid(kwargs: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
