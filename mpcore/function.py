@@ -18,9 +18,12 @@ step), so a replay calls them again, eagerly, on the recorded tensors. Random op
 seed from ``mp.random`` at each replay, in the order eager execution would.
 
 What a replay could not reproduce is refused while tracing, with a message that says what to
-do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``), and creating variables in
-any trace but the first (a first trace that creates variables, as a model's first call does, is
-run eagerly and not kept; the next call traces again).
+do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
+value), creating variables in any trace but the first (a first trace that creates variables, as
+a model's first call does, is run eagerly and not kept; the next call traces again), reading
+``mp.random``'s state or computing with a drawn seed, and an output a replay could not give
+back (:mod:`mpcore.trace_outputs`). docs/architecture.md lists what a replay takes from each
+call.
 """
 
 from __future__ import annotations
