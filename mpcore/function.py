@@ -21,9 +21,10 @@ What a replay could not reproduce is refused while tracing, with a message that 
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
 value), creating variables in any trace but the first (a first trace that creates variables, as
 a model's first call does, is run eagerly and not kept; the next call traces again), reading
-``mp.random``'s state or computing with a drawn seed, and an output a replay could not give
-back (:mod:`mpcore.trace_outputs`). docs/architecture.md lists what a replay takes from each
-call.
+``mp.random``'s state, computing with a drawn seed or giving it to two random ops, and an
+output a replay could not give back (:mod:`mpcore.trace_outputs`: an object holding tensors, a
+container subclass other than a namedtuple or an OrderedDict). docs/architecture.md lists what
+a replay takes from each call.
 """
 
 from __future__ import annotations
@@ -371,36 +372,27 @@ class Function:
         _tape.state.generation += 1
         _local.recorder = recorder
         _install_hooks()
-        if session is not None:
-            session.begin(recorder)
-        try:
-            out = self._fn(*args, **kwargs)
-            try:
-                output, rebuild = _outputs.spec(recorder, out, self.__name__)
-            except _outputs.UnsupportedOutputError as exc:
-                if not recorder.fallback:
-                    raise TraceError(str(exc)) from None
-                recorder.refused, output, rebuild = str(exc), ("c", None), None
-        finally:
+        try:        # (the hooks go whatever raises, the rewrite's session included)
             if session is not None:
-                session.end()
+                session.begin(recorder)
+            try:
+                out = self._fn(*args, **kwargs)
+                try:
+                    output, rebuild = _outputs.spec(recorder, out, self.__name__)
+                except _outputs.UnsupportedOutputError as exc:
+                    if not recorder.fallback:
+                        raise TraceError(str(exc)) from None
+                    recorder.refused, output, rebuild = str(exc), ("c", None), None
+            finally:
+                if session is not None:
+                    session.end()
+        finally:
             _local.recorder = None
             _remove_hooks()
             _tape.state.generation += 1
-        if recorder.reused_seeds and recorder.refused is None:
-            recorder.refused = (
-                f"{self.__name__} gave one seed from mp.random.next_seed() to two random ops: "
-                "a replay draws a fresh seed for each random op. Draw a seed for each, or "
-                "call the function without mp.function.")
-            if not self._fallback:
-                raise TraceError(recorder.refused)
-        if recorder.drawn - recorder.consumed and recorder.refused is None:
-            recorder.refused = (
-                f"{self.__name__} drew a seed (mp.random.next_seed()) that reached no random "
-                "op as drawn: a replay draws fresh seeds for random ops only, and would reuse "
-                "a seed computed from it in Python. Pass seeds from next_seed() to the random "
-                "ops unchanged, or call the function without mp.function.")
-            if not self._fallback:
+        if recorder.refused is None and not recorder.created:   # (a trace that is kept)
+            recorder.refused = _seed_refusal(recorder, self.__name__)
+            if recorder.refused is not None and not self._fallback:
                 raise TraceError(recorder.refused)
         if recorder.created and self._traced_once:
             recorder.refused = (
@@ -472,6 +464,20 @@ class _Guarded:
 
     def values(self) -> tuple[Any, ...]:
         return tuple(None if (check := ref()) is None else check() for ref in self.guards)
+
+
+def _seed_refusal(recorder: Recorder, name: str) -> str | None:
+    """Why a replay could not draw the seeds this trace drew as it did, or None."""
+    if recorder.reused_seeds:
+        return (f"{name} gave one seed from mp.random.next_seed() to two random ops: a replay "
+                "draws a fresh seed for each random op. Draw a seed for each, or call the "
+                "function without mp.function.")
+    if recorder.drawn - recorder.consumed:
+        return (f"{name} drew a seed (mp.random.next_seed()) that reached no random op as "
+                "drawn: a replay draws fresh seeds for random ops only, and would reuse a seed "
+                "computed from it in Python. Pass seeds from next_seed() to the random ops "
+                "unchanged, or call the function without mp.function.")
+    return None
 
 
 def _forget(function: weakref.ref[Function], signature: tuple[Any, ...]) -> None:

@@ -199,6 +199,8 @@ class DynamicLossScale(LossScale):
 
     @property
     def num_good_steps(self) -> int:
+        if read_hook is not None:   # (a host read in a traced step)
+            read_hook()
         return self._good_steps
 
     def __call__(self) -> float:
@@ -255,6 +257,8 @@ class DynamicLossScale(LossScale):
                 "max_loss_scale": self._ceiling, "hysteresis": self._hysteresis}
 
     def state_dict(self) -> dict[str, Any]:
+        if read_hook is not None:   # (a host read in a traced step)
+            read_hook()
         state = {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
         if self._hysteresis > 1:  # with hysteresis 1 no overflow is carried to the next step
             state["overflows_in_a_row"] = self._overflows

@@ -234,3 +234,34 @@ def test_each_signature_has_its_own_guards() -> None:
     kept.learning_rate = 0.2                          # its own guard: one more trace
     f(kept, kept_v, _c(1, 1, 1))
     assert f.tracing_count == 22 and len(f.runners()) == 2
+
+
+def test_a_first_call_that_creates_variables_is_not_held_to_the_seed_rules() -> None:
+    """Fourth round: the seed checks refused a layer's build that gave one seed to two
+    initializers, in the first call, which creates variables and is never replayed."""
+    class Twin(mp.layers.Layer):
+        def build(self, shape: Any) -> None:
+            seed = mp.random.next_seed()
+            init = mp.ops.random_normal((shape[-1], 2), seed=seed)
+            self.a = mp.Variable(init)
+            self.b = mp.Variable(mp.ops.random_normal((shape[-1], 2), seed=seed))
+
+        def call(self, x: mp.Tensor) -> mp.Tensor:
+            return mp.ops.add(mp.ops.matmul(x, self.a), mp.ops.matmul(x, self.b))
+
+    layer = Twin()
+    f = mp.function(lambda x: layer(x))
+    for _ in range(3):
+        f(mp.constant(np.ones((2, 3), F32)))
+    assert f.eager_reason is None and f.tracing_count == 2
+    np.testing.assert_array_equal(layer.a.numpy(), layer.b.numpy())
+
+
+def test_a_dynamic_scales_state_read_in_a_step_is_refused() -> None:
+    """Fourth round: state_dict() and num_good_steps read the scale past the refusal."""
+    opt = mp.mixed_precision.LossScaleOptimizer(mp.optimizers.SGD(0.1), initial_scale=8)
+    for read in (lambda: opt.loss_scale.state_dict()["current_loss_scale"],
+                 lambda: opt.loss_scale.num_good_steps):
+        with pytest.raises(mp.TraceError, match="a dynamic loss scale's value"):
+            mp.function(lambda x, read=read: mp.ops.multiply(x, float(read())))(_c(1))
+    assert opt.loss_scale.state_dict()["current_loss_scale"] == 8.0   # outside: as ever
