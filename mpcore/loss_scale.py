@@ -33,6 +33,13 @@ from mpcore import user_frames as _user_frames
 #: is read (a host read there).
 read_hook: Callable[[], None] | None = None
 
+
+def _host_read() -> None:
+    """A dynamic scale's state is read: in a traced step (outside the calls kept whole, which
+    read it again at each replay) that is refused, as a replay would reuse the trace's."""
+    if read_hook is not None:
+        read_hook()
+
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -199,15 +206,11 @@ class DynamicLossScale(LossScale):
 
     @property
     def num_good_steps(self) -> int:
-        if read_hook is not None:   # (a host read in a traced step)
-            read_hook()
+        _host_read()
         return self._good_steps
 
     def __call__(self) -> float:
-        if read_hook is not None:
-            # a host read in a traced step (outside the calls kept whole, which read it
-            # again at each replay): refused, as a replay would reuse the trace's scale
-            read_hook()
+        _host_read()
         return self._scale
 
     @property
@@ -257,8 +260,7 @@ class DynamicLossScale(LossScale):
                 "max_loss_scale": self._ceiling, "hysteresis": self._hysteresis}
 
     def state_dict(self) -> dict[str, Any]:
-        if read_hook is not None:   # (a host read in a traced step)
-            read_hook()
+        _host_read()
         state = {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
         if self._hysteresis > 1:  # with hysteresis 1 no overflow is carried to the next step
             state["overflows_in_a_row"] = self._overflows

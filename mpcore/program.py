@@ -171,57 +171,55 @@ def bind(spec: Spec, value: Any, env: dict[int, Any]) -> None:
             bind(item, v, env)
 
 
+def mapped(spec: Spec, leaf: Callable[[Spec], Spec]) -> Spec:
+    """``spec`` with ``leaf`` applied to each spec inside it that holds no other (through
+    tensors, lists, tuples and dicts, as :func:`leaves` walks them)."""
+    kind = spec[0]
+    if kind == "T":
+        return ("T", mapped(spec[1], leaf), *spec[2:])
+    if kind == "d":
+        return ("d", {k: mapped(v, leaf) for k, v in spec[1].items()})
+    if kind in ("l", "t"):
+        return (kind, [mapped(s, leaf) for s in spec[1]])
+    return leaf(spec)
+
+
+def with_reads(step: Any, fn: Callable[[Spec], Spec], variable: Any = None) -> Any:
+    """A copy of ``step`` that reads ``fn(spec)`` wherever it read ``spec`` (an assignment's
+    variable replaced by ``variable`` where given)."""
+    if type(step) is KernelCall:
+        return KernelCall(step.kernel, [fn(a) for a in step.args], step.out, step.text,
+                          name=step.name, dtype=step.dtype)
+    if type(step) is WholeCall:
+        return WholeCall(step.fn, fn(step.args), step.out, step.text)
+    return Assign(step.variable if variable is None else variable, fn(step.value), step.text)
+
+
 def substitute(spec: Spec, replacements: dict[int, Spec]) -> Spec:
     """``spec`` with ``replacements[i]`` wherever it reads slot i."""
-    kind = spec[0]
-    if kind == "s":
-        return replacements.get(spec[1], spec)
-    if kind == "T":
-        return ("T", substitute(spec[1], replacements), *spec[2:])
-    if kind == "d":
-        return ("d", {k: substitute(v, replacements) for k, v in spec[1].items()})
-    if kind in ("l", "t"):
-        return (kind, [substitute(s, replacements) for s in spec[1]])
-    return spec
+    return mapped(spec, lambda s: replacements.get(s[1], s) if s[0] == "s" else s)
 
 
 def substitute_reads(step: Any, replacements: dict[int, Spec]) -> Any:
     """A copy of ``step`` that reads ``replacements[i]`` wherever it read slot i."""
-    if type(step) is KernelCall:
-        return KernelCall(step.kernel, [substitute(a, replacements) for a in step.args],
-                          step.out, step.text, name=step.name, dtype=step.dtype)
-    if type(step) is WholeCall:
-        return WholeCall(step.fn, substitute(step.args, replacements), step.out, step.text)
-    return Assign(step.variable, substitute(step.value, replacements), step.text)
+    return with_reads(step, lambda spec: substitute(spec, replacements))
 
 
 def weakened(program: Program, objects: Collection[int]) -> Program:
     """``program`` holding the objects whose ids are in ``objects`` (the traced call's
     arguments: an optimizer, its variables) through weak references: a traced function keeps
     no argument alive, and its programs for one go when it does (``Function`` drops them)."""
-    def weak(spec: Spec) -> Spec:
-        kind = spec[0]
-        if kind in ("c", "v") and id(spec[1]) in objects:
-            return ("w" if kind == "c" else "vw", weakref.ref(spec[1]))
-        if kind == "T":
-            return ("T", weak(spec[1]), *spec[2:])
-        if kind == "d":
-            return ("d", {k: weak(v) for k, v in spec[1].items()})
-        if kind in ("l", "t"):
-            return (kind, [weak(s) for s in spec[1]])
+    def leaf(spec: Spec) -> Spec:
+        if spec[0] in ("c", "v") and id(spec[1]) in objects:
+            return ("w" if spec[0] == "c" else "vw", weakref.ref(spec[1]))
         return spec
 
-    steps: list[Any] = []
-    for step in program.steps:
-        if type(step) is KernelCall:
-            steps.append(KernelCall(step.kernel, [weak(a) for a in step.args], step.out,
-                                    step.text, name=step.name, dtype=step.dtype))
-        elif type(step) is WholeCall:
-            steps.append(WholeCall(step.fn, weak(step.args), step.out, step.text))
-        else:
-            target = step.variable
-            steps.append(Assign(weakref.ref(target) if id(target) in objects else target,
-                                weak(step.value), step.text))
+    def weak(spec: Spec) -> Spec:
+        return mapped(spec, leaf)
+
+    steps = [with_reads(step, weak, weakref.ref(step.variable)
+                        if type(step) is Assign and id(step.variable) in objects else None)
+             for step in program.steps]
     return Program(steps, program.slots, program.inputs, weak(program.output), program.lines,
                    program.folded)
 

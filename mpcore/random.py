@@ -97,25 +97,29 @@ def shared() -> Iterator[None]:
 _replayed = threading.local()
 
 
+def _tokens() -> list[contextvars.Token[bool]]:
+    """This thread's tokens of the :func:`shared` blocks replays entered and did not leave."""
+    return _replayed.__dict__.setdefault("tokens", [])
+
+
 def _enter_shared() -> None:
     """What a replay does where the traced step entered :func:`shared` (the flag it finds is
     the replay's caller's, restored at :func:`_leave_shared`)."""
-    tokens = _replayed.__dict__.setdefault("tokens", [])
-    tokens.append(_shared.set(True))
+    _tokens().append(_shared.set(True))
 
 
 def _leave_shared() -> None:
-    _shared.reset(_replayed.tokens.pop())
+    _shared.reset(_tokens().pop())
 
 
 def shared_depth() -> int:
     """How many :func:`shared` blocks replays have entered and not left in this thread."""
-    return len(_replayed.__dict__.get("tokens", ()))
+    return len(_tokens())
 
 
 def leave_shared_to(depth: int) -> None:
     """Leave the blocks a replay that raised had entered (back to ``depth``)."""
-    tokens = _replayed.__dict__.get("tokens", [])
+    tokens = _tokens()
     while len(tokens) > depth:
         _shared.reset(tokens.pop())
 
