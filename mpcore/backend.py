@@ -190,8 +190,8 @@ def bind_call(fn: Callable[..., Any], *args: Any) -> Callable[..., Any] | None:
     nothing. A traced step replays the bound callable (:meth:`Backend.bind_kernel`). A trace's
     signature fixes the operands' shapes and dtypes and the call's constant arguments; it does
     not fix the arrays themselves (new inputs, variables reassigned, recycled buffers), their
-    strides and contiguity, a fresh seed (a random kernel draws one at each replay: a bound
-    kernel must take it as an argument, never keep the trace's), nor the step's finite flag.
+    strides and contiguity, a seed (drawn again at each replay: a bound kernel must take
+    it as an argument, never keep the trace's), nor the step's finite flag.
     What it assumed beyond the fixed part it checks at each call, falling back to the unbound
     kernel where that differs."""
     bind = getattr(fn, "bind", None)

@@ -14,14 +14,14 @@ Some calls are kept whole instead of being broken into kernels (:func:`kept_whol
 optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer``. They
 hold Python state that changes from step to step (the learning rate of a schedule, Adam's step,
 the loss scale and its update, which reads the "all finite" flag: the one host read of a traced
-step), so a replay calls them again, eagerly, on the recorded tensors. Random ops draw a fresh
-seed from ``mp.random`` at each replay, in the order eager execution would.
+step), so a replay calls them again, eagerly, on the recorded tensors. Each seed the step drew
+from ``mp.random`` is drawn again at each replay, where eager execution would draw it.
 
 What a replay could not reproduce is refused while tracing, with a message that says what to
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
 value), creating variables in any trace but the first (a first trace that creates variables, as
 a model's first call does, is run eagerly and not kept; the next call traces again), reading
-``mp.random``'s state, computing with a drawn seed or giving it to two random ops, and an
+``mp.random``'s state, computing with a drawn seed (:mod:`mpcore.trace_seeds`), and an
 output a replay could not give back (:mod:`mpcore.trace_outputs`: an object holding tensors, a
 container subclass other than a namedtuple or an OrderedDict). docs/architecture.md lists what
 a replay takes from each call.
@@ -44,28 +44,18 @@ from mpcore import tensor as _tensor
 from mpcore import trace_arguments as _args
 from mpcore import trace_hooks as _hooks
 from mpcore import trace_outputs as _outputs
+from mpcore import trace_seeds as _seeds
 from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
 from mpcore.program import Assign, Program, WholeCall, fold_constants, weakened
 from mpcore.recorder import Recorder
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_arguments import value_key
+from mpcore.trace_state import TraceError, refuse
+from mpcore.trace_state import local as _local
 
 __all__ = ["Function", "TraceError", "function", "in_kept_whole", "in_traced_step", "kept_whole",
            "on_replay", "recording_kernels", "value_key"]
-
-
-class TraceError(RuntimeError):
-    """Raised while tracing a step that a replay could not reproduce."""
-
-
-class _Local(threading.local):
-    def __init__(self) -> None:
-        self.recorder: Recorder | None = None
-        self.replaying = 0
-
-
-_local = _Local()
 
 
 # --- tracing ------------------------------------------------------------------------------------
@@ -159,51 +149,6 @@ def _kernel_view(backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str
     return table if recorder is None else recorder.table(backend, table)
 
 
-def _next_seed_recorded() -> int:
-    seed = _draw_seed()
-    recorder = _local.recorder
-    if recorder is not None and not recorder.whole_depth:   # (a whole call draws its own)
-        recorder.drawn.add(seed)
-        return _DrawnSeed(seed)
-    return seed
-
-
-_SEED_MATH = (
-    "a traced step cannot compute with a seed from mp.random.next_seed() in Python (seed + 1, "
-    "seed ^ k): a replay draws a fresh seed where a random op takes one as it is, and would "
-    "reuse the first call's computed value. Draw another seed with next_seed() instead, or "
-    "call the function without mp.function.")
-
-
-class _DrawnSeed(int):
-    """A seed drawn while a step is recorded. A random op that takes it as it is gets a fresh
-    one at each replay; arithmetic on it is refused (a value computed from it in Python would
-    be the trace's forever)."""
-
-    __slots__ = ()
-
-
-def _seed_math(name: str) -> Callable[..., Any]:
-    plain = getattr(int, name)
-
-    def op(self: int, *args: Any) -> Any:
-        _refuse(_SEED_MATH)
-        return plain(int(self), *args)
-
-    return op
-
-
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__xor__",
-              "__rxor__", "__and__", "__rand__", "__or__", "__ror__", "__mod__", "__rmod__",
-              "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__",
-              "__rpow__", "__divmod__", "__rdivmod__", "__lshift__", "__rlshift__",
-              "__rshift__", "__rrshift__", "__neg__", "__invert__", "__abs__"):
-    setattr(_DrawnSeed, _name, _seed_math(_name))
-
-
-_draw_seed = _random.next_seed
-
-
 def _install_hooks() -> None:
     global _tracing
     with _hooks_lock:
@@ -211,7 +156,7 @@ def _install_hooks() -> None:
         if _tracing == 1:
             _backend.set_kernel_view(_kernel_view)
             _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
-            _random.next_seed, _random.state_hook = _next_seed_recorded, on_replay
+            _random.next_seed, _random.state_hook = _seeds.next_seed_recorded, on_replay
             _random.state_read_hook = _refuse_state_read
             _loss_scale.read_hook = _refuse_host_read
 
@@ -221,7 +166,7 @@ def _remove_hooks() -> None:
     with _hooks_lock:
         _tracing -= 1
         if _tracing == 0:
-            _random.next_seed, _random.state_hook = _draw_seed, None
+            _random.next_seed, _random.state_hook = _seeds.draw_seed, None
             _random.state_read_hook = _loss_scale.read_hook = None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
@@ -241,22 +186,11 @@ _STATE_READ = (
 
 
 def _refuse_host_read(tensor: Tensor | None = None) -> None:
-    _refuse(_HOST_READ)
+    refuse(_HOST_READ)
 
 
 def _refuse_state_read() -> None:
-    _refuse(_STATE_READ)
-
-
-def _refuse(message: str) -> None:
-    recorder = _local.recorder
-    if recorder is None or recorder.whole_depth:
-        return
-    if not recorder.fallback:
-        raise TraceError(message)
-    # this call goes on eagerly, unrecorded, and the function runs eagerly from now on
-    recorder.refused = message
-    recorder.whole_depth += 1
+    refuse(_STATE_READ)
 
 
 def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
@@ -391,7 +325,7 @@ class Function:
             _remove_hooks()
             _tape.state.generation += 1
         if recorder.refused is None and not recorder.created:   # (a trace that is kept)
-            recorder.refused = _seed_refusal(recorder, self.__name__)
+            recorder.refused = _seeds.seed_refusal(recorder, self.__name__)
             if recorder.refused is not None and not self._fallback:
                 raise TraceError(recorder.refused)
         if recorder.created and self._traced_once:
@@ -464,20 +398,6 @@ class _Guarded:
 
     def values(self) -> tuple[Any, ...]:
         return tuple(None if (check := ref()) is None else check() for ref in self.guards)
-
-
-def _seed_refusal(recorder: Recorder, name: str) -> str | None:
-    """Why a replay could not draw the seeds this trace drew as it did, or None."""
-    if recorder.reused_seeds:
-        return (f"{name} gave one seed from mp.random.next_seed() to two random ops: a replay "
-                "draws a fresh seed for each random op. Draw a seed for each, or call the "
-                "function without mp.function.")
-    if recorder.drawn - recorder.consumed:
-        return (f"{name} drew a seed (mp.random.next_seed()) that reached no random op as "
-                "drawn: a replay draws fresh seeds for random ops only, and would reuse a seed "
-                "computed from it in Python. Pass seeds from next_seed() to the random ops "
-                "unchanged, or call the function without mp.function.")
-    return None
 
 
 def _forget(function: weakref.ref[Function], signature: tuple[Any, ...]) -> None:

@@ -1,12 +1,13 @@
 """A recorded program (what :mod:`mpcore.function` traces) and how it runs.
 
 A program is a list of steps over numbered slots: kernel calls (:class:`KernelCall`), calls kept
-whole (:class:`WholeCall`: an optimizer update, a loss-scaling step) and variable assignments
-(:class:`Assign`). An argument is described by a spec: ``("c", value)`` a constant, ``("s", i)``
-slot i, ``("v", variable)`` the variable's array at that moment, ``("r",)`` a fresh seed from
-``mp.random``, ``("T", spec, backend, dtype)`` a tensor around an array, and ``("l"/"t"/"d",
-...)`` lists, tuples and dicts of specs. ``("w", ref)`` and ``("vw", ref)`` are a constant and
-a variable that were arguments of the traced call, held weakly (:func:`weakened`).
+whole (:class:`WholeCall`: an optimizer update, a loss-scaling step, a seed drawn from
+``mp.random``) and variable assignments (:class:`Assign`). An argument is described by a spec:
+``("c", value)`` a constant, ``("s", i)`` slot i, ``("v", variable)`` the variable's array at that
+moment, ``("r", i)`` the seed in slot i (drawn by a step of each replay, where the trace drew
+it), ``("T", spec, backend, dtype)`` a tensor around an array, and ``("l"/"t"/"d", ...)``
+lists, tuples and dicts of specs. ``("w", ref)`` and ``("vw", ref)`` are a constant and a
+variable that were arguments of the traced call, held weakly (:func:`weakened`).
 
 :meth:`Program.compile` turns the steps into the source of one Python function, each slot a
 local variable and each step one line (``s7 = k3(s2, s5, c1)``), so a replay costs one call per
@@ -23,7 +24,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore import random as _random
 from mpcore.tensor import Tensor, Variable
 
 Spec = tuple[Any, ...]
@@ -100,7 +100,7 @@ def leaves(spec: Spec) -> list[Spec]:
 
 def reads(spec: Spec) -> list[int]:
     """The slots ``spec`` reads."""
-    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "s"]
+    return [leaf[1] for leaf in leaves(spec) if leaf[0] in ("s", "r")]
 
 
 def step_reads(step: Any) -> list[int]:
@@ -150,7 +150,7 @@ def evaluate(spec: Spec, env: dict[int, Any]) -> Any:
     if kind == "vw":
         return spec[1]()._data
     if kind == "r":
-        return _random.next_seed()
+        return env[spec[1]]
     if kind == "T":
         return Tensor(evaluate(spec[1], env), spec[2], spec[3])
     if kind == "d":
@@ -284,7 +284,7 @@ class ProgramWriter:
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.names: dict[str, Any] = {"_Tensor": Tensor, "_random": _random}
+        self.names: dict[str, Any] = {"_Tensor": Tensor}
         self.by_id: dict[int, str] = {}
         self.lines: list[str] = []
 
@@ -309,7 +309,7 @@ class ProgramWriter:
         if kind in ("w", "vw"):
             return f"{self.name('w', spec[1])}()" + ("._data" if kind == "vw" else "")
         if kind == "r":
-            return "_random.next_seed()"
+            return f"s{spec[1]}"
         if kind == "T":
             return f"_Tensor({self.expr(spec[1])}, {self.name('b', spec[2])}, {spec[3]!r})"
         if kind == "d":
@@ -345,7 +345,9 @@ class ProgramWriter:
                     f"{', '.join(self.expr(a) for a in step.args)})")
         else:
             args, kwargs = step.args[1]
-            call = f"{self.name('w', step.fn)}(*{self.expr(args)}, **{self.expr(kwargs)})"
+            fn = self.name("w", step.fn)
+            call = (f"{fn}()" if args == ("t", []) and kwargs == ("d", {})
+                    else f"{fn}(*{self.expr(args)}, **{self.expr(kwargs)})")
         if step.out[0] == "s":
             self.bind(step.out, call)
         else:

@@ -29,10 +29,10 @@ class Recorder:
         self.retired: dict[int, tuple[Any, Variable, Any]] = {}
         self.pending: list[int] = []
         self.created: list[str] = []
-        self.drawn: set[int] = set()
+        #: the seeds drawn in the step (mp.random.next_seed), each the slot of its draw step
+        self.seed_slot: dict[int, int] = {}
         #: the drawn seeds that reached a random kernel as drawn (the others went elsewhere)
         self.consumed: set[int] = set()
-        self.reused_seeds = False
         self.whole_depth = 0
         self.kernel_depth = 0
         self.fallback = False
@@ -102,6 +102,14 @@ class Recorder:
                                                      "assigned  [on each replay]"))
         return slot
 
+    def draw(self, seed: int, draw: Callable[[], int]) -> None:
+        """The step drew ``seed``: each replay calls ``draw()`` here, in the same order among
+        the step's other draws, and random kernels given ``seed`` read what it drew."""
+        slot = self.seed_slot[seed] = self.slots
+        self.slots += 1
+        self.steps.append(WholeCall(draw, ("t", [("t", []), ("d", {})]), ("s", slot),
+                                    f"s{slot} = mp.random.next_seed()  [on each replay]"))
+
     def bind(self, value: Any) -> Spec:
         """Slots for what a call returned (arrays, or lists/tuples of them)."""
         if isinstance(value, (list, tuple)):
@@ -153,10 +161,9 @@ class Recorder:
                 # time on the trace's arrays
                 return kernel(*args)
             specs = [self.spec(a) for a in args]
-            if seed_at is not None and len(args) > seed_at and args[seed_at] in self.drawn:
-                specs[seed_at] = ("r",)
-                if args[seed_at] in self.consumed:    # a replay would draw two
-                    self.reused_seeds = True
+            if (seed_at is not None and len(args) > seed_at
+                    and args[seed_at] in self.seed_slot):
+                specs[seed_at] = ("r", self.seed_slot[args[seed_at]])
                 self.consumed.add(args[seed_at])
                 # the kernel gets a plain int (a drawn seed refuses arithmetic, see function)
                 args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
@@ -166,7 +173,7 @@ class Recorder:
             finally:
                 self.kernel_depth -= 1
             self.backends.setdefault(id(backend), backend)
-            shown = [_FreshSeed() if spec == ("r",) else a for a, spec in zip(args, specs)]
+            shown = [_FreshSeed(spec[1]) if spec[0] == "r" else a for a, spec in zip(args, specs)]
             self.steps.append(KernelCall(_bound(backend, name, kernel, args), specs, self.bind(out),
                                           _describe(backend, name, shown, out), name=name,
                                           dtype=_dtype_name(out)))
@@ -204,7 +211,11 @@ def _dtype_name(out: Any) -> str:
 
 
 class _FreshSeed:
-    """Shown in a graph line where a replay draws a new seed (the trace's would mislead)."""
+    """Shown in a graph line where a replay reads the seed its draw step drew (the trace's
+    value would mislead)."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
 
 def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
@@ -213,7 +224,7 @@ def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
         if shape is not None and dtype is not None:
             return f"{dtype}{list(shape)}"
         if isinstance(x, _FreshSeed):
-            return "<fresh seed>"
+            return f"<seed s{x.slot}>"
         if isinstance(x, list):
             return "[" + ", ".join(of(v) for v in x) + "]"
         if isinstance(x, tuple):

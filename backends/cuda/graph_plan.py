@@ -11,8 +11,9 @@ work (which a capture cannot record). Everything else is a *host step*, run at e
 - a call kept whole (an optimizer update, the loss-scaling steps): Python state that changes
   from step to step, and the loss-scale update's host read of the all-finite flag;
 - a variable assignment: it replaces the variable's array and drops its cached casts;
-- a kernel call that takes a fresh seed (``("r",)``): dropout must draw new numbers at each
-  replay, and a graph would freeze the seed of its capture;
+- a kernel call that takes a drawn seed (``("r", i)``, drawn by a host step of each replay):
+  dropout must draw new numbers at each replay, and a graph would freeze the seed of its
+  capture;
 - a kernel call that reads a variable the program assigns: the assignment gives the variable
   a new array at each replay, and a graph would read the array of its capture;
 - a kernel call with a host array among its constants (``mp.constant(numpy_array)`` in the

@@ -173,18 +173,6 @@ def test_random_state_reads_and_seed_arithmetic_are_refused() -> None:
     assert not np.array_equal(np.asarray(kept(_c(1))), np.asarray(kept(_c(1))))
 
 
-def test_one_drawn_seed_for_two_random_ops_is_refused() -> None:
-    """R8 (third round): a replay drew a fresh seed for each op, so the two masks that are
-    equal eagerly differed, and every later draw moved."""
-    def step(x: mp.Tensor) -> Any:
-        s = mp.random.next_seed()
-        return mp.ops.dropout(x, 0.5, seed=s), mp.ops.dropout(x, 0.5, seed=s)
-
-    with pytest.raises(mp.TraceError, match=r"gave one seed from mp.random.next_seed\(\) to "
-                                            r"two random ops"):
-        mp.function(step)(mp.ops.ones((8,)))
-
-
 def test_reading_a_dynamic_loss_scale_in_a_step_is_refused() -> None:
     """R9 (third round): float(opt.loss_scale) in a step replayed the trace's scale."""
     opt = mp.mixed_precision.LossScaleOptimizer(mp.optimizers.SGD(0.1), initial_scale=8)
