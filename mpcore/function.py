@@ -156,7 +156,7 @@ def _install_hooks() -> None:
         if _tracing == 1:
             _backend.set_kernel_view(_kernel_view)
             _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
-            _random.next_seed, _random.state_hook = _seeds.next_seed_recorded, on_replay
+            _random.draw_hook, _random.state_hook = _seeds.next_seed_recorded, on_replay
             _random.state_read_hook = _refuse_state_read
             _loss_scale.read_hook = _refuse_host_read
 
@@ -166,7 +166,7 @@ def _remove_hooks() -> None:
     with _hooks_lock:
         _tracing -= 1
         if _tracing == 0:
-            _random.next_seed, _random.state_hook = _seeds.draw_seed, None
+            _random.draw_hook = _random.state_hook = None
             _random.state_read_hook = _loss_scale.read_hook = None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
@@ -229,6 +229,8 @@ class Function:
     def __init__(self, fn: Callable[..., Any], fallback: bool = False,
                  key: Callable[[], Any] | None = None) -> None:
         functools.update_wrapper(self, fn)
+        if not hasattr(self, "__name__"):      # a callable object: named in messages by its type
+            self.__name__ = type(fn).__name__
         self._fn = fn
         self._fallback = fallback
         #: More of the signature, computed at each call (a model: its trainable variables).

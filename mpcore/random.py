@@ -32,6 +32,10 @@ _shared: contextvars.ContextVar[bool] = contextvars.ContextVar("mpcore_random_sh
 state_hook: Callable[..., None] | None = None
 #: Set with it: called by :func:`get_state`, which a traced step cannot replay.
 state_read_hook: Callable[[], None] | None = None
+#: Set with it: given each seed :func:`next_seed` draws, returns what the caller gets (the
+#: trace's record of the draw). A hook inside the function, so that a ``next_seed`` imported
+#: by name is recorded too.
+draw_hook: Callable[[int], int] | None = None
 
 
 def _splitmix64(x: int) -> int:
@@ -47,7 +51,7 @@ def set_seed(seed: int) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     with _lock:
-        _seed, _counter = seed & _MASK, 0
+        _seed, _counter = int(seed) & _MASK, 0
     if state_hook is not None:
         state_hook(set_seed, seed)
 
@@ -59,7 +63,9 @@ def next_seed() -> int:
         x = _seed ^ _splitmix64(_counter)
         if _stream and not _shared.get():
             x ^= _splitmix64(_stream ^ 0xD1B54A32D192ED03)
-        return _splitmix64(x) >> 1
+        seed = _splitmix64(x) >> 1
+    hook = draw_hook
+    return seed if hook is None else hook(seed)
 
 
 def set_stream(stream: int) -> None:

@@ -4,6 +4,7 @@ a trace depends on. :mod:`mpcore.function` installs one per trace."""
 
 from __future__ import annotations
 
+import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -12,6 +13,8 @@ from typing import Any
 from mpcore import user_frames as _user_frames
 from mpcore.program import KernelCall, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
+from mpcore.trace_seeds import SEED_COPY
+from mpcore.trace_state import refuse
 
 #: Kernels that take a seed, and the seed's position among their arguments.
 _SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
@@ -29,9 +32,11 @@ class Recorder:
         self.retired: dict[int, tuple[Any, Variable, Any]] = {}
         self.pending: list[int] = []
         self.created: list[str] = []
-        #: the seeds drawn in the step (mp.random.next_seed), each the slot of its draw step
-        self.seed_slot: dict[int, int] = {}
-        #: the drawn seeds that reached a random kernel as drawn (the others went elsewhere)
+        #: the seeds drawn in the step (mp.random.next_seed), by id: (the seed, its draw's slot)
+        self.seeds: dict[int, tuple[int, int]] = {}
+        #: their values (a plain int equal to one, given to a random op, is refused)
+        self.seed_values: set[int] = set()
+        #: ids of the drawn seeds that went where a replay follows them
         self.consumed: set[int] = set()
         self.whole_depth = 0
         self.kernel_depth = 0
@@ -103,12 +108,36 @@ class Recorder:
         return slot
 
     def draw(self, seed: int, draw: Callable[[], int]) -> None:
-        """The step drew ``seed``: each replay calls ``draw()`` here, in the same order among
-        the step's other draws, and random kernels given ``seed`` read what it drew."""
-        slot = self.seed_slot[seed] = self.slots
+        """The step drew ``seed`` (a new object): each replay calls ``draw()`` here, in the
+        same order among the step's other draws, and where ``seed`` itself went (a random
+        kernel, a call kept whole, the outputs) the replay's draw goes."""
+        slot = self.slots
         self.slots += 1
+        self.seeds[id(seed)] = (seed, slot)
+        self.seed_values.add(int(seed))
         self.steps.append(WholeCall(draw, ("t", [("t", []), ("d", {})]), ("s", slot),
                                     f"s{slot} = mp.random.next_seed()  [on each replay]"))
+
+    def drew(self, value: Any) -> bool:
+        """Whether ``value`` is a seed this trace drew (that object, not an equal int)."""
+        entry = self.seeds.get(id(value))
+        return entry is not None and entry[0] is value
+
+    def seed_spec(self, value: Any) -> Spec | None:
+        """``("r", slot)`` for a seed this trace drew, given as it is; None for anything else
+        (refused where it is a plain int equal to a drawn seed: see mpcore.trace_seeds)."""
+        entry = self.seeds.get(id(value))
+        if entry is not None and entry[0] is value:
+            self.consumed.add(id(value))
+            return ("r", entry[1])
+        if (self.seed_values and isinstance(value, numbers.Integral)
+                and not isinstance(value, bool) and int(value) in self.seed_values):
+            refuse(SEED_COPY)
+        return None
+
+    def unfollowed_seeds(self) -> bool:
+        """Whether a seed this trace drew went nowhere a replay follows it."""
+        return bool(self.seeds.keys() - self.consumed)
 
     def bind(self, value: Any) -> Spec:
         """Slots for what a call returned (arrays, or lists/tuples of them)."""
@@ -121,6 +150,10 @@ class Recorder:
 
     # tensors in the arguments of a call kept whole --------------------------------------------
     def tensor_spec(self, value: Any) -> Spec:
+        if isinstance(value, numbers.Integral):
+            seed = self.seed_spec(value)    # a drawn seed returned or given to a call kept whole
+            if seed is not None:
+                return seed
         if isinstance(value, Variable):
             return ("c", value)
         if isinstance(value, Tensor):
@@ -161,12 +194,13 @@ class Recorder:
                 # time on the trace's arrays
                 return kernel(*args)
             specs = [self.spec(a) for a in args]
-            if (seed_at is not None and len(args) > seed_at
-                    and args[seed_at] in self.seed_slot):
-                specs[seed_at] = ("r", self.seed_slot[args[seed_at]])
-                self.consumed.add(args[seed_at])
-                # the kernel gets a plain int (a drawn seed refuses arithmetic, see function)
-                args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
+            if seed_at is not None and len(args) > seed_at:
+                seed = self.seed_spec(args[seed_at])
+                if seed is not None:
+                    specs[seed_at] = seed
+                if isinstance(args[seed_at], int):
+                    # the kernel gets a plain int (a drawn seed refuses arithmetic)
+                    args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
             self.kernel_depth += 1
             try:
                 out = kernel(*args)

@@ -3,14 +3,21 @@
 Each ``mp.random.next_seed()`` a step makes (a random op given no seed draws one itself) is
 recorded as a step of the program: every replay draws a seed at that point, so the seeds come
 in the order eager execution draws them, interleaved with the step's other draws and its
-``set_seed``/``shared()`` calls. A random kernel that was given the drawn seed as it is reads the
-replay's; two kernels given one seed read the same one (one mask for every time step, as a
-recurrent dropout draws it), as eagerly.
+``set_seed``/``shared()`` calls. The draw returns a :class:`DrawnSeed`, and wherever that object
+goes as it is (a random op, a call kept whole such as ``set_seed``, the step's outputs) the
+replay's draw goes: two random ops given one seed read one draw (one mask for every time step,
+as a recurrent dropout takes it), as eagerly. Draws are told apart by identity, not by value:
+two draws of equal value (``set_seed(k)`` twice in a step) are two draws.
 
-A value computed from a seed in Python would be the trace's forever, so arithmetic on a drawn
-seed is refused while a step is recorded (:class:`DrawnSeed`), and so is a kept trace in which a
-drawn seed reached no random kernel as drawn (:func:`seed_refusal`: it went somewhere a replay
-cannot follow, such as ``int(s) + 1``).
+What a replay could not follow is refused while tracing (the message says what to do):
+arithmetic, ordering and truth tests on a drawn seed in Python (the result would be the
+trace's forever); a random op given a plain int equal to a seed the step drew (``int(s)``,
+``np.int64(s)``, or a constant that happens to be equal: a replay cannot tell which); and, in a
+kept trace, a drawn seed that reached nothing a replay follows (it went where Python kept the
+trace's value, such as ``int(s) + 1``).
+
+Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
+is unset (``if self.seed is None: self.seed = next_seed()``) draws at every replay.
 """
 
 from __future__ import annotations
@@ -21,28 +28,35 @@ from typing import Any
 from mpcore import random as _random
 from mpcore.trace_state import local, refuse
 
-__all__ = ["DrawnSeed", "draw_seed", "next_seed_recorded", "seed_refusal"]
+__all__ = ["DrawnSeed", "given_seed", "next_seed_recorded", "replay_draw", "seed_refusal"]
 
 SEED_MATH = (
-    "a traced step cannot compute with a seed from mp.random.next_seed() in Python (seed + 1, "
-    "seed ^ k): a replay draws a fresh seed where a random op takes one as it is, and would "
-    "reuse the first call's computed value. Draw another seed with next_seed() instead, or "
-    "call the function without mp.function.")
+    "a traced step cannot compute with, compare or test a seed from mp.random.next_seed() in "
+    "Python (seed + 1, seed ^ k, seed > k, `if seed:`): a replay draws the seed again, and "
+    "would reuse what the first call computed from it. Draw another seed with next_seed() "
+    "instead, or call the function without mp.function.")
+
+SEED_COPY = (
+    "a traced step gave a random op a seed equal to one it drew from mp.random.next_seed(), "
+    "but not that seed itself (converted with int() or np.int64(), or a constant that happens "
+    "to be equal): a replay draws the seed again and cannot tell which was meant. Pass the "
+    "seed from next_seed() unchanged, or call the function without mp.function.")
 
 
 class DrawnSeed(int):
-    """A seed drawn while a step is recorded. A random op that takes it as it is gets the
-    replay's seed; arithmetic on it is refused (a value computed from it in Python would be
-    the trace's forever)."""
+    """A seed drawn while a step is recorded. Where it goes as it is, a replay gives its own
+    draw; Python computing with it is refused while its trace records (see the module)."""
 
     __slots__ = ()
 
 
-def _seed_math(name: str) -> Callable[..., Any]:
+def _refusing(name: str) -> Callable[..., Any]:
     plain = getattr(int, name)
 
     def op(self: int, *args: Any) -> Any:
-        refuse(SEED_MATH)
+        recorder = local.recorder
+        if recorder is not None and recorder.drew(self):
+            refuse(SEED_MATH)
         return plain(int(self), *args)
 
     return op
@@ -52,35 +66,39 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__rxor__", "__and__", "__rand__", "__or__", "__ror__", "__mod__", "__rmod__",
               "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__",
               "__rpow__", "__divmod__", "__rdivmod__", "__lshift__", "__rlshift__",
-              "__rshift__", "__rrshift__", "__neg__", "__invert__", "__abs__"):
-    setattr(DrawnSeed, _name, _seed_math(_name))
+              "__rshift__", "__rrshift__", "__neg__", "__invert__", "__abs__", "__lt__",
+              "__le__", "__gt__", "__ge__", "__bool__"):
+    setattr(DrawnSeed, _name, _refusing(_name))
 
 
-#: ``mp.random.next_seed`` itself (the trace replaces the module's while it records).
-draw_seed = _random.next_seed
-
-
-def next_seed_recorded() -> int:
-    """``mp.random.next_seed`` while a trace records: the draw becomes a step of the program."""
-    seed = draw_seed()
+def next_seed_recorded(seed: int) -> int:
+    """``mp.random.draw_hook`` while a trace records: the draw becomes a step of the program."""
     recorder = local.recorder
     if recorder is not None and not recorder.whole_depth:   # (a whole call draws its own)
-        recorder.draw(seed, replay_draw)
-        return DrawnSeed(seed)
+        drawn = DrawnSeed(seed)
+        recorder.draw(drawn, replay_draw)
+        return drawn
     return seed
 
 
 def replay_draw() -> int:
-    """The draw step of a replay (``mp.random.next_seed`` as it is at that moment)."""
+    """The draw step of a replay."""
     return _random.next_seed()
+
+
+def given_seed(seed: Any, convert: Callable[[Any], int] = int) -> int:
+    """A random op's ``seed`` argument as it goes to the kernel: a drawn seed as it is (a trace
+    knows its draw by identity), anything else through ``convert``."""
+    return seed if type(seed) is DrawnSeed else convert(seed)
 
 
 def seed_refusal(recorder: Any, name: str) -> str | None:
     """Why a replay could not give this trace's random ops the seeds eager execution would,
     or None."""
-    if recorder.seed_slot.keys() - recorder.consumed:
+    if recorder.unfollowed_seeds():
         return (f"{name} drew a seed (mp.random.next_seed()) that reached no random op as "
-                "drawn: a replay draws the seeds again and gives them to random ops only, and "
-                "would reuse a seed computed from it in Python. Pass seeds from next_seed() to "
-                "the random ops unchanged, or call the function without mp.function.")
+                "drawn: a replay draws the seeds again and gives them only where the drawn "
+                "seed itself went, and would reuse a seed computed from it in Python. Pass "
+                "seeds from next_seed() to the random ops unchanged, or call the function "
+                "without mp.function.")
     return None

@@ -9,7 +9,8 @@ work (which a capture cannot record). Everything else is a *host step*, run at e
 :meth:`Program.compile` runs it, between the captured segments:
 
 - a call kept whole (an optimizer update, the loss-scaling steps): Python state that changes
-  from step to step, and the loss-scale update's host read of the all-finite flag;
+  from step to step, and the loss-scale update's host read of the all-finite flag; a seed's
+  draw from ``mp.random`` is one too;
 - a variable assignment: it replaces the variable's array and drops its cached casts;
 - a kernel call that takes a drawn seed (``("r", i)``, drawn by a host step of each replay):
   dropout must draw new numbers at each replay, and a graph would freeze the seed of its
@@ -51,6 +52,7 @@ from mpcore.program import (
     reads,
     step_reads,
 )
+from mpcore.trace_seeds import replay_draw
 
 #: Argument kinds a captured kernel call may take (see ``mpcore.program``).
 CAPTURABLE_SPECS = frozenset("svcltT")
@@ -58,7 +60,8 @@ CAPTURABLE_SPECS = frozenset("svcltT")
 WHOLE = ("kept whole: it runs Python at each replay (optimizer state, the loss-scale update "
          "and its host read of the all-finite flag)")
 ASSIGN = "a variable assignment: it replaces the variable's array and drops its cached casts"
-SEED = "it takes a fresh random seed at each replay (a graph would freeze the seed)"
+SEED = "it takes a seed drawn at each replay (a graph would freeze the seed)"
+DRAW = "it draws a seed from mp.random at each replay (host work)"
 SHORT = "a run of capturable kernels too short to gain from a graph"
 UPLOAD = ("it uploads a host array at each replay (a graph would copy from a staging buffer "
           "that CuPy recycles)")
@@ -166,7 +169,7 @@ def step_reason(step: Any, assigned: Collection[int], uncapturable: Mapping[str,
     """Why ``step`` must run on the host at each replay, or None where a graph may hold it.
     ``assigned``: ids of the variables the program assigns."""
     if type(step) is WholeCall:
-        return WHOLE
+        return DRAW if step.fn is replay_draw else WHOLE
     if type(step) is Assign:
         return ASSIGN
     if type(step) is not KernelCall:

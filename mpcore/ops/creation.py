@@ -13,6 +13,7 @@ from mpcore import dtypes as _dt
 from mpcore import random as _random
 from mpcore import registry
 from mpcore.tensor import Tensor
+from mpcore.trace_seeds import given_seed
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 
@@ -134,7 +135,7 @@ def random_uniform(shape: Any, minval: float = 0.0, maxval: float = 1.0, dtype: 
     ``mp.random`` (so ``mp.random.set_seed`` makes runs repeatable)."""
     be = resolve_backend(backend)
     dt = _dt.canonical(dtype)
-    s = _random.next_seed() if seed is None else int(seed)
+    s = _random.next_seed() if seed is None else given_seed(seed)
     return Tensor(be.kernels()["random_uniform"](shape_tuple(shape), dt, s, float(minval),
                                                  float(maxval)), be, dt)
 
@@ -143,7 +144,7 @@ def random_normal(shape: Any, mean: float = 0.0, stddev: float = 1.0, dtype: Any
                   seed: int | None = None, backend: Any = None) -> Tensor:
     be = resolve_backend(backend)
     dt = _dt.canonical(dtype)
-    s = _random.next_seed() if seed is None else int(seed)
+    s = _random.next_seed() if seed is None else given_seed(seed)
     return Tensor(be.kernels()["random_normal"](shape_tuple(shape), dt, s, float(mean),
                                                 float(stddev)), be, dt)
 
@@ -156,8 +157,8 @@ def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> 
     ``random.Random(seed).shuffle``."""
     n = _args.integer("n of random_permutation", n, 0)
     be = resolve_backend(backend)
-    s = (_random.next_seed() if seed is None
-         else _args.integer("seed of random_permutation", seed, 0))
+    s = (_random.next_seed() if seed is None else
+         given_seed(seed, lambda v: _args.integer("seed of random_permutation", v, 0)))
     kernel = be.kernels().get("random_permutation")
     if kernel is not None:
         return Tensor(kernel(n, s), be, "int64")

@@ -50,6 +50,7 @@ from mpcore.ops.reduction import max, one_axis, sum  # noqa: A004 - the ops' nam
 from mpcore.ops.shapes import expand_dims, reshape
 from mpcore.tape import Node, recording
 from mpcore.tensor import Tensor
+from mpcore.trace_seeds import given_seed
 
 
 def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:
@@ -163,7 +164,7 @@ def dropout_mask(shape: Any, rate: float, dtype: Any = "float32", seed: int | No
         raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}")
     be = resolve_backend(backend)
     dt = _dt.canonical(dtype)
-    s = _random.next_seed() if seed is None else int(seed)
+    s = _random.next_seed() if seed is None else given_seed(seed)
     kernel = be.kernels().get("dropout_mask")
     if kernel is not None:
         return Tensor(kernel(shape_tuple(shape), float(rate), dt, s), be, dt)

@@ -101,6 +101,116 @@ def test_a_seed_computed_from_a_drawn_one_is_still_refused() -> None:
 
     with pytest.raises(mp.TraceError, match="reached no random op as drawn"):
         mp.function(step)(mp.ops.ones((4,)))
-    with pytest.raises(mp.TraceError, match="cannot compute with a seed"):
+    with pytest.raises(mp.TraceError, match="cannot compute with, compare or test a seed"):
         mp.function(lambda x: mp.ops.random_uniform((4,), seed=mp.random.next_seed() + 1))(
             mp.ops.ones((4,)))
+
+
+# --- from the review of the change above (helper-43) -----------------------------------------
+def test_a_constant_seed_equal_to_a_drawn_one_is_refused(backend: mp.Backend) -> None:
+    """Defect 1: a constant seed equal in value to a seed the step drew read the draw (the
+    seeds were matched by value); so did int(s). Both are refused: a replay cannot tell them
+    apart."""
+    mp.random.set_seed(42)
+    fixed = mp.random.next_seed()
+
+    def step(x: mp.Tensor) -> Any:
+        return mp.ops.dropout(x, 0.5), mp.ops.dropout(x, 0.5, seed=fixed)
+
+    mp.random.set_seed(42)                # the step's first draw equals ``fixed``
+    with pytest.raises(mp.TraceError, match="not that seed itself"):
+        mp.function(step)(mp.ops.ones((8,)))
+
+    def converted(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=s), mp.ops.dropout(x, 0.5, seed=np.int64(s))
+
+    with pytest.raises(mp.TraceError, match="converted with int"):
+        mp.function(converted)(mp.ops.ones((8,)))
+
+
+def test_two_draws_of_equal_value_are_two_draws(backend: mp.Backend) -> None:
+    """Defect 2: set_seed(k) between two draws made them equal at the trace, and both ops read
+    the second draw at every replay."""
+    def step(x: mp.Tensor) -> Any:
+        a = mp.random.next_seed()
+        mp.random.set_seed(0)
+        b = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=a), mp.ops.dropout(x, 0.5, seed=b)
+
+    mp.random.set_seed(0)                 # the trace: a == b
+    f = mp.function(step)
+    f(mp.ops.ones((16,)))
+    for n in (5, 6):
+        mp.random.set_seed(n)
+        eager = _host(step(mp.ops.ones((16,))))
+        mp.random.set_seed(n)
+        assert _host(f(mp.ops.ones((16,)))) == eager and eager[0] != eager[1]
+
+
+def test_a_drawn_seed_returned_or_given_to_a_call_kept_whole_is_the_replays(
+        backend: mp.Backend) -> None:
+    """Defects 3 and 4: a seed the step returned, or gave to a call kept whole, was the
+    trace's value at every replay; set_seed(next_seed()) in a step (defect 5) was refused as
+    arithmetic."""
+    from mpcore.function import kept_whole
+
+    @kept_whole
+    def noisy(t: mp.Tensor, seed: int) -> mp.Tensor:
+        return mp.ops.add(t, mp.ops.random_uniform((16,), seed=seed))
+
+    def returned(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=s), s
+
+    def whole(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=s), noisy(x, s)
+
+    def reseeding(x: mp.Tensor) -> Any:
+        mp.random.set_seed(mp.random.next_seed())
+        return mp.ops.dropout(x, 0.5)
+
+    for step in (returned, whole, reseeding):
+        _eager_and_traced(step)
+
+
+def test_a_next_seed_imported_by_name_is_recorded(backend: mp.Backend) -> None:
+    """Defect 6: ``from mpcore.random import next_seed`` bypassed the trace's hook (the module
+    attribute was swapped), and its seed was the trace's forever."""
+    from mpcore.random import next_seed
+
+    _eager_and_traced(lambda x: mp.ops.dropout(x, 0.5, seed=next_seed()))
+
+
+def test_branching_on_a_drawn_seed_is_refused_and_a_leaked_one_is_a_plain_int() -> None:
+    """Defects 7 and 8: an ordering or truth test on a drawn seed was the trace's; a drawn
+    seed kept after its trace was refused arithmetic in a later trace, where it is a
+    constant."""
+    box: dict[str, int] = {}
+
+    def branching(x: mp.Tensor) -> mp.Tensor:
+        s = mp.random.next_seed()
+        y = mp.ops.dropout(x, 0.5, seed=s)
+        box["seed"] = s
+        return mp.ops.multiply(y, 2.0) if s > (1 << 61) else y
+
+    with pytest.raises(mp.TraceError, match="compare or test a seed"):
+        mp.function(branching)(mp.ops.ones((4,)))
+    kept = mp.function(lambda x: mp.ops.random_uniform((4,), seed=box["seed"] + 1))
+    first = np.asarray(kept(mp.ops.ones((4,)))).tolist()
+    assert np.asarray(kept(mp.ops.ones((4,)))).tolist() == first      # a constant seed
+    assert kept.eager_reason is None
+
+
+def test_a_callable_object_without_a_name_is_traced() -> None:
+    """From the same review: mp.function(obj) on an object with no __name__ crashed."""
+    class Step:
+        def __call__(self, x: mp.Tensor) -> mp.Tensor:
+            return mp.ops.add(x, 1.0)
+
+    f = mp.function(Step())
+    assert np.asarray(f(mp.ops.ones((2,)))).tolist() == [2.0, 2.0] and f.__name__ == "Step"
+    with pytest.raises(mp.TraceError, match=r"^Drawing drew a seed"):
+        mp.function(type("Drawing", (), {"__call__": lambda self, x: (
+            mp.random.next_seed(), x)[1]})())(mp.ops.ones((2,)))
