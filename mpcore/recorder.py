@@ -13,7 +13,7 @@ from typing import Any
 from mpcore import user_frames as _user_frames
 from mpcore.program import KernelCall, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
-from mpcore.trace_seeds import SEED_COPY
+from mpcore.trace_seeds import SEED_COPY, DrawnSeed
 from mpcore.trace_state import refuse
 
 #: Kernels that take a seed, and the seed's position among their arguments.
@@ -38,6 +38,9 @@ class Recorder:
         self.seed_values: set[int] = set()
         #: ids of the drawn seeds that went where a replay follows them
         self.consumed: set[int] = set()
+        #: whether Python computed with, compared or tested a drawn seed outside a call kept
+        #: whole (refused where the trace is kept)
+        self.seed_computed = False
         self.whole_depth = 0
         self.kernel_depth = 0
         self.fallback = False
@@ -66,6 +69,11 @@ class Recorder:
         if isinstance(value, (list, tuple)):
             return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
         if value is None or isinstance(value, (bool, int, float, str)):
+            if type(value) is DrawnSeed and self.drew(value):
+                # a drawn seed given as it is to any kernel (constant(s), full(shape, s)):
+                # the replay's draw, not the trace's value
+                self.consumed.add(id(value))
+                return ("r", self.seeds[id(value)][1])
             return ("c", value)
         # a variable's array first: an array assigned in the step is a slot too, but an
         # update in place after the assignment writes the variable's (a replay's assignment
@@ -198,9 +206,9 @@ class Recorder:
                 seed = self.seed_spec(args[seed_at])
                 if seed is not None:
                     specs[seed_at] = seed
-                if isinstance(args[seed_at], int):
-                    # the kernel gets a plain int (a drawn seed refuses arithmetic)
-                    args = (*args[:seed_at], int(args[seed_at]), *args[seed_at + 1:])
+            # the kernel gets plain ints (Python computing with a drawn seed is refused; a
+            # kernel's own work with it is the step's, and gets the replay's seed)
+            args = tuple(int(a) if type(a) is DrawnSeed else a for a in args)
             self.kernel_depth += 1
             try:
                 out = kernel(*args)

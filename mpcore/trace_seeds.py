@@ -10,11 +10,15 @@ as a recurrent dropout takes it), as eagerly. Draws are told apart by identity, 
 two draws of equal value (``set_seed(k)`` twice in a step) are two draws.
 
 What a replay could not follow is refused while tracing (the message says what to do):
-arithmetic, ordering and truth tests on a drawn seed in Python (the result would be the
-trace's forever); a random op given a plain int equal to a seed the step drew (``int(s)``,
-``np.int64(s)``, or a constant that happens to be equal: a replay cannot tell which); and, in a
-kept trace, a drawn seed that reached nothing a replay follows (it went where Python kept the
-trace's value, such as ``int(s) + 1``).
+arithmetic (rounding included), ordering and truth tests on a drawn seed in Python (the
+result would be the trace's forever); a random op given a plain int equal to a seed the step
+drew (``int(s)``, ``np.int64(s)``, or a constant that happens to be equal: a replay cannot
+tell which); and a drawn seed that reached nothing a replay follows (it went where Python
+kept the trace's value, such as ``int(s) + 1``). The first and the last are checked where the
+trace is kept: a first call that creates variables is never replayed, and may compute with a
+seed (NumPy's ``default_rng(s)`` tests ``s < 0``). What is not arithmetic (``hash((s, i))``,
+``str(s)``, ``float(s)``, ``s == k``) escapes the checks where the seed also went to a random
+op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys and kernels.
 
 Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
 is unset (``if self.seed is None: self.seed = next_seed()``) draws at every replay.
@@ -26,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import random as _random
-from mpcore.trace_state import local, refuse
+from mpcore.trace_state import local
 
 __all__ = ["DrawnSeed", "given_seed", "next_seed_recorded", "replay_draw", "seed_refusal"]
 
@@ -55,8 +59,11 @@ def _refusing(name: str) -> Callable[..., Any]:
 
     def op(self: int, *args: Any) -> Any:
         recorder = local.recorder
-        if recorder is not None and recorder.drew(self):
-            refuse(SEED_MATH)
+        if recorder is not None and not recorder.whole_depth and recorder.drew(self):
+            # refused where the trace is kept (seed_refusal): a first call that creates
+            # variables, never replayed, may compute with it (NumPy's default_rng(s) tests
+            # s < 0); a call kept whole computes again at each replay, on the replay's seed
+            recorder.seed_computed = True
         return plain(int(self), *args)
 
     return op
@@ -67,7 +74,8 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__floordiv__", "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__",
               "__rpow__", "__divmod__", "__rdivmod__", "__lshift__", "__rlshift__",
               "__rshift__", "__rrshift__", "__neg__", "__invert__", "__abs__", "__lt__",
-              "__le__", "__gt__", "__ge__", "__bool__"):
+              "__le__", "__gt__", "__ge__", "__bool__", "__round__", "__trunc__", "__floor__",
+              "__ceil__"):
     setattr(DrawnSeed, _name, _refusing(_name))
 
 
@@ -95,6 +103,8 @@ def given_seed(seed: Any, convert: Callable[[Any], int] = int) -> int:
 def seed_refusal(recorder: Any, name: str) -> str | None:
     """Why a replay could not give this trace's random ops the seeds eager execution would,
     or None."""
+    if recorder.seed_computed:
+        return SEED_MATH
     if recorder.unfollowed_seeds():
         return (f"{name} drew a seed (mp.random.next_seed()) that reached no random op as "
                 "drawn: a replay draws the seeds again and gives them only where the drawn "

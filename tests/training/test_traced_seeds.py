@@ -214,3 +214,83 @@ def test_a_callable_object_without_a_name_is_traced() -> None:
     with pytest.raises(mp.TraceError, match=r"^Drawing drew a seed"):
         mp.function(type("Drawing", (), {"__call__": lambda self, x: (
             mp.random.next_seed(), x)[1]})())(mp.ops.ones((2,)))
+
+
+def test_a_drawn_seed_given_to_any_kernel_is_the_replays(backend: mp.Backend) -> None:
+    """Second review: a drawn seed given as it is to a kernel other than a random op
+    (constant(s), full(shape, s), a variable assigned it) was the trace's value at every
+    replay while the same seed also went to a random op: silently wrong."""
+    v = mp.Variable(np.zeros((), np.int64), dtype="int64", trainable=False)
+
+    def step(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        v.assign(mp.ops.constant(s, dtype="int64"))
+        return mp.ops.dropout(x, 0.5, seed=s), mp.ops.constant(s, dtype="int64"), \
+            mp.ops.full((2,), s), mp.ops.add(v, 0)
+
+    _eager_and_traced(step)
+
+
+def test_a_first_call_that_creates_variables_may_test_a_drawn_seed() -> None:
+    """Second review, a regression of the change: NumPy's SeedSequence tests ``seed < 0``; a
+    layer built in the first traced call (never replayed) that seeds NumPy from next_seed()
+    worked before ordering tests were refused, and was refused with them. A kept trace that
+    tests a drawn seed is still refused."""
+    w: list[mp.Variable] = []
+
+    def step(x: mp.Tensor) -> Any:
+        if not w:
+            init = np.random.default_rng(mp.random.next_seed()).normal(size=(16,))
+            w.append(mp.Variable(init.astype(F32)))
+        return mp.ops.dropout(mp.ops.multiply(x, w[0]), 0.5)
+
+    f = mp.function(step)
+    x = mp.ops.ones((16,))
+    mp.random.set_seed(3)
+    first = _host(f(x))
+    w.clear()
+    mp.random.set_seed(3)
+    assert _host(step(x)) == first
+    for n in range(3):                                  # later calls: the kept trace
+        mp.random.set_seed(10 + n)
+        eager = _host(step(x))
+        mp.random.set_seed(10 + n)
+        assert _host(f(x)) == eager
+    assert f.eager_reason is None
+
+    def kept(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        np.random.default_rng(s)
+        return mp.ops.dropout(x, 0.5, seed=s)
+
+    with pytest.raises(mp.TraceError, match="compare or test"):
+        mp.function(kept)(x)
+
+
+def test_rounding_a_drawn_seed_is_refused() -> None:
+    def step(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=s), mp.ops.dropout(x, 0.5, seed=round(s, -3))
+
+    with pytest.raises(mp.TraceError, match="compute with"):
+        mp.function(step)(mp.ops.ones((4,)))
+
+
+def test_a_permutation_drawn_in_python_is_refused(on_cpu: mp.Backend,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Second review: on a backend with no random_permutation kernel (a plugin's), the order
+    is shuffled in Python and was recorded as a constant, the trace's at every replay. With a
+    drawn seed it is refused; with a constant seed it is the same order at every call."""
+    on_cpu.kernels()
+    table = {k: v for k, v in on_cpu._kernel_table.items() if k != "random_permutation"}
+    monkeypatch.setattr(on_cpu, "_kernel_table", table)
+
+    def drawn(x: mp.Tensor) -> mp.Tensor:
+        return mp.ops.add(mp.ops.cast(mp.ops.random_permutation(8), "float32"), x)
+
+    with pytest.raises(mp.TraceError, match="has no random_permutation kernel"):
+        mp.function(drawn)(mp.ops.ones((8,)))
+    fixed = mp.function(lambda x: mp.ops.add(
+        mp.ops.cast(mp.ops.random_permutation(8, seed=5), "float32"), x))
+    orders = [np.asarray(fixed(mp.ops.ones((8,)))).tolist() for _ in range(3)]
+    assert orders[0] == orders[1] == orders[2] and fixed.eager_reason is None
