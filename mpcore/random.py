@@ -72,9 +72,9 @@ def set_stream(stream: int) -> None:
     """Draw from stream ``stream`` from now on (``mp.distribution`` sets it to the rank;
     stream 0 draws what a single process does)."""
     global _stream
-    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+    if isinstance(stream, bool) or not isinstance(stream, int) or int(stream) < 0:
         raise ValueError(f"stream must be an int >= 0, got {stream!r}")
-    _stream = stream
+    _stream = int(stream)
     if state_hook is not None:
         state_hook(set_stream, stream)
 

@@ -14,7 +14,6 @@ from mpcore import user_frames as _user_frames
 from mpcore.program import KernelCall, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_seeds import SEED_COPY, DrawnSeed
-from mpcore.trace_state import refuse
 
 #: Kernels that take a seed, and the seed's position among their arguments.
 _SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
@@ -41,6 +40,10 @@ class Recorder:
         #: whether Python computed with, compared or tested a drawn seed outside a call kept
         #: whole (refused where the trace is kept)
         self.seed_computed = False
+        #: why a random op's seed was refused (a plain int equal to a drawn seed, a permutation
+        #: drawn in Python), refused where the trace is kept (a first call that creates
+        #: variables is never replayed)
+        self.seed_refused: str | None = None
         self.whole_depth = 0
         self.kernel_depth = 0
         self.fallback = False
@@ -140,7 +143,7 @@ class Recorder:
             return ("r", entry[1])
         if (self.seed_values and isinstance(value, numbers.Integral)
                 and not isinstance(value, bool) and int(value) in self.seed_values):
-            refuse(SEED_COPY)
+            self.seed_refused = self.seed_refused or SEED_COPY
         return None
 
     def unfollowed_seeds(self) -> bool:

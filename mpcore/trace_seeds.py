@@ -14,10 +14,11 @@ arithmetic (rounding included), ordering and truth tests on a drawn seed in Pyth
 result would be the trace's forever); a random op given a plain int equal to a seed the step
 drew (``int(s)``, ``np.int64(s)``, or a constant that happens to be equal: a replay cannot
 tell which); and a drawn seed that reached nothing a replay follows (it went where Python
-kept the trace's value, such as ``int(s) + 1``). The first and the last are checked where the
-trace is kept: a first call that creates variables is never replayed, and may compute with a
-seed (NumPy's ``default_rng(s)`` tests ``s < 0``). What is not arithmetic (``hash((s, i))``,
-``str(s)``, ``float(s)``, ``s == k``) escapes the checks where the seed also went to a random
+kept the trace's value, such as ``int(s) + 1``). All three are checked where the trace is
+kept: a first call that creates variables is never replayed, and may compute with a seed
+(NumPy's ``default_rng(s)`` tests ``s < 0``). What is not Python arithmetic
+(``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.real``, NumPy's
+``np.add(s, 1)``) escapes the checks where the seed also went to a random
 op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys and kernels.
 
 Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
@@ -103,6 +104,8 @@ def given_seed(seed: Any, convert: Callable[[Any], int] = int) -> int:
 def seed_refusal(recorder: Any, name: str) -> str | None:
     """Why a replay could not give this trace's random ops the seeds eager execution would,
     or None."""
+    if recorder.seed_refused is not None:
+        return recorder.seed_refused
     if recorder.seed_computed:
         return SEED_MATH
     if recorder.unfollowed_seeds():

@@ -14,7 +14,7 @@ from mpcore import random as _random
 from mpcore import registry
 from mpcore.tensor import Tensor
 from mpcore.trace_seeds import given_seed
-from mpcore.trace_state import local, refuse
+from mpcore.trace_state import local
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 
@@ -165,12 +165,17 @@ def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> 
         return Tensor(kernel(n, s), be, "int64")
     import random as _pyrandom
 
-    if local.recorder is not None and local.recorder.drew(s):
-        # (refused while a step is recorded: the order is computed here, in Python, and a
-        # replay would reuse the trace's)
-        refuse(f"backend {be.name!r} has no random_permutation kernel: a traced step cannot "
-               "draw a random permutation on it (a replay would reuse the first call's). "
-               "Draw it outside the step, or call the function without mp.function.")
+    recorder = local.recorder
+    if recorder is not None and not recorder.whole_depth:
+        # the order is computed here, in Python: a replay would reuse the trace's. Refused
+        # where the trace is kept (a first call that creates variables is never replayed)
+        if recorder.drew(s):
+            recorder.seed_refused = recorder.seed_refused or (
+                f"backend {be.name!r} has no random_permutation kernel: a traced step cannot "
+                "draw a random permutation on it (a replay would reuse the first call's). "
+                "Draw it outside the step, or call the function without mp.function.")
+        else:
+            recorder.seed_spec(s)           # a plain int equal to a drawn seed: refused
     order = list(range(n))
     _pyrandom.Random(s).shuffle(order)
     return Tensor(be.kernels()["asarray"](order, "int64"), be, "int64")

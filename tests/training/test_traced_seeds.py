@@ -294,3 +294,64 @@ def test_a_permutation_drawn_in_python_is_refused(on_cpu: mp.Backend,
         mp.ops.cast(mp.ops.random_permutation(8, seed=5), "float32"), x))
     orders = [np.asarray(fixed(mp.ops.ones((8,)))).tolist() for _ in range(3)]
     assert orders[0] == orders[1] == orders[2] and fixed.eager_reason is None
+
+
+def test_a_converted_seed_in_a_first_call_that_creates_variables(
+        backend: mp.Backend) -> None:
+    """Third review: a random op given np.int64(s) was refused at once, also in a first call
+    that creates variables (never replayed), as arithmetic was before the second review."""
+    state: dict[str, Any] = {}
+
+    def step(x: mp.Tensor) -> Any:
+        if "v" not in state:
+            s = mp.random.next_seed()
+            state["v"] = mp.Variable(mp.ops.random_normal((16,), seed=np.int64(s)), name="v")
+        return mp.ops.add(state["v"], mp.ops.dropout(x, 0.5))
+
+    f = mp.function(step)
+    mp.random.set_seed(3)
+    f(mp.ops.ones((16,)))
+    _eager_and_traced(step)
+
+
+def test_a_permutation_in_python_with_a_converted_seed_is_refused(
+        on_cpu: mp.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Third review: with no random_permutation kernel, a permutation given int(s) (the seed
+    itself going to a random op too) was the trace's order at every replay, silently; with a
+    kernel it is refused. A first call that creates variables may draw one (never replayed)."""
+    on_cpu.kernels()
+    table = {k: v for k, v in on_cpu._kernel_table.items() if k != "random_permutation"}
+    monkeypatch.setattr(on_cpu, "_kernel_table", table)
+
+    def converted(x: mp.Tensor) -> Any:
+        s = mp.random.next_seed()
+        order = mp.ops.random_permutation(8, seed=int(s))
+        return mp.ops.cast(order, "float32"), mp.ops.dropout(x, 0.5, seed=s)
+
+    with pytest.raises(mp.TraceError, match="but not that seed itself"):
+        mp.function(converted)(mp.ops.ones((8,)))
+    state: dict[str, Any] = {}
+
+    def build(x: mp.Tensor) -> mp.Tensor:
+        if "v" not in state:
+            order = mp.ops.cast(mp.ops.random_permutation(8), "float32")
+            state["v"] = mp.Variable(order, name="order")
+        return mp.ops.add(state["v"], x)
+
+    f = mp.function(build)
+    f(mp.ops.ones((8,)))
+    f(mp.ops.ones((8,)))
+    assert f.tracing_count == 2 and f.eager_reason is None
+
+
+def test_set_stream_of_a_drawn_seed(backend: mp.Backend) -> None:
+    """Third review: set_stream(next_seed()) was refused as arithmetic (set_stream compared
+    the seed and kept it, next_seed xored it); each replay sets the replay's draw."""
+    def step(x: mp.Tensor) -> Any:
+        mp.random.set_stream(mp.random.next_seed())
+        try:
+            return mp.ops.add(mp.ops.random_uniform((16,)), x)
+        finally:
+            mp.random.set_stream(0)
+
+    _eager_and_traced(step)
