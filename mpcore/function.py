@@ -292,7 +292,7 @@ class Function:
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
         recorder = Recorder()
-        recorder.fallback = self._fallback
+        recorder.fallback, recorder.first = self._fallback, not self._traced_once
         for variable in _tensor.live_variables():
             recorder.variable_of[id(variable._data)] = variable
         args, kwargs = _args.private_inputs((args, kwargs), {})

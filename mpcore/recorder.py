@@ -14,6 +14,7 @@ from mpcore import user_frames as _user_frames
 from mpcore.program import KernelCall, Spec, WholeCall
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_seeds import SEED_COPY, DrawnSeed
+from mpcore.trace_state import refuse
 
 #: Kernels that take a seed, and the seed's position among their arguments.
 _SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
@@ -37,12 +38,10 @@ class Recorder:
         self.seed_values: set[int] = set()
         #: ids of the drawn seeds that went where a replay follows them
         self.consumed: set[int] = set()
-        #: whether Python computed with, compared or tested a drawn seed outside a call kept
-        #: whole (refused where the trace is kept)
-        self.seed_computed = False
-        #: why a random op's seed was refused (a plain int equal to a drawn seed, a permutation
-        #: drawn in Python), refused where the trace is kept (a first call that creates
-        #: variables is never replayed)
+        #: whether this is the function's first trace (see :meth:`refuse_seed`)
+        self.first = True
+        #: the first seed use of a first trace that a replay could not follow (refused at
+        #: its end where the trace is kept)
         self.seed_refused: str | None = None
         self.whole_depth = 0
         self.kernel_depth = 0
@@ -143,8 +142,19 @@ class Recorder:
             return ("r", entry[1])
         if (self.seed_values and isinstance(value, numbers.Integral)
                 and not isinstance(value, bool) and int(value) in self.seed_values):
-            self.seed_refused = self.seed_refused or SEED_COPY
+            self.refuse_seed(SEED_COPY)
         return None
+
+    def refuse_seed(self, message: str) -> None:
+        """A use of a seed that a replay could not follow. In a first trace, noted and refused
+        at its end where the trace is kept: a first call that creates variables is never
+        replayed, and may use a seed so (only the end of the call tells). In a later trace,
+        refused here, before the step's later effects (one that creates variables is refused
+        anyway)."""
+        if not self.first:
+            refuse(message)
+        elif self.seed_refused is None:
+            self.seed_refused = message
 
     def unfollowed_seeds(self) -> bool:
         """Whether a seed this trace drew went nowhere a replay follows it."""

@@ -16,10 +16,11 @@ drew (``int(s)``, ``np.int64(s)``, or a constant that happens to be equal: a rep
 tell which); and a drawn seed that reached nothing a replay follows (it went where Python
 kept the trace's value, such as ``int(s) + 1``). All three are checked where the trace is
 kept: a first call that creates variables is never replayed, and may compute with a seed
-(NumPy's ``default_rng(s)`` tests ``s < 0``). What is not Python arithmetic
-(``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.real``, NumPy's
-``np.add(s, 1)``) escapes the checks where the seed also went to a random
-op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys and kernels.
+(NumPy's ``default_rng(s)`` tests ``s < 0``); so a first trace refuses at its end, and a later
+one where the use happens (:meth:`mpcore.recorder.Recorder.refuse_seed`). What is not
+Python arithmetic (``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.real``,
+NumPy's ``np.add(s, 1)``) escapes the checks where the seed also went to a random op:
+refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys and kernels.
 
 Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
 is unset (``if self.seed is None: self.seed = next_seed()``) draws at every replay.
@@ -42,7 +43,7 @@ SEED_MATH = (
     "instead, or call the function without mp.function.")
 
 SEED_COPY = (
-    "a traced step gave a random op a seed equal to one it drew from mp.random.next_seed(), "
+    "a traced step used a seed equal to one it drew from mp.random.next_seed(), "
     "but not that seed itself (converted with int() or np.int64(), or a constant that happens "
     "to be equal): a replay draws the seed again and cannot tell which was meant. Pass the "
     "seed from next_seed() unchanged, or call the function without mp.function.")
@@ -61,10 +62,10 @@ def _refusing(name: str) -> Callable[..., Any]:
     def op(self: int, *args: Any) -> Any:
         recorder = local.recorder
         if recorder is not None and not recorder.whole_depth and recorder.drew(self):
-            # refused where the trace is kept (seed_refusal): a first call that creates
-            # variables, never replayed, may compute with it (NumPy's default_rng(s) tests
-            # s < 0); a call kept whole computes again at each replay, on the replay's seed
-            recorder.seed_computed = True
+            # (a first call that creates variables, never replayed, may compute with it:
+            # NumPy's default_rng(s) tests s < 0; a call kept whole computes again at each
+            # replay, on the replay's seed)
+            recorder.refuse_seed(SEED_MATH)
         return plain(int(self), *args)
 
     return op
@@ -106,8 +107,6 @@ def seed_refusal(recorder: Any, name: str) -> str | None:
     or None."""
     if recorder.seed_refused is not None:
         return recorder.seed_refused
-    if recorder.seed_computed:
-        return SEED_MATH
     if recorder.unfollowed_seeds():
         return (f"{name} drew a seed (mp.random.next_seed()) that reached no random op as "
                 "drawn: a replay draws the seeds again and gives them only where the drawn "

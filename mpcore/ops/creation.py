@@ -167,10 +167,9 @@ def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> 
 
     recorder = local.recorder
     if recorder is not None and not recorder.whole_depth:
-        # the order is computed here, in Python: a replay would reuse the trace's. Refused
-        # where the trace is kept (a first call that creates variables is never replayed)
+        # the order is computed here, in Python: a replay would reuse the trace's
         if recorder.drew(s):
-            recorder.seed_refused = recorder.seed_refused or (
+            recorder.refuse_seed(
                 f"backend {be.name!r} has no random_permutation kernel: a traced step cannot "
                 "draw a random permutation on it (a replay would reuse the first call's). "
                 "Draw it outside the step, or call the function without mp.function.")

@@ -355,3 +355,32 @@ def test_set_stream_of_a_drawn_seed(backend: mp.Backend) -> None:
             mp.random.set_stream(0)
 
     _eager_and_traced(step)
+
+
+def test_a_later_trace_refuses_a_seed_use_before_the_steps_later_effects() -> None:
+    """Fourth review: with every seed check made at the end of the trace, a refused step had
+    already assigned its variables when TraceError came (a caller retrying eagerly applied the
+    step twice). A later trace refuses where the use happens; a function's first trace still
+    refuses at its end (only the end of the call tells whether it created variables, which
+    makes it a call that is never replayed), after the call's effects."""
+    v = mp.Variable(mp.ops.zeros((4,)), name="v")
+    made: list[mp.Variable] = []
+
+    def step(x: mp.Tensor, build: bool) -> mp.Tensor:
+        if build and not made:
+            made.append(mp.Variable(mp.ops.zeros((4,)), name="built"))
+        s = mp.random.next_seed()
+        d = mp.ops.dropout(x, 0.5, seed=np.int64(s))
+        v.assign_add(x)
+        return d
+
+    f = mp.function(step)
+    f(mp.ops.ones((4,)), True)                 # creates a variable: not kept, not refused
+    assert v.numpy().tolist() == [1.0] * 4
+    with pytest.raises(mp.TraceError, match="not that seed itself"):
+        f(mp.ops.ones((4,)), False)            # a later trace: refused before assign_add
+    assert v.numpy().tolist() == [1.0] * 4
+    first = mp.function(step)
+    with pytest.raises(mp.TraceError, match="not that seed itself"):
+        first(mp.ops.ones((4,)), False)        # a first trace: refused at its end
+    assert v.numpy().tolist() == [2.0] * 4
