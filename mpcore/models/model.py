@@ -11,6 +11,7 @@ the progress bar refreshes (at most a few times a second) and at the end of each
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -385,9 +386,9 @@ class Model(Layer):
             if bar is not None:
                 bar.set_postfix_str(f"{_progress.format_logs(logs)} - {timing}", refresh=True)
                 bar.close()
-            elif verbose == 2:
-                print(f"Epoch {epoch + 1}/{epochs} - {timing} - "
-                      f"{_progress.format_logs(logs)}", flush=True)
+            elif verbose:    # 2, or 1 where stderr is no terminal (the bar's stream then)
+                print(_progress.epoch_line(epoch, epochs, timing, logs), flush=True,
+                      file=sys.stdout if verbose == 2 else sys.stderr)
             logs["time_per_sample"] = elapsed / n
             cbs.on_epoch_end(epoch, logs)
             if self.stop_training:

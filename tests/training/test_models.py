@@ -3,6 +3,8 @@ mixed_float16 overflow handling (skipped steps never touch the weights; training
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -151,9 +153,21 @@ def test_fit_verbose_modes(capsys: pytest.CaptureFixture[str]) -> None:
     model.fit(X, Y, epochs=1, verbose=2, validation_data=(X[:10], Y[:10]))
     out = capsys.readouterr().out
     assert "Epoch 1/1" in out and "us/sample" in out and "val_accuracy" in out
-    model.fit(X, Y, epochs=1, verbose=1)
+    model.fit(X, Y, epochs=1, verbose=1)     # stderr is no terminal here: one line
     err = capsys.readouterr().err
-    assert "Epoch 1/1" in err and "loss:" in err and "us/sample" in err
+    assert err.startswith("Epoch 1/1 - ") and err.count("\n") == 1 and "\r" not in err
+    assert "loss:" in err and "us/sample" in err
+
+
+def test_fit_verbose_1_draws_a_bar_on_a_terminal(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    model = guide_model()
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="adam",
+                  metrics=["accuracy"])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    model.fit(X, Y, epochs=2, verbose=1)
+    err = capsys.readouterr().err
+    assert "\r" in err and "Epoch 2/2: 100%" in err and "loss:" in err and "us/sample" in err
 
 
 # --- overflow under mixed_float16 --------------------------------------------------------------
