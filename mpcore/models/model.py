@@ -322,7 +322,8 @@ class Model(Layer):
             initial_epoch: int = 0) -> _callbacks.History:
         """Train for ``epochs`` (from ``initial_epoch``). ``validation_split`` holds out the
         last fraction of the data before shuffling, as Keras; ``verbose``: 0 silent, 1 a
-        progress bar per epoch (tqdm), 2 one line per epoch. Returns the History."""
+        progress bar per epoch (tqdm, on stderr; one line per epoch there where stderr is not
+        a terminal), 2 one line per epoch. Returns the History."""
         self._require_compiled()
         batch_size = _args.batch_size(batch_size)
         epochs = _args.integer("epochs", epochs, 0)
