@@ -326,6 +326,8 @@ class Function:
             _local.recorder = None
             _remove_hooks()
             _tape.state.generation += 1
+        if recorder.refused is not None and not self._fallback:
+            raise TraceError(recorder.refused)      # refused, and the step swallowed it
         if recorder.refused is None and not recorder.created:   # (a trace that is kept)
             recorder.refused = _seeds.seed_refusal(recorder, self.__name__)
             if recorder.refused is not None and not self._fallback:

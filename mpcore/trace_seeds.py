@@ -19,8 +19,9 @@ kept: a first call that creates variables is never replayed, and may compute wit
 (NumPy's ``default_rng(s)`` tests ``s < 0``); so a first trace refuses at its end, and a later
 one where the use happens (:meth:`mpcore.recorder.Recorder.refuse_seed`). What is not
 Python arithmetic (``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.real``,
-NumPy's ``np.add(s, 1)``) escapes the checks where the seed also went to a random op:
-refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys and kernels.
+``random.Random(s)``, NumPy's ``np.add(s, 1)``) escapes the checks where the seed also
+went to a random op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys
+and kernels.
 
 Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
 is unset (``if self.seed is None: self.seed = next_seed()``) draws at every replay.

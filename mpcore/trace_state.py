@@ -29,7 +29,8 @@ def refuse(message: str) -> None:
     recorder = local.recorder
     if recorder is None or recorder.whole_depth:
         return
+    if recorder.refused is None:    # (a TraceError the step's own try/except swallows is
+        recorder.refused = message  # raised again at the trace's end)
     if not recorder.fallback:
         raise TraceError(message)
-    recorder.refused = message
     recorder.whole_depth += 1

@@ -11,7 +11,6 @@ the progress bar refreshes (at most a few times a second) and at the end of each
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -322,8 +321,8 @@ class Model(Layer):
             initial_epoch: int = 0) -> _callbacks.History:
         """Train for ``epochs`` (from ``initial_epoch``). ``validation_split`` holds out the
         last fraction of the data before shuffling, as Keras; ``verbose``: 0 silent, 1 a
-        progress bar per epoch (tqdm, on stderr; one line per epoch there where stderr is not
-        a terminal), 2 one line per epoch. Returns the History."""
+        progress bar during each epoch (tqdm, on a terminal or in a notebook) and its line at
+        its end, 2 the line only; on stdout, as Keras prints. Returns the History."""
         self._require_compiled()
         batch_size = _args.batch_size(batch_size)
         epochs = _args.integer("epochs", epochs, 0)
@@ -385,11 +384,9 @@ class Model(Layer):
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             timing = f"{elapsed:.2f}s, {elapsed / n * 1e6:.0f}us/sample"
             if bar is not None:
-                bar.set_postfix_str(f"{_progress.format_logs(logs)} - {timing}", refresh=True)
-                bar.close()
-            elif verbose:    # 2, or 1 where stderr is no terminal (the bar's stream then)
-                print(_progress.epoch_line(epoch, epochs, timing, logs), flush=True,
-                      file=sys.stdout if verbose == 2 else sys.stderr)
+                bar.close()      # (it goes: the epoch's line below holds all of its logs)
+            if verbose:
+                print(_progress.epoch_line(epoch, epochs, timing, logs), flush=True)
             logs["time_per_sample"] = elapsed / n
             cbs.on_epoch_end(epoch, logs)
             if self.stop_training:

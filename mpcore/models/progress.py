@@ -11,20 +11,23 @@ def format_logs(logs: dict[str, float]) -> str:
 
 
 def progress_bar(epoch: int, epochs: int, steps: int) -> Any:
-    """tqdm's bar for an epoch on stderr, or None where stderr is not a terminal (a log file,
-    a pipe, CI): a bar redrawn with carriage returns is a run of copies there, so ``fit``
-    prints one line per epoch instead (:func:`epoch_line`), as Keras' Progbar does off a
-    terminal. A notebook gets tqdm's widget."""
+    """tqdm's bar for an epoch on stdout (where Keras prints), gone when it closes: ``fit``
+    then prints the epoch's line (:func:`epoch_line`), which a bar as wide as the terminal
+    would cut. None where stdout is not a terminal (a log file, a pipe, CI: a bar redrawn with
+    carriage returns is a run of copies there), as Keras' Progbar decides. A notebook gets
+    tqdm's widget."""
     from tqdm.auto import tqdm
 
-    if not (tqdm.__module__.startswith("tqdm.notebook") or _terminal(sys.stderr)):
+    # (tqdm.auto's class in a notebook is tqdm.auto.tqdm, a subclass of tqdm.notebook's)
+    notebook = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)
+    if not (notebook or _terminal(sys.stdout)):
         return None
     return tqdm(total=steps, desc=f"Epoch {epoch + 1}/{epochs}", unit="step",
-                dynamic_ncols=True, leave=True, file=sys.stderr)
+                dynamic_ncols=True, leave=False, file=sys.stdout)
 
 
 def epoch_line(epoch: int, epochs: int, timing: str, logs: dict[str, float]) -> str:
-    """An epoch's summary on one line (``verbose=2``, or ``verbose=1`` off a terminal)."""
+    """An epoch's summary on one line (``verbose`` 1 and 2, at the epoch's end)."""
     return f"Epoch {epoch + 1}/{epochs} - {timing} - {format_logs(logs)}"
 
 

@@ -153,21 +153,47 @@ def test_fit_verbose_modes(capsys: pytest.CaptureFixture[str]) -> None:
     model.fit(X, Y, epochs=1, verbose=2, validation_data=(X[:10], Y[:10]))
     out = capsys.readouterr().out
     assert "Epoch 1/1" in out and "us/sample" in out and "val_accuracy" in out
-    model.fit(X, Y, epochs=1, verbose=1)     # stderr is no terminal here: one line
-    err = capsys.readouterr().err
-    assert err.startswith("Epoch 1/1 - ") and err.count("\n") == 1 and "\r" not in err
-    assert "loss:" in err and "us/sample" in err
+    model.fit(X, Y, epochs=1, verbose=1)     # stdout is no terminal here: the line only
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Epoch 1/1 - ") and captured.out.count("\n") == 1
+    assert "\r" not in captured.out and "loss:" in captured.out and not captured.err
 
 
 def test_fit_verbose_1_draws_a_bar_on_a_terminal(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the bar runs during the epoch and goes at its end, and the epoch's line
+    (all of its logs: a bar as wide as the terminal cut them) stays, on stdout as Keras."""
     model = guide_model()
     model.compile(loss="sparse_categorical_crossentropy", optimizer="adam",
                   metrics=["accuracy"])
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    model.fit(X, Y, epochs=2, verbose=1)
-    err = capsys.readouterr().err
-    assert "\r" in err and "Epoch 2/2: 100%" in err and "loss:" in err and "us/sample" in err
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    model.fit(X, Y, epochs=2, verbose=1, validation_data=(X[:10], Y[:10]))
+    out = capsys.readouterr().out
+    assert "\r" in out and "Epoch 2/2:" in out and "step/s" in out           # the bar
+    lines = [line.split("\r")[-1] for line in out.split("\n") if "val_accuracy" in line]
+    assert [line[:12] for line in lines] == ["Epoch 1/2 - ", "Epoch 2/2 - "]
+
+
+def test_a_notebook_gets_tqdms_widget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a notebook tqdm.auto's class subclasses tqdm.notebook's (its own module is
+    tqdm.auto), and stdout is no terminal there: the bar is still drawn."""
+    import tqdm.auto
+    import tqdm.notebook
+
+    from mpcore.models import progress
+
+    made: list[dict[str, object]] = []
+
+    class NotebookBar(tqdm.notebook.tqdm):      # what tqdm.auto gives in a notebook
+        def __init__(self, **kwargs: object) -> None:
+            made.append(kwargs)
+
+        def __del__(self) -> None:
+            pass
+
+    NotebookBar.__module__ = "tqdm.auto"
+    monkeypatch.setattr(tqdm.auto, "tqdm", NotebookBar)
+    assert progress.progress_bar(0, 1, 3) is not None and made[0]["total"] == 3
 
 
 # --- overflow under mixed_float16 --------------------------------------------------------------

@@ -384,3 +384,38 @@ def test_a_later_trace_refuses_a_seed_use_before_the_steps_later_effects() -> No
     with pytest.raises(mp.TraceError, match="not that seed itself"):
         first(mp.ops.ones((4,)), False)        # a first trace: refused at its end
     assert v.numpy().tolist() == [2.0] * 4
+
+
+def test_a_refusal_the_step_swallows_is_raised_at_the_traces_end() -> None:
+    """Final review: a refusal raised where it happens (a later trace's seed use, a host read)
+    that the step's own try/except caught left nothing behind, and the trace was kept with the
+    traced call's value (silently wrong). It is raised again when the trace ends."""
+    made: list[mp.Variable] = []
+
+    def seeded(x: mp.Tensor, build: bool) -> Any:
+        if build and not made:
+            made.append(mp.Variable(mp.ops.zeros((4,)), name="built"))
+        s = mp.random.next_seed()
+        try:
+            k = s % 1000
+        except Exception:
+            k = int(s) % 1000
+        return mp.ops.dropout(x, 0.5, seed=k), mp.ops.dropout(x, 0.5, seed=s)
+
+    def reading(x: mp.Tensor) -> mp.Tensor:
+        try:
+            scale = float(mp.ops.sum(x))
+        except Exception:
+            scale = 1.0
+        return mp.ops.multiply(x, scale)
+
+    f = mp.function(seeded)
+    f(mp.ops.ones((4,)), True)                  # a first call that creates a variable
+    with pytest.raises(mp.TraceError, match="cannot compute with"):
+        f(mp.ops.ones((4,)), False)
+    with pytest.raises(mp.TraceError, match="cannot read a tensor's value on the host"):
+        mp.function(reading)(mp.ops.ones((4,)))
+    auto = mp.function(reading, fallback=True)
+    with pytest.warns(RuntimeWarning, match="runs eagerly"):
+        assert np.asarray(auto(mp.ops.ones((4,)))).tolist() == [4.0] * 4
+    assert np.asarray(auto(mp.ops.full((4,), 2.0))).tolist() == [16.0] * 4    # eagerly
