@@ -71,12 +71,10 @@ class Recorder:
         if isinstance(value, (list, tuple)):
             return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
         if value is None or isinstance(value, (bool, int, float, str)):
-            if type(value) is DrawnSeed and self.drew(value):
-                # a drawn seed given as it is to any kernel (constant(s), full(shape, s)):
-                # the replay's draw, not the trace's value
-                self.consumed.add(id(value))
-                return ("r", self.seeds[id(value)][1])
-            return ("c", value)
+            # a drawn seed given as it is to any kernel (constant(s), full(shape, s)): the
+            # replay's draw, not the trace's value
+            seed = self.drawn_spec(value) if type(value) is DrawnSeed else None
+            return ("c", value) if seed is None else seed
         # a variable's array first: an array assigned in the step is a slot too, but an
         # update in place after the assignment writes the variable's (a replay's assignment
         # copies, as the eager one did)
@@ -133,13 +131,20 @@ class Recorder:
         entry = self.seeds.get(id(value))
         return entry is not None and entry[0] is value
 
+    def drawn_spec(self, value: Any) -> Spec | None:
+        """``("r", slot)`` for a seed this trace drew (that object), which a replay then
+        follows there; None for anything else."""
+        if not self.drew(value):
+            return None
+        self.consumed.add(id(value))
+        return ("r", self.seeds[id(value)][1])
+
     def seed_spec(self, value: Any) -> Spec | None:
-        """``("r", slot)`` for a seed this trace drew, given as it is; None for anything else
-        (refused where it is a plain int equal to a drawn seed: see mpcore.trace_seeds)."""
-        entry = self.seeds.get(id(value))
-        if entry is not None and entry[0] is value:
-            self.consumed.add(id(value))
-            return ("r", entry[1])
+        """:meth:`drawn_spec`, where ``value`` is given to a random op or a call kept whole:
+        a plain int equal to a drawn seed is refused there (see mpcore.trace_seeds)."""
+        seed = self.drawn_spec(value)
+        if seed is not None:
+            return seed
         if (self.seed_values and isinstance(value, numbers.Integral)
                 and not isinstance(value, bool) and int(value) in self.seed_values):
             self.refuse_seed(SEED_COPY)
