@@ -126,5 +126,6 @@ class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaSha
         return compile_program(self, program)
 
     def _contig(self, x: Any) -> Any:
-        """``x`` C-contiguous, as every ``kernels.cu`` kernel reads its operands."""
-        return self.cp.ascontiguousarray(x)
+        """``x`` C-contiguous, as every ``kernels.cu`` kernel reads its operands. (Not
+        ``ascontiguousarray`` alone: it makes a 0-d array 1-d, as NumPy's does.)"""
+        return x if x.flags.c_contiguous else self.cp.ascontiguousarray(x)

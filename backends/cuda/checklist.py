@@ -90,6 +90,13 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
               (*bench, "--policy", "float32", "mixed_float16", "mixed_bfloat16", "--units",
                "4096", "--batch", "8192", "--steps", "20",
                *(("--peer", peer) if peer else ("--no-peer",)))),
+        Check("bench vs torch, traced", "bench", 90,
+              (*bench, "--jit", "--policy", "float32", "mixed_float16", "mixed_bfloat16",
+               "--units", "4096", "--batch", "8192", "--steps", "20",
+               *(("--peer", peer) if peer else ("--no-peer",)))),
+        Check("kernel profile", "bench", 60,
+              (python, "benchmarks/cuda_profile.py", "--policy", "float32", "mixed_float16",
+               "mixed_bfloat16", "--units", "4096", "--batch", "8192")),
         Check("suite on cuda", "suite_cuda", 300, (*pytest, "--maxfail=20"), cuda),
     ]
     return checks
@@ -199,12 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=BUDGET_S,
                     help=f"seconds for the whole run (default {BUDGET_S})")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="run only the checks named (a rerun after fixes); default: all")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
     repo = Path(__file__).resolve().parents[2]
     os.chdir(repo)                   # the plan's paths are the checkout's
     peer = PEER if Path(PEER).exists() else None
     checks = plan(sys.executable, peer)
+    if a.only:
+        names = [c.name for c in checks]
+        unknown = [n for n in a.only if n not in names]
+        if unknown:
+            ap.error(f"no check named {', '.join(map(repr, unknown))}; the checks: "
+                     f"{', '.join(map(repr, names))}")
+        checks = [c for c in checks if c.name in a.only]
     if a.dry_run:
         for c in checks:
             env = " ".join(f"{k}={v}" for k, v in c.env.items())

@@ -46,7 +46,7 @@ class CudaCreation:
             out = self.cp.empty(x.shape, dtype=dt)
             if x.size:
                 _k.function(_k.template("cast_kernel", CTYPE[x.dtype], CTYPE[dt]))(
-                    grid(x.size), (BLOCK,), (x, out, I64(x.size)))
+                    grid(x.size), (BLOCK,), (x, out, np.int64(x.size)))
             return out
         return x.astype(dt)
 
@@ -61,7 +61,7 @@ class CudaCreation:
         if out.size:
             _k.function(_k.template(kernel, CTYPE[kdt]))(
                 grid(out.size), (BLOCK,),
-                (out, I64(out.size), np.uint64(seed & 0xFFFFFFFFFFFFFFFF), np.float64(a),
+                (out, np.int64(out.size), np.uint64(seed & 0xFFFFFFFFFFFFFFFF), np.float64(a),
                  np.float64(b)))
         return out if kdt == dt else out.astype(dt)
 
@@ -85,5 +85,5 @@ class CudaCreation:
         out = self.cp.empty((*idx.shape, depth), dtype=dt)
         if out.size:
             _k.function(_k.template("one_hot", CTYPE[dt]))(
-                grid(out.size), (BLOCK,), (idx, out, I64(out.size), I64(depth)))
+                grid(out.size), (BLOCK,), (idx, out, np.int64(out.size), np.int64(depth)))
         return out

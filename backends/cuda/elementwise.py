@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mpcore_xp import BF16, I64
+from mpcore_xp import BF16
 
 from . import kernels as _k
 from .kernels import BLOCK, CTYPE, KERNEL_FLOATS, grid
@@ -49,7 +49,7 @@ class CudaElementwise:
         out = self.cp.empty(x.shape, dtype=x.dtype)
         if x.size:
             _k.function(_k.template("unary", CTYPE[x.dtype], str(_k.UNARY_OPS[op])))(
-                grid(x.size), (BLOCK,), (x, out, I64(x.size)))
+                grid(x.size), (BLOCK,), (x, out, np.int64(x.size)))
         return out
 
     def relu(self, x: Any) -> Any:

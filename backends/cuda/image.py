@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mpcore_xp import I64
 
 from . import kernels as _k
 from .kernels import BLOCK, CTYPE, KERNEL_FLOATS, grid
@@ -37,7 +36,7 @@ class CudaImage:
         if out.size:
             _k.function(_k.template(kernel, CTYPE[dtype]))(
                 grid(out.size), (BLOCK,),
-                (*operands, out, I64(out.size), *map(np.int32, geometry)))
+                (*operands, out, np.int64(out.size), *map(np.int32, geometry)))
         return out
 
     def extract_patches(self, x: Any, kh: int, kw: int, sh: int, sw: int,

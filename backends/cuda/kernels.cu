@@ -358,9 +358,12 @@ __global__ void rand_normal(T* out, i64 n, u64 seed, double mean, double stddev)
 }
 
 template <typename T>
-__global__ void dropout_mask(T* out, i64 n, u64 seed, float rate, float scale) {
+__global__ void dropout_mask(T* out, i64 n, u64 seed, float rate, double scale) {
+  // the scale in the output's accumulator type: a float64 mask holds 1/(1-rate) to the bit
+  typedef typename Acc<T>::type A;
+  const A kept = A(scale);
   const u64 key = splitmix64(seed);
-  GRID_STRIDE(i, n) { store(out, i, unit_interval<float>(draw(key, i)) >= rate ? scale : 0.0f); }
+  GRID_STRIDE(i, n) { store(out, i, unit_interval<float>(draw(key, i)) >= rate ? kept : A(0)); }
 }
 
 // --- the multi-tensor loss-scaling kernel ----------------------------------------------------

@@ -30,9 +30,12 @@ class CudaNn:
         return self._contig(x), moved
 
     def _softmax(self, x: Any, axis: int, log_mode: int) -> Any:
+        if x.dtype in LOW:  # computed in float32, rounded once to the input's dtype
+            return self.cast(self._softmax(self.cast(x, "float32"), axis, log_mode),
+                             x.dtype.name)
         cp = self.cp
         if x.dtype not in (F32, F64):
-            x = self.cast(x, "float32") if x.dtype in LOW else x.astype(F32)
+            x = x.astype(F32)
         if x.ndim == 0:  # a softmax over one value
             return cp.zeros((), x.dtype) if log_mode else cp.ones((), x.dtype)
         xr, moved = self._rows_last(x, axis)
@@ -41,7 +44,7 @@ class CudaNn:
         rows = xr.size // cols if cols else 0
         if rows and cols:
             _k.function(_k.template("softmax_rows", CTYPE[xr.dtype]))(
-                (rows,), (BLOCK,), (xr, out, I64(cols), np.int32(log_mode)))
+                (rows,), (BLOCK,), (xr, out, np.int64(cols), np.int32(log_mode)))
         return cp.moveaxis(out, -1, axis) if moved else out
 
     def softmax(self, x: Any, axis: int) -> Any:
@@ -61,7 +64,7 @@ class CudaNn:
         probs = cp.empty_like(logits)
         if rows and cols:
             _k.function(_k.template("xent_fwd", CTYPE[logits.dtype]))(
-                (rows,), (BLOCK,), (logits, labels, loss, probs, I64(cols)))
+                (rows,), (BLOCK,), (logits, labels, loss, probs, np.int64(cols)))
         return loss, probs
 
     def sparse_softmax_cross_entropy_grad(self, probs: Any, labels: Any, g: Any) -> Any:
@@ -73,8 +76,8 @@ class CudaNn:
         dx = cp.empty_like(probs)
         if dx.size:
             _k.function(_k.template("xent_bwd", CTYPE[probs.dtype]))(
-                grid(dx.size), (BLOCK,), (probs, labels, g, dx, I64(dx.size),
-                                            I64(probs.shape[1])))
+                grid(dx.size), (BLOCK,), (probs, labels, g, dx, np.int64(dx.size),
+                                            np.int64(probs.shape[1])))
         return dx
 
     def relu_grad(self, g: Any, y: Any) -> Any:
@@ -84,7 +87,7 @@ class CudaNn:
         out = self.cp.empty(g.shape, dtype=g.dtype)
         if g.size:
             _k.function(_k.template("relu_grad", CTYPE[g.dtype]))(
-                grid(g.size), (BLOCK,), (g, y, out, I64(g.size)))
+                grid(g.size), (BLOCK,), (g, y, out, np.int64(g.size)))
         return out
 
     def relu_grad_bias(self, g: Any, y: Any) -> tuple[Any, Any]:
@@ -101,7 +104,7 @@ class CudaNn:
         out = self.cp.empty(x.shape, dtype=x.dtype)
         if x.size:
             _k.function(_k.template("bias_add", CTYPE[x.dtype]))(
-                grid(x.size), (BLOCK,), (x, bias, out, I64(x.size), I64(bias.shape[0])))
+                grid(x.size), (BLOCK,), (x, bias, out, np.int64(x.size), np.int64(bias.shape[0])))
         return out
 
     def dropout_mask(self, shape: tuple[int, ...], rate: float, dtype: str, seed: int) -> Any:
@@ -111,6 +114,6 @@ class CudaNn:
         if out.size:
             _k.function(_k.template("dropout_mask", CTYPE[kdt]))(
                 grid(out.size), (BLOCK,),
-                (out, I64(out.size), np.uint64(seed & 0xFFFFFFFFFFFFFFFF), np.float32(rate),
-                 np.float32(1.0 / (1.0 - rate))))
+                (out, np.int64(out.size), np.uint64(seed & 0xFFFFFFFFFFFFFFFF), np.float32(rate),
+                 np.float64(1.0 / (1.0 - rate))))
         return out if kdt == dt else out.astype(dt)

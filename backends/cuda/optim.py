@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
-from mpcore_xp import F32, I64
+from mpcore_xp import F32
 
 from mpcore.tensor import Tensor
 
@@ -59,7 +59,7 @@ class CudaOptim:
                         ys.append(outs[i])
                     else:
                         ys.append(null)
-                    ns.append(I64(x.size))
+                    ns.append(np.int64(x.size))
                 pad = _k.MULTI_TENSOR - len(chunk)
                 longest = max(int(v) for v in ns)
                 if longest == 0:
@@ -67,7 +67,7 @@ class CudaOptim:
                 grid = (max(1, min((longest + BLOCK - 1) // BLOCK, 4096)), len(chunk))
                 fn(grid, (BLOCK,), (np.int32(len(chunk)), np.float32(inv_scale), flag,
                                      *ins, *([null] * pad), *ys, *([null] * pad),
-                                     *ns, *([I64(0)] * pad)))
+                                     *ns, *([np.int64(0)] * pad)))
         return outs, flag
 
     def unscale_and_check(self, grads: list[Any], inv_scale: float) -> tuple[list[Any], Any]:
@@ -98,7 +98,7 @@ class CudaOptim:
             return
         _k.function("sgd_update")(
             grid(var.size), (BLOCK,),
-            (var, grad, velocity if velocity is not None else np.uint64(0), I64(var.size),
+            (var, grad, velocity if velocity is not None else np.uint64(0), np.int64(var.size),
              np.float32(lr), np.float32(momentum), np.int32(bool(nesterov)),
              self._flag_or_true(flag)))
 
@@ -118,7 +118,7 @@ class CudaOptim:
             return
         _k.function("rmsprop_update")(
             grid(var.size), (BLOCK,),
-            (var, grad, ms, mom if mom is not None else np.uint64(0), I64(var.size),
+            (var, grad, ms, mom if mom is not None else np.uint64(0), np.int64(var.size),
              np.float32(lr), np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
              np.float32(epsilon), self._flag_or_true(flag)))
 
@@ -139,6 +139,6 @@ class CudaOptim:
             return
         _k.function("adam_update")(
             grid(var.size), (BLOCK,),
-            (var, grad, m, v, I64(var.size), np.float32(alpha), np.float32(1.0 - beta1),
+            (var, grad, m, v, np.int64(var.size), np.float32(alpha), np.float32(1.0 - beta1),
              np.float32(1.0 - beta2), np.float32(epsilon), np.float32(decay),
              self._flag_or_true(flag)))

@@ -1,11 +1,15 @@
-"""The CUDA backend's one shape kernel of its own: ``take_grad`` accumulates in float32 through
-``cupyx.scatter_add`` (16-bit atomics are slow or missing on older GPUs)."""
+"""The CUDA backend's shape kernels of its own: ``take`` marks an index out of range (CuPy's
+wraps it silently), ``take_grad`` accumulates in float32 through ``cupyx.scatter_add`` (16-bit
+atomics are slow or missing on older GPUs)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mpcore_xp import F32, LOW
+import numpy as np
+from mpcore_xp import BF16, F16, F32, F64, LOW
+
+FLOATS = (F16, BF16, F32, F64)
 
 
 class CudaShape:
@@ -13,6 +17,22 @@ class CudaShape:
 
     cp: Any
     cast: Any
+    where: Any
+
+    def take(self, x: Any, indices: Any, axis: int) -> Any:
+        # CuPy wraps an index out of range, where NumPy raises; raising here would read the
+        # device at every take, so such a row reads NaN (0 for integers), as a label out of
+        # range gives NaN (TensorFlow's GPU gather gives zeros)
+        out = self.cp.take(x, indices, axis=axis)
+        n = x.shape[axis]
+        if out.size:
+            bad = (indices < -n) | (indices >= n)
+            bad = bad.reshape((1,) * axis + bad.shape + (1,) * (x.ndim - axis - 1))
+            # a host scalar of out's dtype: no device array to make (nor to copy while a
+            # CUDA graph captures); where() selects bfloat16 as raw bits
+            fill = out.dtype.type(np.nan if out.dtype in FLOATS else 0)
+            out = self.where(bad, fill, out)
+        return out
 
     def take_grad(self, g: Any, indices: Any, axis: int, shape: tuple[int, ...]) -> Any:
         import cupyx

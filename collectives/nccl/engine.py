@@ -50,7 +50,10 @@ class NcclCollectives(Collectives):
         self.mpi = MpiCollectives(communicator, timeout)
         self.rank, self.size, self.timeout = self.mpi.rank, self.mpi.size, timeout
         uid = share_unique_id(self.rank, nccl.get_unique_id, self.mpi.broadcast_values)
-        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        try:
+            self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        except TypeError:  # CuPy 14 takes the id as bytes (the argument check runs before NCCL)
+            self.comm = nccl.NcclCommunicator(self.size, bytes(b & 0xFF for b in uid), self.rank)
 
     def _wait(self, what: str) -> None:
         event = self.cupy.cuda.Event(disable_timing=True)

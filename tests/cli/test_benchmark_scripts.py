@@ -280,6 +280,21 @@ def _opencl_or_skip() -> None:
         pytest.skip(f"opencl: {exc}")
 
 
+def test_cuda_profile_breaks_a_step_into_kernels() -> None:
+    """On the CPU (the host times each kernel); on a GPU CUDA events do (backends/cuda
+    checklist)."""
+    records = run("cuda_profile.py", "--backend", "cpu", "--units", "8", "--batch", "16",
+                  "--steps", "2", "--warmup", "1", "--policy", "float32", "mixed_float16",
+                  "--peak-tflops", "1")
+    assert [r["policy"] for r in records] == ["float32", "mixed_float16"]
+    for r in records:
+        names = [k["kernel"] for k in r["kernels"]]
+        assert "matmul" in names and "rmsprop_update" in names
+        assert r["gemm_ms"] > 0 and r["kernels_ms"] >= r["gemm_ms"] and r["gemm_ms_at_peak"] > 0
+        assert next(k for k in r["kernels"] if k["kernel"] == "matmul")["calls_per_step"] == 8
+    assert "cast" in [k["kernel"] for k in records[1]["kernels"]]
+
+
 def test_opencl_step_profile() -> None:
     _opencl_or_skip()
     (record,) = run("opencl_step_profile.py", "--units", "8", "--batch", "16", "--steps", "2")

@@ -114,7 +114,8 @@ def test_the_commands_show_a_bad_setting_in_one_line() -> None:
     strict = run_mpcore("info", MPCORE_STRICT_PLUGINS="yes")
     assert strict.returncode == 1 and strict.stdout == ""
     assert strict.stderr == "mpcore: MPCORE_STRICT_PLUGINS='yes' is not valid; valid values: 0, 1\n"
-    pool = run_mpcore("demo", "--epochs", "1", MPCORE_CPU_POOL_MB="abc")
+    # (no GPU: a working CUDA backend would be auto-detected over the failing cpu)
+    pool = run_mpcore("demo", "--epochs", "1", MPCORE_CPU_POOL_MB="abc", CUDA_VISIBLE_DEVICES="")
     assert pool.returncode == 1 and pool.stdout == "" and "Traceback" not in pool.stderr
     assert (f"\n  cpu: failing: SettingError: MPCORE_CPU_POOL_MB='abc' is not valid; valid "
             f"values: {POOL_VALUES}\n") in pool.stderr

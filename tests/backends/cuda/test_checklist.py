@@ -32,6 +32,7 @@ def _module(path: Path) -> object:
 
 def test_the_plan_names_paths_markers_and_flags_that_exist() -> None:
     bench = _module(ROOT / "benchmarks" / "cuda_train_step.py")
+    profile = _module(ROOT / "benchmarks" / "cuda_profile.py")
     pyproject = (ROOT / "pyproject.toml").read_text()
     checks = checklist.plan(PY, checklist.PEER)
     assert len({c.log for c in checks}) + 1 <= 8        # the logs and summary.json come back
@@ -47,11 +48,15 @@ def test_the_plan_names_paths_markers_and_flags_that_exist() -> None:
         elif args[:1] == ("benchmarks/cuda_train_step.py",):
             options = bench.parser().parse_args(list(args[1:]))  # exits on an unknown flag
             assert options.backend == "cuda"
+        elif args[:1] == ("benchmarks/cuda_profile.py",):
+            options = profile.parser().parse_args(list(args[1:]))
+            assert options.backend == "cuda"
         elif args[:2] != ("-m", "mpcore"):
             assert check.argv == ("nvidia-smi",), check
     assert {"MPCORE_BACKEND": "cuda", "MPCORE_CUDA_GRAPHS": "0"} in [c.env for c in checks]
-    no_peer = checklist.plan(PY, None)
-    assert "--no-peer" in no_peer[-2].argv and "--peer" not in no_peer[-2].argv
+    against = [c for c in checklist.plan(PY, None) if c.name.startswith("bench vs torch")]
+    assert len(against) == 2
+    assert all("--no-peer" in c.argv and "--peer" not in c.argv for c in against)
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
@@ -64,6 +69,18 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
     assert any(ln.startswith("traced steps, graphs off [traced.log, 90 s]: MPCORE_BACKEND=cuda "
                              "MPCORE_CUDA_GRAPHS=0 ") for ln in lines)
     assert not (tmp_path / "out").exists()
+
+
+def test_only_runs_the_checks_named_and_refuses_an_unknown_name(tmp_path: Path) -> None:
+    script = str(ROOT / "backends" / "cuda" / "checklist.py")
+    proc = subprocess.run([PY, script, "--dry-run", "--only", "mpcore info", "suite on cuda"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert [ln.split(" [")[0] for ln in proc.stdout.splitlines()] == ["mpcore info",
+                                                                      "suite on cuda"]
+    bad = subprocess.run([PY, script, "--dry-run", "--only", "suite"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "no check named 'suite'; the checks: 'nvidia-smi'" in bad.stderr
 
 
 def _python(code: str, name: str, limit_s: int = 30, log: str = "a") -> Check:

@@ -29,8 +29,9 @@ INSTALL = "pip install intel-opencl-rt intel-cmplr-lib-rt"
 
 
 def _devices() -> list[Any]:
-    be = mp.get_backend("opencl")
-    if not be.is_available():
+    try:
+        be = mp.get_backend("opencl")
+    except mp.BackendUnavailableError:   # PyOpenCL not installed (a GPU machine's image)
         return []
     try:
         return be.devices()

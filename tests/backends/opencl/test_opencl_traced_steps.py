@@ -180,7 +180,10 @@ def test_every_launch_goes_through_the_runtime() -> None:
 def _other_devices() -> list[str]:
     if os.environ.get(CHILD):
         return []
-    be = mp.get_backend("opencl")
+    try:
+        be = mp.get_backend("opencl")
+    except mp.BackendUnavailableError:   # PyOpenCL not installed: the tests above skip too
+        return []
     current = be.device().index
     return [d.index for d in be.devices() if d.index != current]
 

@@ -22,7 +22,7 @@ BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"
           "logical_or")
 UNARY = ("logical_not", "isfinite", "negative", "abs", "sign", "exp", "log", "sqrt", "square",
          "tanh")
-SHAPES = ("reshape", "transpose", "broadcast_to", "concat", "take", "getitem", "getitem_grad")
+SHAPES = ("reshape", "transpose", "broadcast_to", "concat", "getitem", "getitem_grad")
 
 
 @pytest.fixture
@@ -36,6 +36,37 @@ def test_both_backends_take_the_shared_kernels_from_the_base() -> None:
     for name in (*BINARY, *UNARY, *SHAPES):
         assert getattr(CpuBackend, name) is getattr(XpBackend, name), name
         assert getattr(CudaBackend, name) is getattr(XpBackend, name), name
+
+
+class _WrappingTake:
+    """NumPy with CuPy's ``take``: an index out of range wraps (CuPy's documented behaviour;
+    NumPy's own raises)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def take(x: Any, indices: Any, axis: int) -> Any:
+        return np.take(x, indices, axis=axis, mode="wrap")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int64"])
+def test_cuda_take_marks_an_index_out_of_range(dtype: str) -> None:
+    """CUDA's take: the CPU's rows where the index is in range (negative ones count from the
+    end), NaN (0 for integers) where it is not, instead of CuPy's wrapped row. On a GPU:
+    test_cuda_device.py."""
+    be = CudaBackend()
+    be._cupy = _WrappingTake()
+    x = np.arange(12).reshape(3, 4).astype(DTYPES[dtype])
+    cpu = CpuBackend()
+    for indices, axis in (([[0, -1], [2, -3]], 0), ([1, 3, -4], 1)):
+        idx = np.array(indices)
+        assert_same_bits(be.take(x, idx, axis), cpu.take(x, idx, axis))
+    got = be.take(x, np.array([1, 4, -5, -3]), 1)
+    assert got.dtype == x.dtype and got.shape == (3, 4)
+    fill = 0 if dtype == "int64" else np.nan
+    np.testing.assert_array_equal(got.astype(np.float64)[:, 1:3], np.full((3, 2), fill))
+    np.testing.assert_array_equal(got[:, [0, 3]], x[:, [1, 1]])
 
 
 def test_one_dtype_table_names_every_dtype() -> None:
