@@ -147,6 +147,9 @@ def test_fused_elementwise_kernels(cuda: CudaBackend, cpu: mp.Backend, dtype: st
     # an index out of range reads NaN (CuPy's take would wrap it): no host read to raise
     taken = _host(cuda, cuda.take(cx, cuda.asarray([1, -1, 33, -34], "int64"), 0))
     assert np.isfinite(taken[:2]).all() and np.isnan(taken[2:]).all()
+    ones = cuda.asarray(np.ones((4, 70)), dtype)   # and its gradient drops them
+    grad = _host(cuda, cuda.take_grad(ones, cuda.asarray([1, -1, 33, -34], "int64"), 0, (33, 70)))
+    np.testing.assert_array_equal(grad, np.eye(33)[[1, 32]].sum(0)[:, None] * np.ones((1, 70)))
     oh = cuda.one_hot(cuda.asarray([0, 3, 9], "int64"), 10, dtype)
     np.testing.assert_array_equal(_host(cuda, oh), np.eye(10)[[0, 3, 9]])
 
