@@ -7,7 +7,10 @@ kernel of the backend's table timed by a pair of CUDA events on the current stre
 
 Prints one JSON line per policy: the step's wall time, the device time of each kernel of the
 table (summed over its calls, per step, largest first) and what the table's kernels leave of
-the step (casts and copies inside a kernel count as that kernel's). The GEMMs' share next to
+the step (casts and copies inside a kernel count as that kernel's). Before each kernel's
+start event the GPU spins for ``--lead-us`` (not timed), so that the kernel is queued before
+the GPU reaches that event: without it, a host-bound step would count the GPU's wait for the
+launch as the kernel's time. The GEMMs' share next to
 ``gemm_ms_at_peak`` (the FLOPs at the dtype's peak rate, when ``--peak-tflops`` is given)
 tells whether a gap to PyTorch is in the GEMMs or around them. A backend without CuPy is timed
 by the host around a synchronize after each kernel (slower, the same breakdown).
@@ -33,12 +36,25 @@ from cuda_train_step import POLICIES, GuideLoop, flops_per_step
 GEMMS = frozenset({"matmul", "dense", "batched_matmul"})
 
 
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {}
+}
+"""
+
+
 class KernelTimer:
     """A kernel view (``mpcore.backend.set_kernel_view``) that times each kernel call."""
 
-    def __init__(self, backend: mp.Backend) -> None:
+    def __init__(self, backend: mp.Backend, lead_us: float = 200.0) -> None:
         self.backend = backend
         self.cp = getattr(backend, "cp", None)
+        self._spin: Any = None
+        if self.cp is not None and lead_us > 0:
+            khz = self.cp.cuda.Device().attributes["ClockRate"]
+            self._cycles = int(lead_us * khz / 1e3)
+            self._spin = self.cp.RawKernel(SPIN, "spin")
         self.pending: list[tuple[str, Any, Any]] = []
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
@@ -57,6 +73,8 @@ class KernelTimer:
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
             if self.cp is not None:
+                if self._spin is not None:   # the lead: see the module's docstring
+                    self._spin((1,), (1,), (self.cp.int64(self._cycles),))
                 start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
                 start.record()
                 out = fn(*args, **kwargs)
@@ -79,7 +97,7 @@ class KernelTimer:
 
 
 def profile(backend: mp.Backend, policy: str, units: int, batch: int, steps: int,
-            warmup: int, peak_tflops: float | None) -> dict[str, Any]:
+            warmup: int, peak_tflops: float | None, lead_us: float = 200.0) -> dict[str, Any]:
     record: dict[str, Any] = {"bench": "cuda_profile", "backend": backend.name,
                               "device": backend.device().name, "policy": policy,
                               "units": units, "batch": batch, "steps": steps}
@@ -94,7 +112,7 @@ def profile(backend: mp.Backend, policy: str, units: int, batch: int, steps: int
         loop.step()
     backend.synchronize()
     wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-    timer = KernelTimer(backend)
+    timer = KernelTimer(backend, lead_us)
     backend_module.set_kernel_view(timer)
     try:
         for _ in range(steps):
@@ -131,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the device's dense peak for the policy's GEMMs, for gemm_ms_at_peak")
+    ap.add_argument("--lead-us", type=float, default=200.0,
+                    help="GPU spin before each timed kernel, so its launch is queued in time "
+                         "(0: none)")
     return ap
 
 
@@ -143,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for policy in a.policy:
         print(json.dumps(profile(backend, policy, a.units, a.batch, a.steps, a.warmup,
-                                 a.peak_tflops)), flush=True)
+                                 a.peak_tflops, a.lead_us)), flush=True)
     return 0
 
 

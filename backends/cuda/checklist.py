@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             env = " ".join(f"{k}={v}" for k, v in c.env.items())
             print(f"{c.name} [{c.log}.log, {c.limit_s} s]: {env + ' ' if env else ''}"
                   f"{' '.join(c.argv)}")
-        if peer is None:
+        if peer is None and any("--no-peer" in c.argv for c in checks):
             print(f"no {PEER}: the benchmark runs without the PyTorch peer")
         return 0
     outcomes = run_all(checks, a.budget, out, importable_env(repo))

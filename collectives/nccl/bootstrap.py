@@ -28,14 +28,16 @@ def nccl_op(name: str) -> int:
 
 
 def encode_unique_id(uid: Sequence[int]) -> list[float]:
-    """NCCL's unique id (CuPy gives a tuple of 128 signed or unsigned bytes) as floats."""
+    """NCCL's unique id (CuPy 13 gives a tuple of 128 signed or unsigned bytes, CuPy 14
+    ``bytes``) as floats."""
     if len(uid) != UNIQUE_ID_BYTES:
         raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
     return [float(b & 0xFF) for b in uid]
 
 
 def decode_unique_id(values: Sequence[float]) -> tuple[int, ...]:
-    """The unique id back, as the signed bytes CuPy's ``NcclCommunicator`` takes."""
+    """The unique id back, as the tuple of signed bytes CuPy 13's ``NcclCommunicator`` takes
+    (CuPy 14's takes ``bytes``: the engine converts where the tuple is refused)."""
     if len(values) != UNIQUE_ID_BYTES:
         raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(values)}")
     return tuple(int(v) - 256 if int(v) > 127 else int(v) for v in values)

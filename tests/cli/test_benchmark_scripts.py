@@ -295,6 +295,26 @@ def test_cuda_profile_breaks_a_step_into_kernels() -> None:
     assert "cast" in [k["kernel"] for k in records[1]["kernels"]]
 
 
+def test_cuda_profile_spin_kernel_compiles_with_nvrtc() -> None:
+    """The GPU spin that keeps each timed kernel's launch ahead of the GPU (no GPU needed)."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # CuPy or NVRTC missing: the CUDA tests skip for the same reason
+        pytest.skip(f"NVRTC is not usable here: {type(exc).__name__}")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import cuda_profile
+    finally:
+        sys.path.remove(str(BENCH))
+    prog = nvrtc.createProgram(cuda_profile.SPIN, "spin.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["--gpu-architecture=sm_80"])
+        assert len(nvrtc.getCUBIN(prog)) > 0
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
 def test_opencl_step_profile() -> None:
     _opencl_or_skip()
     (record,) = run("opencl_step_profile.py", "--units", "8", "--batch", "16", "--steps", "2")
