@@ -74,6 +74,8 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
         Check("mpcore info", "info", 60, (python, "-m", "mpcore", "info")),
         Check("cuda tests", "cuda_tests", 180, (*pytest, "tests/backends/cuda")),
         Check("gpu-marked tests", "cuda_tests", 60, (*pytest, "-m", "gpu")),
+        # the contract a third-party backend is held to: dtypes and shapes of every kernel
+        Check("conformance", "cuda_tests", 120, (python, "-m", "mpcore", "conformance", "cuda")),
         Check("traced steps on cuda", "traced", 150,
               (*pytest, "tests/training/test_traced_steps.py",
                "tests/backends/cuda/test_cuda_graphs.py", "--log-level=INFO",

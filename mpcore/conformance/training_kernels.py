@@ -131,6 +131,11 @@ def check_softmaxes(ctx: Context) -> None:
             ctx.expect(ctx.k[name](ctx.up(host, "float32"), axis),
                        ctx.ref_call(name, ctx.ref_up(host, "float32"), axis), "float32",
                        f"{name} axis={axis}", 4)
+        # 16-bit too, in the input's dtype: the rewrite may paint softmax 16-bit (an
+        # allowlist edit), and a kernel computing in float32 must round back
+        for dt in FLOATS[1:]:
+            ctx.expect(ctx.k[name](ctx.up(host, dt), 1),
+                       ctx.ref_call(name, ctx.ref_up(host, dt), 1), dt, f"{name}[{dt}]", 4)
         done.append(name)
     if not done:
         raise CheckSkippedError("softmax and log_softmax are not provided (optional)")

@@ -185,6 +185,16 @@ class BiasGradSkipsLastRow(CpuBackend):
         return dz, rows[:-1].sum(axis=0, dtype=dz.dtype)
 
 
+class SoftmaxStaysFloat32(CpuBackend):
+    """CUDA's defect on its first GPU run: 16-bit softmax computed in float32, not rounded
+    back."""
+
+    name = "broken-softmax-dtype"
+
+    def softmax(self, x: Any, axis: int) -> Any:
+        return CpuBackend.softmax(self, x.astype(np.float32), axis)
+
+
 class ErfMissing(CpuBackend):
     name = "broken-missing-erf"
     erf = None
@@ -205,8 +215,10 @@ class ErfMissing(CpuBackend):
     (MatmulIgnoresTranspose(), "matmul[bfloat16]", "matmul[bfloat16] (4, 4)^T @ (4, 4):"),
     (BiasGradSkipsLastRow(), "optional.relu_grad_bias_add[float32]",
      "relu_grad_bias[float32] (5, 4): bias grad"),
+    (SoftmaxStaysFloat32(), "optional.softmax",
+     "softmax[float16]: returned dtype float32, expected float16"),
 ], ids=["add-dtype", "add-dtype-f16", "sgd-flag", "sgd-flag-training", "nan-flag", "seed",
-        "take-grad", "square-transpose", "bias-grad"])
+        "take-grad", "square-transpose", "bias-grad", "softmax-dtype"])
 def test_broken_backend_fails_with_a_precise_message(backend: Any, check: str,
                                                      message: str) -> None:
     report = conformance.check(backend, quick=True)
