@@ -99,6 +99,10 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
         Check("kernel profile", "bench", 60,
               (python, "benchmarks/cuda_profile.py", "--policy", "float32", "mixed_float16",
                "mixed_bfloat16", "--units", "4096", "--batch", "8192")),
+        Check("kernel profile, cuBLAS route", "bench", 45,
+              (python, "benchmarks/cuda_profile.py", "--policy", "mixed_float16",
+               "mixed_bfloat16", "--units", "4096", "--batch", "8192"),
+              {"MPCORE_CUDA_GEMM16": "cublas"}),
         Check("suite on cuda", "suite_cuda", 300, (*pytest, "--maxfail=20"), cuda),
     ]
     return checks

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, F16, LOW
 
+from mpcore.settings import env_choice
+
 from .rules import TENSOR_CORE_CAPABILITY
 
 # cuBLAS constants (cublas_api.h, library_types.h): stable across CUDA 11-13.
@@ -22,6 +24,18 @@ _CUBLAS_GEMM_DEFAULT = -1
 _CUDA_R = {F16: 2, BF16: 14}
 _ONE = np.ones((), np.float32)   # host-pointer alpha and beta for cuBLAS
 _ZERO = np.zeros((), np.float32)
+
+
+#: The routes of 2-D 16-bit GEMMs (``MPCORE_CUDA_GEMM16``): ``cupy.matmul`` (cuBLAS
+#: ``gemmEx``), or ``gemmStridedBatchedEx`` with a batch of one, the batched route. A switch
+#: to compare them on a GPU (``benchmarks/cuda_profile.py``), not a tuning knob.
+GEMM16_ROUTES = ("cupy", "cublas")
+
+
+def gemm16_route() -> str:
+    """The 2-D 16-bit GEMM route ``MPCORE_CUDA_GEMM16`` names (a SettingError naming the valid
+    ones on a bad value)."""
+    return env_choice("MPCORE_CUDA_GEMM16", GEMM16_ROUTES)
 
 
 def strided_gemm_args(a_shape: tuple[int, ...], b_shape: tuple[int, ...], transpose_a: bool,
@@ -49,10 +63,12 @@ class CudaLinalg:
     cast: Any
     _contig: Any
     _native_gemm: dict[Any, bool] | None = None
+    _gemm16_direct = False
 
     def _gemm_native(self, dtype: Any) -> bool:
         """Whether 16-bit GEMMs of ``dtype`` run on tensor cores of the current GPU."""
         if self._native_gemm is None:
+            self._gemm16_direct = gemm16_route() == "cublas"
             cc = self.device().capability
             major, minor = (int(p) for p in cc.split("."))
             self._native_gemm = {F16: (major, minor) >= TENSOR_CORE_CAPABILITY["float16"],
@@ -69,7 +85,7 @@ class CudaLinalg:
             return self.cast(out, dtype.name)
         rows = a.shape[-1] if transpose_a else a.shape[-2]
         cols = b.shape[-2] if transpose_b else b.shape[-1]
-        if dtype in LOW and (a.ndim > 2 or (rows == 1 and cols == 1)):
+        if dtype in LOW and (a.ndim > 2 or (rows == 1 and cols == 1) or self._gemm16_direct):
             # cuBLAS directly: CuPy's batched matmul upcasts float16 and fails on bfloat16, and
             # its 2-D matmul computes a 1x1 product as a reduction in the 16-bit dtype
             return self._batched_gemm16(a, b, transpose_a, transpose_b)

@@ -19,13 +19,21 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import NUMPY_DTYPES as NP
-from mpcore_cuda import CudaBackend, TensorCoreWarning, check_tensor_core_dims, kernels, rules
+from mpcore_cuda import (
+    CudaBackend,
+    TensorCoreWarning,
+    check_tensor_core_dims,
+    kernels,
+    linalg,
+    rules,
+)
 from mpcore_cuda.rules import compatibility_check, cuda_policy_support, device_string
 from mpcore_cuda.tensor_cores import reset_warnings
 
 import mpcore as mp
 from mpcore.backend import OPTIONAL_KERNELS, Device
 from mpcore.extras import install_command
+from mpcore.settings import SettingError
 
 # --- described devices ---------------------------------------------------------------------
 P100 = Device("Tesla P100-PCIE-16GB", "NVIDIA", "gpu", "6.0")
@@ -114,6 +122,17 @@ def test_rule_errors_name_the_choices() -> None:
     s = cuda_policy_support("mixed_float16", "")
     assert not s.supported and "no CUDA compute capability" in s.reason
     assert rules.parse_capability((8, 6)) == (8, 6) and rules.parse_capability("3.10") == (3, 10)
+
+
+def test_gemm16_route_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MPCORE_CUDA_GEMM16", raising=False)
+    assert linalg.gemm16_route() == "cupy"
+    monkeypatch.setenv("MPCORE_CUDA_GEMM16", " CUBLAS ")
+    assert linalg.gemm16_route() == "cublas"
+    monkeypatch.setenv("MPCORE_CUDA_GEMM16", "cutlass")
+    with pytest.raises(SettingError, match=r"^MPCORE_CUDA_GEMM16='cutlass' is not valid; valid "
+                                           r"values: cupy, cublas$"):
+        linalg.gemm16_route()
 
 
 def test_message_one_fast_gpu() -> None:

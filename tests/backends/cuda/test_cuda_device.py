@@ -88,8 +88,13 @@ def test_casts_round_to_nearest_even_bit_exactly(cuda: CudaBackend, src: str, ds
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize(("ta", "tb"), [(False, False), (True, False), (False, True),
                                         (True, True)])
+@pytest.mark.parametrize("route", ["cupy", "cublas"])
 def test_matmul_2d_and_batched(cuda: CudaBackend, cpu: mp.Backend, dtype: str, ta: bool,
-                               tb: bool) -> None:
+                               tb: bool, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MPCORE_CUDA_GEMM16 is read with the first GEMM's tensor-core check: read it again
+    monkeypatch.setenv("MPCORE_CUDA_GEMM16", route)
+    monkeypatch.setattr(cuda, "_gemm16_direct", False)
+    monkeypatch.setattr(cuda, "_native_gemm", None)
     for batch in ((), (3,), (2, 2)):
         a = _rand((*batch, 40, 24) if ta else (*batch, 24, 40), dtype, 2)
         b = _rand((*batch, 16, 40) if tb else (*batch, 40, 16), dtype, 3)
