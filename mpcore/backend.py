@@ -317,6 +317,12 @@ class Backend:
             self._categories = {**CATEGORIES, **self.category_overrides}
         return self._categories
 
+    def install_advice(self) -> str:
+        """What to install for this backend to come up here, shown with its unavailable
+        reason: ``install_hint``, or "" where installing would change nothing (CUDA with CuPy
+        installed and no GPU)."""
+        return self.install_hint
+
     def missing_kernels(self) -> list[str]:
         return [k for k in REQUIRED_KERNELS if not callable(getattr(self, k, None))]
 
@@ -324,8 +330,8 @@ class Backend:
         reason = self.unavailable_reason()
         if reason is not None:
             raise BackendUnavailableError(f"backend {self.name!r} is not available: {reason}"
-                                     + (f" (install with {self.install_hint})"
-                                        if self.install_hint else ""))
+                                     + (f" (install with {self.install_advice()})"
+                                        if self.install_advice() else ""))
         missing = self.missing_kernels()
         if missing:
             raise NotImplementedError(f"backend {self.name!r} lacks required kernels: "

@@ -69,7 +69,7 @@ def _describe(backend: Any, plugin: str, measure: bool) -> dict[str, Any]:
     reason = backend.unavailable_reason()
     if reason is not None:
         entry["reason"] = reason
-        entry["install"] = backend.install_hint
+        entry["install"] = backend.install_advice()
         return entry
     devices: list[dict[str, Any]] = []
     policies: dict[str, Any] = {}

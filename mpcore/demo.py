@@ -196,7 +196,7 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
     else:
         out(f"Units: {units} (--units)")
 
-    data = mnist.load()
+    data = mnist.load(warn=False)      # the offline split is said just below, once
     if data.split == "offline":
         out(f"Data: OFFLINE SPLIT of the MNIST test set ({data.source}): first "
             f"{len(data.x_train):,} images to train, last {len(data.x_test):,} to test; not the "
@@ -320,7 +320,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                              "rewrite, and print its painted training step")
     parser.add_argument("--seed", type=int, default=0, help="any integer (default: 0)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                        help="0 quiet, 1 progress bars (stderr), 2 one line per epoch")
+                        help="0 quiet, 1 progress bars (stdout; one line per epoch off a "
+                             "terminal), 2 one line per epoch")
     parser.add_argument("--ranks", type=positive_int, default=1,
                         help="train data-parallel on this many ranks under mpiexec, >= 1 "
                              "(default: 1, this process)")

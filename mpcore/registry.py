@@ -72,7 +72,8 @@ def status(backend: Backend) -> str:
     """"available", "not available: why (install with ...)" or "failing: how"."""
     reason = backend.unavailable_reason()
     if reason is not None:
-        hint = f" (install with {backend.install_hint})" if backend.install_hint else ""
+        advice = backend.install_advice()
+        hint = f" (install with {advice})" if advice else ""
         return f"not available: {reason}{hint}"
     exc = _failures.get(backend.name)
     return "available" if exc is None else f"failing: {describe_failure(exc)}"
@@ -108,7 +109,8 @@ def _lookup(name: str | Backend, source: str = "") -> Backend:
                          f"Backends here:\n{_describe_choices()}")
     reason = backend.unavailable_reason()
     if reason is not None:
-        hint = f"; install with {backend.install_hint}" if backend.install_hint else ""
+        advice = backend.install_advice()
+        hint = f"; install with {advice}" if advice else ""
         raise BackendUnavailableError(
             f"{source}backend {backend.name!r} is not available: {reason}{hint}.\n"
             f"Backends here:\n{_describe_choices()}")
@@ -161,19 +163,18 @@ def _auto_detect() -> tuple[Backend, str]:
             why += "; skipped " + ", ".join(skipped)
         _warn_passed_over([n for n in new_failures if n in _failures], backend)
         return backend, why
-    _warn_passed_over([n for n in new_failures if n in _failures], None)
+    # (no warning for the failures: the error lists every backend, those failing included)
     # "works here" would contradict a backend listed as available but never auto-selected
     head = ("no mpcore backend could be auto-detected (one that is not auto-selected may "
             "work: choose it with MPCORE_BACKEND)" if shy else "no mpcore backend works here")
     raise BackendUnavailableError(f"{head}:\n{_describe_choices(frozenset(shy))}")
 
 
-def _warn_passed_over(names: list[str], used: Backend | None) -> None:
+def _warn_passed_over(names: list[str], used: Backend) -> None:
     """One warning for the backends that failed in this detection."""
     if not names:
         return
-    instead = (f"using {used.name!r}, the next by priority" if used is not None
-               else "no backend is left")
+    instead = f"using {used.name!r}, the next by priority"
     failed = "; ".join(f"{n!r} ({describe_failure(_failures[n])})" for n in names)
     logger.warning("mpcore: %s: auto-detection passed over what failed on first use (`mpcore "
                    "info` lists every backend): %s", instead, failed)

@@ -58,6 +58,10 @@ class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaSha
     def unavailable_reason(self) -> str | None:
         return hidden_by_env() or cupy_missing() or no_device()
 
+    def install_advice(self) -> str:
+        # with CuPy installed, what is missing is a GPU (or its driver): no pip command helps
+        return self.install_hint if cupy_missing() else ""
+
     @property
     def cp(self) -> Any:
         """The cupy module, imported on first use."""

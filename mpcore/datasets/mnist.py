@@ -240,14 +240,24 @@ def _how_to(dirs: Sequence[Path]) -> str:
 
 def load(path: str | os.PathLike[str] | None = None, split: str = "auto",
          mirrors: Sequence[str] | None = None, timeout: float = 30.0,
-         md5s: Mapping[str, str] | None = None) -> MnistData:
+         md5s: Mapping[str, str] | None = None, warn: bool = True) -> MnistData:
     """Load MNIST (see the module docstring for where from, and for ``split``). ``md5s``
-    replaces the published checksums (file name -> md5) for a mirror that repackages them."""
+    replaces the published checksums (file name -> md5) for a mirror that repackages them.
+    ``warn=False``: no warning for the offline split (``MnistData.split`` says it; the demo
+    prints its own line)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    env_dir = os.environ.get("MPCORE_DATA_DIR") if path is None else None
+    if env_dir and not Path(env_dir).is_dir():
+        # a typo or a relative path from another folder: said at once, no download tried
+        raise MnistUnavailableError(
+            f"MPCORE_DATA_DIR={env_dir!r} is not a folder"
+            + (f" (a relative path is read from the current directory, {os.getcwd()})"
+               if not Path(env_dir).is_absolute() else "")
+            + ". Point it at the folder holding the MNIST IDX files, or unset it to download "
+            f"them into {cache_dir()}.")
     dirs = _search_dirs(path)
     found = {name: _find(name, dirs) for name in FILES}
-    env_dir = os.environ.get("MPCORE_DATA_DIR") if path is None else None
     test_local = all(found[n] is not None for n in TEST)
     train_local = all(found[n] is not None for n in TRAIN)
     offline = split == "offline" or (
@@ -274,11 +284,12 @@ def load(path: str | os.PathLike[str] | None = None, split: str = "auto",
         check_md5(found[name], checksums[name])  # type: ignore[arg-type]
     x_test, y_test = read_pair(found[TEST[0]], found[TEST[1]])  # type: ignore[arg-type]
     source = str(found[TEST[0]].parent)  # type: ignore[union-attr]
-    if offline:
+    if offline and warn:
         logger.warning("MNIST offline split: only the test-set files are used (from %s): "
                        "training on its first %d images, testing on its last %d. This is NOT "
                        "the full MNIST set (60,000 train / 10,000 test).", source,
                        OFFLINE_TRAIN, len(x_test) - OFFLINE_TRAIN)
+    if offline:
         return MnistData(x_test[:OFFLINE_TRAIN], y_test[:OFFLINE_TRAIN],
                          x_test[OFFLINE_TRAIN:], y_test[OFFLINE_TRAIN:], "offline", source)
     x_train, y_train = read_pair(found[TRAIN[0]], found[TRAIN[1]])  # type: ignore[arg-type]

@@ -131,6 +131,22 @@ def test_offline_error_says_what_where_and_how(clean_env: Path) -> None:
         assert needle in message
 
 
+@pytest.mark.parametrize("value", ["../no/such/mnist", "/no/such/mnist", "FILE"])
+def test_a_data_dir_that_is_not_a_folder_is_said_at_once(
+        value: str, clean_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if value == "FILE":
+        value = str(tmp_path / "a-file")
+        Path(value).write_text("")
+    monkeypatch.setenv("MPCORE_DATA_DIR", value)
+    with pytest.raises(mnist.MnistUnavailableError) as info:
+        mnist.load(mirrors=["http://127.0.0.1:9/"])   # (never asked: no download is tried)
+    message = str(info.value)
+    assert message.startswith(f"MPCORE_DATA_DIR={value!r} is not a folder")
+    assert ("a relative path is read from the current directory" in message) == (
+        not value.startswith("/"))
+    assert str(clean_env) in message and "127.0.0.1" not in message
+
+
 def test_offline_split_from_data_dir(tmp_path: Path, clean_env: Path,
                                      monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture) -> None:
@@ -144,6 +160,11 @@ def test_offline_split_from_data_dir(tmp_path: Path, clean_env: Path,
     assert data.split == "offline"
     assert (len(data.x_train), len(data.x_test)) == (8000, 2000)
     assert "NOT the full MNIST set" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mpcore"):   # the caller says it (the demo)
+        assert mnist.load(mirrors=["http://127.0.0.1:9/"], md5s=md5s, warn=False).split == (
+            "offline")
+    assert "NOT the full" not in caplog.text
     full = mnist.read_idx(folder / "t10k-images-idx3-ubyte.gz")
     np.testing.assert_array_equal(data.x_train, full[:8000])
     np.testing.assert_array_equal(data.x_test, full[8000:])
