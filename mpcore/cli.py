@@ -205,7 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in failures:
         print(f"mpcore: plugin {e.plugin!r} ({e.target}) failed: {e.error}; its commands are "
               "left out (mpcore info lists every plugin failure)", file=sys.stderr)
-    parser = argparse.ArgumentParser(prog="mpcore", description=__doc__.split("\n")[0])
+    from mpcore import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="mpcore", description="mixed precision training on any hardware: mpcore info "
+        "(backends, devices, verdicts), and the commands of plugins")
+    parser.add_argument("--version", action="version", version=f"mpcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in available.values():
         command.configure(sub.add_parser(command.name, help=command.help_text,

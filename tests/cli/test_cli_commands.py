@@ -183,6 +183,8 @@ def test_command_plugins_through_entry_points(tmp_path: Path) -> None:
     listing = run(tmp_path, "-m", "mpcore", "--help").stdout
     for name in ("info", "demo", "conformance", "hello", "both"):
         assert f"\n    {name} " in listing or f"\n    {name}\n" in listing, listing
+    assert "``" not in listing                          # plain text, not the docstring's reST
+    assert run(tmp_path, "-m", "mpcore", "--version").stdout == f"mpcore {mp.__version__}\n"
 
     info = run(tmp_path, "-m", "mpcore", "info", "--json")
     assert info.returncode == 0, info.stderr
