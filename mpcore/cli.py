@@ -196,6 +196,16 @@ def commands() -> tuple[dict[str, Command], list[PluginError]]:
     return found, failures
 
 
+def _version() -> str:
+    """The installed distribution's version (the metadata pip wrote), as ``pip show`` says."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mpcore")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         available, failures = commands()
@@ -205,12 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in failures:
         print(f"mpcore: plugin {e.plugin!r} ({e.target}) failed: {e.error}; its commands are "
               "left out (mpcore info lists every plugin failure)", file=sys.stderr)
-    from mpcore import __version__
-
     parser = argparse.ArgumentParser(
         prog="mpcore", description="mixed precision training on any hardware: mpcore info "
         "(backends, devices, verdicts), and the commands of plugins")
-    parser.add_argument("--version", action="version", version=f"mpcore {__version__}")
+    parser.add_argument("--version", action="version", version=f"mpcore {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in available.values():
         command.configure(sub.add_parser(command.name, help=command.help_text,
