@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcore.commands import Command, Subcommands
+from mpcore.extras import installed_version
 from mpcore.plugins import COMMANDS_GROUP, PluginError, command_plugins
 from mpcore.policy import POLICIES
 from mpcore.settings import SettingError
@@ -196,16 +197,6 @@ def commands() -> tuple[dict[str, Command], list[PluginError]]:
     return found, failures
 
 
-def _version() -> str:
-    """The installed distribution's version (the metadata pip wrote), as ``pip show`` says."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mpcore")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "(not installed)"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         available, failures = commands()
@@ -218,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="mpcore", description="mixed precision training on any hardware: mpcore info "
         "(backends, devices, verdicts), and the commands of plugins")
-    parser.add_argument("--version", action="version", version=f"mpcore {_version()}")
+    parser.add_argument("--version", action="version", version=f"mpcore {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in available.values():
         command.configure(sub.add_parser(command.name, help=command.help_text,
