@@ -56,11 +56,13 @@ class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaSha
 
     # --- availability and devices -------------------------------------------------------
     def unavailable_reason(self) -> str | None:
-        return hidden_by_env() or cupy_missing() or no_device()
+        # the GPU first: without one (or with every one hidden) CuPy is not what is missing
+        return hidden_by_env() or no_device() or cupy_missing()
 
     def install_advice(self) -> str:
-        # with CuPy installed, what is missing is a GPU (or its driver): no pip command helps
-        return self.install_hint if cupy_missing() else ""
+        # a pip command only where a GPU is there and CuPy is what it lacks
+        missing = cupy_missing()
+        return self.install_hint if missing and self.unavailable_reason() == missing else ""
 
     @property
     def cp(self) -> Any:

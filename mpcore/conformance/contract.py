@@ -29,6 +29,10 @@ def check_name(ctx: Context) -> str:
         raise CheckFailedError(f"{cls.__name__}.priority must be an int, got {cls.priority!r}")
     if not isinstance(cls.install_hint, str):
         raise CheckFailedError(f"{cls.__name__}.install_hint must be a str")
+    advice = ctx.be.install_advice()
+    if not isinstance(advice, str):
+        raise CheckFailedError(f"{cls.__name__}.install_advice() must return a str (\"\" for "
+                               f"none), got {advice!r}")
     return f"name {name!r}, priority {cls.priority}"
 
 

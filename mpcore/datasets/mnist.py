@@ -1,7 +1,8 @@
 """MNIST from its original IDX gzip files, as ``keras.datasets.mnist.load_data``.
 
 Where the files are looked for, in order: ``path`` (when given), else ``$MPCORE_DATA_DIR``
-(when set) and the cache folder (``$XDG_CACHE_HOME/mpcore/mnist``, by default
+(when set; one that is not a folder raises at once, without a download: a typo or a relative
+path from another folder) and the cache folder (``$XDG_CACHE_HOME/mpcore/mnist``, by default
 ``~/.cache/mpcore/mnist``). Files that are missing are downloaded into the cache folder (or
 ``path``) from the standard mirrors (override with ``mirrors=`` or ``$MPCORE_MNIST_MIRRORS``,
 comma-separated base URLs), each checked against its published md5 and written atomically:
@@ -13,8 +14,8 @@ foreign file raises :class:`MnistFileError` naming it and saying what to do.
 Offline split: where only the two test-set files are available (as in the project's shared
 data folder), ``split="offline"`` (or ``split="auto"`` when the files come from
 ``$MPCORE_DATA_DIR``) trains on the first 8,000 test images and tests on the last 2,000. It
-logs a warning saying so: it is not the full 60,000/10,000 set. ``load()`` returns the split
-used; ``load_data()`` returns the Keras tuples.
+logs a warning saying so (not with ``warn=False``): it is not the full 60,000/10,000 set.
+``load()`` returns the split used; ``load_data()`` returns the Keras tuples.
 
 Arrays are NumPy ``uint8``: images (N, 28, 28), labels (N,). NumPy is imported here only.
 """

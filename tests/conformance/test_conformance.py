@@ -257,6 +257,13 @@ class NeedsArguments(CpuBackend):
         self.device_id = device_id
 
 
+class AdviceNotAString(CpuBackend):
+    name = "advice-none"
+
+    def install_advice(self) -> str:
+        return None  # type: ignore[return-value]
+
+
 def test_contract_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(contract, "CHEAP_SECONDS", 0.01)
     report = conformance.check(SlowAndAbsent(), quick=True)
@@ -276,6 +283,10 @@ def test_contract_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert report.result("contract.constructor").detail.startswith(
         "NeedsArguments() must work without arguments")
     assert report.result("contract.name").status == "pass"
+
+    report = conformance.check(AdviceNotAString(), quick=True, only=["contract."])
+    assert report.result("contract.name").detail == (
+        "AdviceNotAString.install_advice() must return a str (\"\" for none), got None")
 
 
 def test_numpy_is_not_imported_at_module_level() -> None:

@@ -89,13 +89,30 @@ def test_unavailable_reason_and_error_without_gpu() -> None:
     assert (install_command("cuda") in first) == (_REASON == "CuPy not installed"), first
 
 
-def test_install_advice_only_where_cupy_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("cupy", "gpu", "hidden", "reason"), [
+    (False, True, False, "CuPy not installed"),
+    (False, False, False, "no CUDA device"),
+    (False, True, True, "no CUDA device (CUDA_VISIBLE_DEVICES hides every GPU)"),
+    (True, False, False, "no CUDA device"),
+    (True, True, False, None)])
+def test_install_advice_only_where_a_gpu_lacks_cupy(monkeypatch: pytest.MonkeyPatch,
+                                                    cupy: bool, gpu: bool, hidden: bool,
+                                                    reason: str | None) -> None:
     from mpcore_cuda import backend as cuda_backend
 
-    monkeypatch.setattr(cuda_backend, "cupy_missing", lambda: "CuPy not installed")
-    assert CudaBackend().install_advice() == install_command("cuda") == CudaBackend.install_hint
-    monkeypatch.setattr(cuda_backend, "cupy_missing", lambda: None)
-    assert CudaBackend().install_advice() == ""
+    monkeypatch.setattr(cuda_backend, "cupy_missing",
+                        lambda: None if cupy else "CuPy not installed")
+    monkeypatch.setattr(cuda_backend, "no_device", lambda: None if gpu else "no CUDA device")
+    if hidden:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    be = CudaBackend()
+    assert be.unavailable_reason() == reason
+    advice = install_command("cuda") if reason == "CuPy not installed" else ""
+    assert be.install_advice() == advice
+    if advice:
+        assert advice == CudaBackend.install_hint
 
 
 # --- rules: pure functions of device descriptions -----------------------------------------
