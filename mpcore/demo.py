@@ -260,7 +260,10 @@ def run(units: int | None = None, policy: str | None = None, epochs: int = 5,
 
     result = {"runs": runs, "units": units, "batch_size": batch_size, "split": data.split,
               "policy": policy}
-    demo_report.report(result, verdict, f"{backend.name} ({device.name})", epochs, painted, out)
+    where = f"{backend.name} ({device.name})"
+    if mp.distribution.world_size() > 1:   # the job of --ranks N
+        where += f", {mp.distribution.world_size()} ranks (data-parallel)"
+    demo_report.report(result, verdict, where, epochs, painted, out)
     if plot is not None:
         demo_report.plot(result, plot)
         out(f"Plot written to {plot}")

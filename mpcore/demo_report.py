@@ -28,6 +28,9 @@ def report(result: dict[str, Any], verdict: Any, where: str, epochs: int,
         r["speedup"] = ratio
         out(f"{label(name, r):<{width}}{r['test_accuracy']:>15.4f}"
             f"{r['time_per_sample'] * 1e6:>12.1f} us{ratio:>18.2f}x")
+    if epochs > 1:
+        steady = "epoch 2" if epochs == 2 else f"the mean over epochs 2 to {epochs}"
+        out(f"time/sample: {steady} (epoch 1 holds the warm-up)")
     # one timing of a shared or busy machine can be far off: say the ratio is a measurement
     out("Speed ratios are one measurement on this machine: they vary from run to run (other "
         "load, warm-up), more so on a shared CPU")

@@ -36,6 +36,7 @@ def test_demo_output(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {line.split()[0]: line.split() for line in table[2:4]}
     assert set(rows) == {"float32", policy}
     assert rows["float32"][-1] == "1.00x"
+    assert "time/sample: epoch 2 (epoch 1 holds the warm-up)" in out
     for row in rows.values():
         assert 0.8 < float(row[1]) <= 1.0
 

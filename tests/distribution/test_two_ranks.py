@@ -292,3 +292,4 @@ def test_the_demo_runs_on_two_ranks() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "-m mpi4py -m mpcore demo --epochs 1" in proc.stdout
     assert proc.stdout.count("Results on cpu") == 1  # rank 0 prints, rank 1 does not
+    assert "2 ranks (data-parallel), 16 units" in proc.stdout
