@@ -104,11 +104,13 @@ def _resolve(backend: Backend | str) -> Backend:
     if isinstance(backend, Backend):
         return backend
     from mpcore.plugins import get_plugins
+    from mpcore.registry import backends
 
     registered = get_plugins().backends
     if backend not in registered:
+        # in the order mpcore info and the registry's errors list them: by priority
         raise ValueError(f"unknown backend {backend!r}; registered backends: "
-                         f"{', '.join(sorted(registered)) or 'none'}")
+                         f"{', '.join(b.name for b in backends()) or 'none'}")
     return registered[backend]
 
 
