@@ -211,10 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(backends, devices, verdicts), and the commands of plugins")
     parser.add_argument("--version", action="version", version=f"mpcore {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parsers = {}
     for command in available.values():
-        command.configure(sub.add_parser(command.name, help=command.help_text,
-                                         description=command.help_text))
-    args = parser.parse_args(argv)
+        parsers[command.name] = sub.add_parser(command.name, help=command.help_text,
+                                               description=command.help_text)
+        command.configure(parsers[command.name])
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # the subcommand's usage, not the top-level one argparse would print
+        parsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2
