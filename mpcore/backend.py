@@ -319,8 +319,8 @@ class Backend:
 
     def install_advice(self) -> str:
         """What to install for this backend to come up here, shown with its unavailable
-        reason: ``install_hint``, or "" where installing would change nothing (CUDA with CuPy
-        installed and no GPU)."""
+        reason: ``install_hint``, or "" where installing would change nothing (CUDA without a
+        usable GPU)."""
         return self.install_hint
 
     def missing_kernels(self) -> list[str]:

@@ -23,10 +23,14 @@ def cupy_missing() -> str | None:
 
 @lru_cache(maxsize=1)
 def no_device() -> str | None:
-    # The NVIDIA kernel driver exposes one node per GPU; no node, no CUDA device.
-    if not glob.glob("/dev/nvidia[0-9]*") and not glob.glob("/proc/driver/nvidia/gpus/*"):
-        return "no CUDA device"
-    return None
+    # The NVIDIA kernel driver exposes one node per GPU; no node, no CUDA device. WSL2 has
+    # none of those: its GPUs come through /dev/dxg, with the driver's libcuda under
+    # /usr/lib/wsl (a Windows host without an NVIDIA driver has /dev/dxg alone).
+    if glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*"):
+        return None
+    if glob.glob("/dev/dxg") and glob.glob("/usr/lib/wsl/lib/libcuda.so*"):
+        return None
+    return "no CUDA device"
 
 
 def hidden_by_env() -> str | None:

@@ -82,7 +82,7 @@ def test_json_has_the_same_facts(report: dict, table: str) -> None:
     for entry in report["backends"]:
         be = mp.get_backend(entry["name"]) if entry["available"] else None
         if entry["name"] == "cuda" and not entry["available"]:
-            # a pip command only where CuPy is missing: with it, what is missing is a GPU
+            # a pip command only where a GPU lacks CuPy (the reason names the GPU first)
             assert entry["install"] == (install_command("cuda")
                                         if entry["reason"] == "CuPy not installed" else "")
         if be is None:

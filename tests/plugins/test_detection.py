@@ -48,7 +48,7 @@ def test_env_unavailable_cuda_fails_with_install_hint(tmp_path: Path) -> None:
     proc = run(tmp_path, ["-c", "import mpcore as mp; mp.get_backend()"], MPCORE_BACKEND="cuda")
     assert proc.returncode != 0
     assert f"MPCORE_BACKEND=cuda: backend 'cuda' is not available: {reason}" in proc.stderr
-    # the pip command only where CuPy is missing: with CuPy, what is missing is a GPU
+    # the pip command only where a GPU lacks CuPy (the reason names the GPU first)
     assert (install_command("cuda") in proc.stderr) == (reason == "CuPy not installed")
     assert "cpu: available" in proc.stderr
 

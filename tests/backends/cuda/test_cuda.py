@@ -76,6 +76,24 @@ def test_hidden_devices_make_it_unavailable(monkeypatch: pytest.MonkeyPatch) -> 
     assert reason is not None and "no CUDA device" in reason
 
 
+@pytest.mark.parametrize(("present", "found"), [
+    ((), False),
+    (("/dev/nvidia0",), True),
+    (("/proc/driver/nvidia/gpus/0000:00:06.0",), True),
+    (("/dev/dxg", "/usr/lib/wsl/lib/libcuda.so.1"), True),   # WSL2 with NVIDIA's driver
+    (("/dev/dxg",), False)])                                 # WSL2, another GPU's driver
+def test_device_nodes_decide_whether_a_gpu_is_there(monkeypatch: pytest.MonkeyPatch,
+                                                    present: tuple[str, ...],
+                                                    found: bool) -> None:
+    import fnmatch
+
+    from mpcore_cuda import devices
+
+    monkeypatch.setattr(devices.glob, "glob",
+                        lambda pattern: [p for p in present if fnmatch.fnmatch(p, pattern)])
+    assert devices.no_device.__wrapped__() == (None if found else "no CUDA device")
+
+
 _REASON = CudaBackend().unavailable_reason()
 
 
@@ -84,7 +102,7 @@ def test_unavailable_reason_and_error_without_gpu() -> None:
     assert _REASON in ("CuPy not installed", "no CUDA device") or "no CUDA device" in _REASON
     with pytest.raises(RuntimeError, match="backend 'cuda' is not available: ") as info:
         mp.set_backend("cuda")
-    # the pip command where CuPy is missing; with CuPy installed, no pip command helps
+    # the pip command only where a GPU lacks CuPy (the reason names the GPU first)
     first = str(info.value).splitlines()[0]
     assert (install_command("cuda") in first) == (_REASON == "CuPy not installed"), first
 
