@@ -275,6 +275,33 @@ def test_tensor_core_tip_warns_once_per_layer() -> None:
     reset_warnings()
 
 
+# --- the backend's Python, checked where no GPU runs it ------------------------------------
+def test_no_dtype_object_is_called() -> None:
+    """The first GPU run's defect: ``I64(n)`` called a NumPy dtype object (``np.dtype`` is not
+    callable; its ``.type`` is) in every launch that passed a count. No CPU test reaches a
+    launch, so the sources are checked: the dtype constants of mpcore_xp are never called."""
+    import ast
+    from pathlib import Path
+
+    import mpcore_cuda
+    import mpcore_nccl
+    import mpcore_xp.dtypes
+
+    constants = {name for name, value in vars(mpcore_xp.dtypes).items()
+                 if isinstance(value, np.dtype)}
+    assert {"F16", "BF16", "F32", "F64", "I64"} <= constants
+    calls = []
+    for package in (mpcore_cuda, mpcore_nccl):     # the code only a GPU runs
+        paths = sorted(Path(package.__file__).parent.glob("*.py"))
+        for path in paths:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in constants):
+                    calls.append(f"{path.name}:{node.lineno} calls {node.func.id}(...)")
+    assert not calls, "a dtype object is not callable (use its .type, or np.int64):\n" + \
+        "\n".join(calls)
+
+
 # --- kernel sources: consistent, and compiled by NVRTC where it is installed ---------------
 _GLOBAL = re.compile(r"__global__\s+void\s+(\w+)\s*\(")
 
