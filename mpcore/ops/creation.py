@@ -167,8 +167,11 @@ def random_permutation(n: int, seed: int | None = None, backend: Any = None) -> 
 
     recorder = local.recorder
     if recorder is not None and not recorder.whole_depth:
-        # the order is computed here, in Python: a replay would reuse the trace's
-        if recorder.drew(s):
+        # the order is computed here, in Python: a replay would reuse the trace's, which is
+        # every order there is for n <= 1 (the seed's draw is replayed all the same)
+        if n <= 1:
+            recorder.drawn_spec(s)
+        elif recorder.drew(s):
             recorder.refuse_seed(
                 f"backend {be.name!r} has no random_permutation kernel: a traced step cannot "
                 "draw a random permutation on it (a replay would reuse the first call's). "

@@ -295,6 +295,16 @@ def test_a_permutation_drawn_in_python_is_refused(on_cpu: mp.Backend,
     orders = [np.asarray(fixed(mp.ops.ones((8,)))).tolist() for _ in range(3)]
     assert orders[0] == orders[1] == orders[2] and fixed.eager_reason is None
 
+    def one(x: mp.Tensor) -> mp.Tensor:   # n <= 1: one order whatever the seed, so not refused
+        return mp.ops.add(mp.ops.cast(mp.ops.random_permutation(1), "float32"), x)
+
+    f = mp.function(one, fallback=False)
+    mp.random.set_seed(4)
+    eager = [mp.random.next_seed() for _ in range(3)]
+    mp.random.set_seed(4)
+    assert [np.asarray(f(mp.ops.ones((1,)))).tolist() for _ in range(2)] == [[1.0], [1.0]]
+    assert f.tracing_count == 1 and mp.random.next_seed() == eager[2]  # the draws replayed
+
 
 def test_a_converted_seed_in_a_first_call_that_creates_variables(
         backend: mp.Backend) -> None:
