@@ -329,9 +329,9 @@ class Backend:
     def _activate(self) -> None:
         reason = self.unavailable_reason()
         if reason is not None:
+            advice = self.install_advice()
             raise BackendUnavailableError(f"backend {self.name!r} is not available: {reason}"
-                                     + (f" (install with {self.install_advice()})"
-                                        if self.install_advice() else ""))
+                                     + (f" (install with {advice})" if advice else ""))
         missing = self.missing_kernels()
         if missing:
             raise NotImplementedError(f"backend {self.name!r} lacks required kernels: "

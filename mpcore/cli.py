@@ -211,14 +211,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(backends, devices, verdicts), and the commands of plugins")
     parser.add_argument("--version", action="version", version=f"mpcore {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    parsers = {}
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for command in available.values():
         parsers[command.name] = sub.add_parser(command.name, help=command.help_text,
                                                description=command.help_text)
         command.configure(parsers[command.name])
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:   # the subcommand's usage, not the top-level one argparse would print
-        parsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        # the usage of the parser the arguments were given to: the subcommand's for those after
+        # its name (argparse would print the top-level one), mpcore's for those before it (the
+        # top level has no option taking a value, so the name is the first bare word)
+        at = argv.index(args.command) if args.command in argv else len(argv)
+        early = any(u in argv[:at] for u in unknown)
+        (parser if early or args.command is None else parsers[args.command]).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -107,11 +107,13 @@ def _resolve(backend: Backend | str) -> Backend:
     from mpcore.registry import backends
 
     registered = get_plugins().backends
-    if backend not in registered:
+    found = registered.get(backend) or next(   # any case, as MPCORE_BACKEND
+        (b for n, b in registered.items() if n.casefold() == backend.strip().casefold()), None)
+    if found is None:
         # in the order mpcore info and the registry's errors list them: by priority
         raise ValueError(f"unknown backend {backend!r}; registered backends: "
-                         f"{', '.join(b.name for b in backends()) or 'none'}")
-    return registered[backend]
+                         f"{', '.join(b.name for b in backends()) or 'none'}.")
+    return found
 
 
 def check(backend: Backend | str, *, reference: Backend | str = "cpu", quick: bool = False,

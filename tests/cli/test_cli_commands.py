@@ -188,6 +188,9 @@ def test_command_plugins_through_entry_points(tmp_path: Path) -> None:
     bogus = run(tmp_path, "-m", "mpcore", "demo", "--bogus")    # the subcommand's usage
     assert bogus.returncode == 2 and "\nusage: mpcore demo " in bogus.stderr  # (after a plugin)
     assert bogus.stderr.endswith("mpcore demo: error: unrecognized arguments: --bogus\n")
+    early = run(tmp_path, "-m", "mpcore", "--bogus", "info")      # mpcore's own usage
+    assert early.returncode == 2 and "\nusage: mpcore [-h] [--version] COMMAND" in early.stderr
+    assert early.stderr.endswith("mpcore: error: unrecognized arguments: --bogus\n")
 
     info = run(tmp_path, "-m", "mpcore", "info", "--json")
     assert info.returncode == 0, info.stderr

@@ -370,3 +370,8 @@ def test_cli_exit_status_on_a_broken_plugin(tmp_path: Path) -> None:
     unknown = run(tmp_path, "-m", "mpcore", "conformance", "no-such-backend")
     assert unknown.returncode == 2
     assert "unknown backend 'no-such-backend'" in unknown.stderr and "brokenadd" in unknown.stderr
+    listed = unknown.stderr.split("registered backends: ")[1].strip().rstrip(".").split(", ")
+    # by priority, as mpcore info lists them
+    assert "brokenadd" in listed and listed.index("cuda") < listed.index("opencl") < listed.index(
+        "cpu")
+    assert conformance.check(" CPU ", quick=True, only=["contract.name"]).backend == "cpu"

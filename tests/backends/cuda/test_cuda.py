@@ -295,9 +295,14 @@ def test_no_dtype_object_is_called() -> None:
         paths = sorted(Path(package.__file__).parent.glob("*.py"))
         for path in paths:
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                        and node.func.id in constants):
-                    calls.append(f"{path.name}:{node.lineno} calls {node.func.id}(...)")
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func    # I64(n), mpcore_xp.I64(n), DTYPES["int64"](n)
+                if ((isinstance(f, ast.Name) and f.id in constants)
+                        or (isinstance(f, ast.Attribute) and f.attr in constants)
+                        or (isinstance(f, ast.Subscript) and isinstance(f.value, ast.Name)
+                            and f.value.id == "DTYPES")):
+                    calls.append(f"{path.name}:{node.lineno} calls {ast.unparse(f)}(...)")
     assert not calls, "a dtype object is not callable (use its .type, or np.int64):\n" + \
         "\n".join(calls)
 
