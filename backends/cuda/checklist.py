@@ -36,6 +36,10 @@ BUDGET_S = 480
 MIN_LIMIT_S = 15
 PEER = ".device/torch_mlp.py"
 SITE = "/tmp/mpcore-site"
+#: Wheels carried in for what the device image lacks (oneDNN, for the host CPU's AMX and
+#: avx512_bf16), installed into :data:`WHEEL_SITE` without an index.
+WHEELS = ".device/wheels"
+WHEEL_SITE = "/tmp/mpcore-wheels"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
               (python, "benchmarks/cuda_profile.py", "--policy", "mixed_float16",
                "mixed_bfloat16", "--units", "4096", "--batch", "8192"),
               {"MPCORE_CUDA_GEMM16": "cublas"}),
+        # the host CPU of a GPU machine (an Intel Xeon with AMX here so far): the CPU
+        # backend's own kernels, oneDNN's where its wheel was carried in (WHEELS)
+        Check("host cpu kernels", "host_cpu", 90,
+              (*pytest, "tests/backends/cpu", "tests/backends/onednn", "-x")),
         Check("suite on cuda", "suite_cuda", 300, (*pytest, "--maxfail=20"), cuda),
     ]
     return checks
@@ -201,8 +209,26 @@ def importable_env(repo: Path, site: Path = Path(SITE)) -> dict[str, str]:
     setuptools predates PEP 639 cannot even build the project's metadata (``license =
     "Apache-2.0"``), as a venv's own setuptools here could not."""
     link_site(repo, site)
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(site) if not path else f"{site}{os.pathsep}{path}"}
+    paths = [str(site), *carried_wheels(repo / WHEELS, Path(WHEEL_SITE))]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def carried_wheels(folder: Path, target: Path) -> list[str]:
+    """The wheels in ``folder`` installed into ``target`` by pip without an index (none: no
+    folder), as a PYTHONPATH entry; a failed install is printed and left out."""
+    wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
+    if not wheels:
+        return []
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                           "--no-deps", "--no-compile", "--upgrade", "--target", str(target),
+                           *map(str, wheels)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    if proc.returncode != 0:
+        print(f"carried wheels not installed: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        return []
+    return [str(target)]
 
 
 def main(argv: list[str] | None = None) -> int:

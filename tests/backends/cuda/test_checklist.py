@@ -83,6 +83,31 @@ def test_only_runs_the_checks_named_and_refuses_an_unknown_name(tmp_path: Path) 
     assert bad.returncode == 2 and "no check named 'suite'; the checks: 'nvidia-smi'" in bad.stderr
 
 
+def test_carried_wheels_are_installed_without_an_index(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import zipfile
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "tiny_mod-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("tiny_mod.py", "VALUE = 42\n")
+        info = "tiny_mod-1.0.dist-info"
+        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: tiny-mod\nVersion: 1.0\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                      "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+    paths = checklist.carried_wheels(folder, tmp_path / "site")
+    assert paths == [str(tmp_path / "site")]
+    proc = subprocess.run([PY, "-c", "import tiny_mod; print(tiny_mod.VALUE)"], text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": paths[0]},
+                          timeout=60, check=False)
+    assert proc.stdout == "42\n", proc.stderr
+    assert checklist.carried_wheels(tmp_path / "absent", tmp_path / "site2") == []
+    (folder / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    assert checklist.carried_wheels(folder, tmp_path / "site3") == []
+    assert "carried wheels not installed" in capsys.readouterr().err
+
+
 def _python(code: str, name: str, limit_s: int = 30, log: str = "a") -> Check:
     return Check(name, log, limit_s, (PY, "-c", code))
 
