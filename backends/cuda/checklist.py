@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,20 +216,23 @@ def importable_env(repo: Path, site: Path = Path(SITE)) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def carried_wheels(folder: Path, target: Path) -> list[str]:
-    """The wheels in ``folder`` installed into ``target`` by pip without an index (none: no
-    folder), as a PYTHONPATH entry; a failed install is printed and left out."""
+def carried_wheels(folder: Path, prefix: Path) -> list[str]:
+    """The wheels in ``folder`` installed under ``prefix`` by pip without an index (none: no
+    folder), as PYTHONPATH entries; a failed install is printed and left out. A prefix, not
+    ``--target``: pip's ``--target`` drops a wheel's data files in ``lib/`` (oneDNN's
+    libdnnl.so), and the prefix keeps where the wheel's RECORD says they are."""
     wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
     if not wheels:
         return []
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                           "--no-deps", "--no-compile", "--upgrade", "--target", str(target),
-                           *map(str, wheels)], capture_output=True, text=True, timeout=120,
-                          check=False)
+                           "--no-deps", "--no-compile", "--no-warn-script-location",
+                           "--ignore-installed", "--prefix", str(prefix), *map(str, wheels)],
+                          capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
         print(f"carried wheels not installed: {proc.stderr.strip()[-300:]}", file=sys.stderr)
         return []
-    return [str(target)]
+    scheme = {"base": str(prefix), "platbase": str(prefix)}
+    return list(dict.fromkeys(sysconfig.get_path(k, vars=scheme) for k in ("purelib", "platlib")))
 
 
 def main(argv: list[str] | None = None) -> int:
