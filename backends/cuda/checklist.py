@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ MIN_LIMIT_S = 15
 PEER = ".device/torch_mlp.py"
 SITE = "/tmp/mpcore-site"
 #: Wheels carried in for what the device image lacks (oneDNN, for the host CPU's AMX and
-#: avx512_bf16), installed into :data:`WHEEL_SITE` without an index.
+#: avx512_bf16), installed under the prefix :data:`WHEEL_SITE` without an index.
 WHEELS = ".device/wheels"
 WHEEL_SITE = "/tmp/mpcore-wheels"
 
@@ -231,8 +230,8 @@ def carried_wheels(folder: Path, prefix: Path) -> list[str]:
     if proc.returncode != 0:
         print(f"carried wheels not installed: {proc.stderr.strip()[-300:]}", file=sys.stderr)
         return []
-    scheme = {"base": str(prefix), "platbase": str(prefix)}
-    return list(dict.fromkeys(sysconfig.get_path(k, vars=scheme) for k in ("purelib", "platlib")))
+    # where pip put them (the prefix's scheme varies: venv, posix_prefix, Debian's local)
+    return sorted({str(info.parent) for info in prefix.rglob("*.dist-info")})
 
 
 def main(argv: list[str] | None = None) -> int:
