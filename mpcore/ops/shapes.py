@@ -118,7 +118,11 @@ def stack(xs: Sequence[TensorLike], axis: int = 0) -> Tensor:
 
 
 def take(x: TensorLike, indices: Any, axis: int = 0) -> Tensor:
-    """Gather ``indices`` along ``axis`` (an embedding lookup, a batch selection)."""
+    """Gather ``indices`` along ``axis`` (an embedding lookup, a batch selection). Negative
+    indices count from the end. An index out of range raises an IndexError: at once on the
+    CPU (NumPy's), at the next host read on OpenCL (the device records it). On CUDA its row
+    reads NaN (0 for integers) and its gradient is dropped, as a label out of range gives NaN
+    there: raising would need a host read at every take."""
     x = as_tensor(x)
     be = x._backend
     idx = index_tensor(indices, be, "take")
