@@ -307,6 +307,79 @@ def test_no_dtype_object_is_called() -> None:
         "\n".join(calls)
 
 
+#: kernels.cu's scalar parameter types and the NumPy scalar each must be passed as (CuPy
+#: passes a Python int as a 64-bit int and a float as a double, whatever the kernel expects).
+SCALARS = {"i64": "int64", "u64": "uint64", "int": "int32", "float": "float32",
+           "double": "float64"}
+
+
+def _kernel_parameters() -> dict[str, list[str]]:
+    """Each kernel of kernels.cu: its parameters, a scalar's NumPy type or "pointer"."""
+    found = {}
+    for name, params in re.findall(r"__global__ void (\w+)\(([^)]*)\)", kernels.SOURCE):
+        kinds = []
+        for param in (p.strip() for p in params.split(",")):
+            base = " ".join(param.split()[:-1]).replace("const ", "")
+            kinds.append("pointer" if "*" in param else SCALARS[base])
+        found[name] = kinds
+    return found
+
+
+def _argument_kind(node: Any) -> set[str]:
+    """What a launch argument passes: a NumPy scalar's type, or "array" (anything else:
+    a device array or a pointer); a conditional passes either branch's."""
+    import ast
+
+    if isinstance(node, ast.IfExp):
+        return _argument_kind(node.body) | _argument_kind(node.orelse)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "np"):
+        return {node.func.attr}
+    return {"array"}
+
+
+def test_kernel_launches_pass_the_scalar_types_the_kernels_declare() -> None:
+    """A launch's arguments against kernels.cu's parameters (no GPU needed): a scalar
+    parameter gets the NumPy scalar of its type, a pointer an array (or np.uint64(0) for a
+    null pointer). A wrong width would be read as garbage, silently."""
+    import ast
+    from pathlib import Path
+
+    import mpcore_cuda
+
+    params = _kernel_parameters()
+    checked, problems = 0, []
+    for path in sorted(Path(mpcore_cuda.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            # _k.function("name" or _k.template("name", ...))(grid, block, (args...))
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Call)
+                    and isinstance(node.func.func, ast.Attribute)
+                    and node.func.func.attr == "function" and len(node.args) == 3
+                    and isinstance(node.args[2], ast.Tuple)):
+                continue
+            target = node.func.args[0]
+            if isinstance(target, ast.Call):
+                target = target.args[0]
+            if not isinstance(target, ast.Constant):
+                continue
+            args = node.args[2].elts
+            if any(isinstance(a, ast.Starred) for a in args):
+                continue      # a variable count (the multi-tensor and image kernels)
+            where = f"{path.name}:{node.lineno} {target.value}"
+            want = params[target.value]
+            if len(args) != len(want):
+                problems.append(f"{where}: {len(args)} arguments for {len(want)} parameters")
+                continue
+            for i, (arg, kind) in enumerate(zip(args, want)):
+                got = _argument_kind(arg)
+                ok = (got <= {"array", "uint64"} and "array" in got if kind == "pointer"
+                      else got == {kind})
+                if not ok:
+                    problems.append(f"{where} argument {i}: {ast.unparse(arg)} for a {kind}")
+            checked += 1
+    assert checked >= 12 and not problems, "\n".join(problems)
+
+
 # --- kernel sources: consistent, and compiled by NVRTC where it is installed ---------------
 _GLOBAL = re.compile(r"__global__\s+void\s+(\w+)\s*\(")
 
