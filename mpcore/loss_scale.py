@@ -40,6 +40,7 @@ def _host_read() -> None:
     if read_hook is not None:
         read_hook()
 
+
 FLOAT32_MAX = 3.4028234663852886e38
 
 

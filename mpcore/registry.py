@@ -91,6 +91,17 @@ def _describe_choices(shy: frozenset[str] = frozenset()) -> str:
     return "\n".join(lines) if lines else "  (no backend is registered: is mpcore installed?)"
 
 
+def find_backend(name: str) -> Backend | None:
+    """The registered backend called ``name`` (any case, blanks ignored), available or not;
+    None where there is none."""
+    registered = get_plugins().backends
+    found = registered.get(name)
+    if found is None:
+        wanted = name.strip().casefold()
+        found = next((b for n, b in registered.items() if n.casefold() == wanted), None)
+    return found
+
+
 def _lookup(name: str | Backend, source: str = "") -> Backend:
     """The registered backend called ``name`` (any case, blanks ignored), if it is available;
     ``source`` ("MPCORE_BACKEND=x: ") starts the error messages."""
@@ -98,11 +109,7 @@ def _lookup(name: str | Backend, source: str = "") -> Backend:
         return name
     if not isinstance(name, str):
         raise TypeError(f"a backend is chosen by name, got {name!r}")
-    registered = get_plugins().backends
-    backend = registered.get(name)
-    if backend is None:
-        wanted = name.strip().casefold()
-        backend = next((b for n, b in registered.items() if n.casefold() == wanted), None)
+    backend = find_backend(name)
     if backend is None:
         names = ", ".join(b.name for b in backends())
         raise ValueError(f"{source}unknown backend {name!r}; registered backends: {names}.\n"

@@ -103,12 +103,9 @@ def check_names(quick: bool = False) -> list[str]:
 def _resolve(backend: Backend | str) -> Backend:
     if isinstance(backend, Backend):
         return backend
-    from mpcore.plugins import get_plugins
-    from mpcore.registry import backends
+    from mpcore.registry import backends, find_backend
 
-    registered = get_plugins().backends
-    found = registered.get(backend) or next(   # any case, as MPCORE_BACKEND
-        (b for n, b in registered.items() if n.casefold() == backend.strip().casefold()), None)
+    found = find_backend(backend)      # any case, as MPCORE_BACKEND
     if found is None:
         # in the order mpcore info and the registry's errors list them: by priority
         raise ValueError(f"unknown backend {backend!r}; registered backends: "
