@@ -85,9 +85,73 @@ def gelu(x: Tensor, approximate: bool = False) -> Tensor:
     return ops.gelu(x, approximate=approximate)
 
 
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Computed in float32 (a *deny* op), returned in the input's dtype."""
+    return ops.cast(ops.log_softmax(x, axis), x.dtype)
+
+
+def silu(x: Tensor) -> Tensor:
+    """``x * sigmoid(x)`` (Keras 3's ``silu``, also named ``swish``)."""
+    return ops.multiply(x, ops.sigmoid(x))
+
+
+swish = silu
+
+
+def softplus(x: Tensor) -> Tensor:
+    """``log(1 + exp(x))``, as ``max(x, 0) + log(1 + exp(-|x|))`` so it cannot overflow;
+    float32 inside (exp and log are *deny* ops), the input's dtype out."""
+    t = ops.cast(x, "float64" if x.dtype == "float64" else "float32")
+    y = ops.add(ops.relu(t), ops.log(ops.add(ops.exp(ops.negative(ops.abs(t))), 1.0)))
+    return ops.cast(y, x.dtype)
+
+
+def softsign(x: Tensor) -> Tensor:
+    return ops.divide(x, ops.add(ops.abs(x), 1.0))
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """``x`` where positive, else ``alpha * (exp(x) - 1)`` (exp in float32)."""
+    t = ops.cast(x, "float64" if x.dtype == "float64" else "float32")
+    neg = ops.multiply(ops.subtract(ops.exp(ops.minimum(t, 0.0)), 1.0), alpha)
+    return ops.cast(ops.where(ops.greater(t, 0.0), t, neg), x.dtype)
+
+
+def relu6(x: Tensor) -> Tensor:
+    return ops.minimum(ops.relu(x), 6.0)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.2) -> Tensor:
+    """Keras 3's default slope, 0.2."""
+    return ops.maximum(x, ops.multiply(x, negative_slope))
+
+
+def hard_sigmoid(x: Tensor) -> Tensor:
+    """Keras 3's: ``relu6(x + 3) / 6``."""
+    return ops.divide(relu6(ops.add(x, 3.0)), 6.0)
+
+
+def hard_silu(x: Tensor) -> Tensor:
+    return ops.multiply(x, hard_sigmoid(x))
+
+
+hard_swish = hard_silu
+
+
+def exponential(x: Tensor) -> Tensor:
+    return ops.cast(ops.exp(x), x.dtype)
+
+
+def mish(x: Tensor) -> Tensor:
+    return ops.multiply(x, ops.tanh(softplus(x)))
+
+
 ACTIVATIONS: dict[str, Activation] = {
     "linear": linear, "relu": relu, "sigmoid": sigmoid, "tanh": tanh, "softmax": softmax,
-    "gelu": gelu,
+    "gelu": gelu, "log_softmax": log_softmax, "silu": silu, "swish": swish,
+    "softplus": softplus, "softsign": softsign, "elu": elu, "relu6": relu6,
+    "leaky_relu": leaky_relu, "hard_sigmoid": hard_sigmoid, "hard_silu": hard_silu,
+    "hard_swish": hard_swish, "exponential": exponential, "mish": mish,
 }
 
 

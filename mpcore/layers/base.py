@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mpcore import dtypes as _dtypes
@@ -31,9 +31,8 @@ from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
+from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
 from mpcore.tensor import Tensor, Variable
-
-Shape = tuple[int | None, ...]
 
 _NAME_COUNTS: dict[str, int] = {}
 
@@ -49,8 +48,10 @@ def unique_name(base: str) -> str:
 
 
 def _snake(name: str) -> str:
-    s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
-    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s).lower()
+    """Keras 3's ``to_snake_case``: ``Conv2D`` -> ``conv2d``, ``MaxPooling2D`` ->
+    ``max_pooling2d`` (a digit does not start a word)."""
+    s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", re.sub(r"\W+", "", name))
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", s).lower()
 
 
 @contextlib.contextmanager
@@ -65,57 +66,6 @@ def no_tapes() -> Iterator[None]:
     finally:
         state.tapes = saved
         state.generation += 1
-
-
-# --- the symbolic graph -------------------------------------------------------------------
-class KerasTensor:
-    """A placeholder of the functional API: a shape (batch axis None) and a dtype."""
-
-    def __init__(self, shape: Shape, dtype: str, name: str | None = None,
-                 node: Node | None = None) -> None:
-        self.shape: Shape = tuple(shape)
-        self.dtype = _dtypes.named(dtype)
-        self.name = name
-        self._node = node
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __repr__(self) -> str:
-        name = f", name={self.name}" if self.name else ""
-        return f"<KerasTensor shape={self.shape}, dtype={self.dtype}{name}>"
-
-
-class Node:
-    """One call of a layer in the functional graph."""
-
-    def __init__(self, layer: Layer, inputs: Any, outputs: Any) -> None:
-        self.layer = layer
-        self.inputs = inputs
-        self.outputs = outputs
-        self.flat_inputs: list[KerasTensor] = flatten(inputs)
-        self.flat_outputs: list[KerasTensor] = flatten(outputs)
-
-
-def flatten(structure: Any) -> list[Any]:
-    if isinstance(structure, (list, tuple)):
-        return [v for item in structure for v in flatten(item)]
-    if isinstance(structure, dict):
-        return [v for key in structure for v in flatten(structure[key])]
-    return [structure]
-
-
-def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(map_structure(fn, v) for v in structure)
-    if isinstance(structure, dict):
-        return {k: map_structure(fn, v) for k, v in structure.items()}
-    return fn(structure)
-
-
-def is_symbolic(structure: Any) -> bool:
-    return any(isinstance(x, KerasTensor) for x in flatten(structure))
 
 
 def _policy_from(dtype: Any) -> _policy.Policy:
@@ -290,20 +240,41 @@ class Layer:
                 raise ValueError(f"{where} expects axis {axis} of its input to be {size}"
                                  f"{built}, got input shape {shape}")
 
-    def _maybe_build(self, shape: Any) -> None:
-        if not self.built:
-            self.build(shape)
-            self.built = True
-            self._build_shape = shape if isinstance(shape, tuple) else None
+    def _maybe_build(self, shape: Any, args: tuple[Any, ...] = (),
+                     kwargs: dict[str, Any] | None = None) -> None:
+        """Build for the first call. A ``build`` taking more shapes than the first
+        (``build(query_shape, value_shape, key_shape=None)``) gets the shape of each call
+        argument named so (``value``, ``key``), or None where the call has none: Keras 3's
+        rule for layers called on several tensors."""
+        if self.built:
+            return
+        params = list(inspect.signature(self.build).parameters)
+        extra: dict[str, Any] = {}
+        if len(params) > 1:
+            names = list(inspect.signature(self.call).parameters)[1:]
+            given = {**dict(zip(names, args)), **(kwargs or {})}
+            for p in params[1:]:
+                if p.endswith("_shape"):
+                    value = given.get(p[:-len("_shape")])
+                    extra[p] = getattr(value, "shape", None)
+        self.build(shape, **extra)
+        self.built = True
+        self._build_shape = shape if isinstance(shape, tuple) else None
 
-    def _autocast_inputs(self, inputs: Any) -> Any:
+    def _autocast_inputs(self, inputs: Any, extra: bool = False) -> Any:
+        """``inputs`` with floating tensors in the compute dtype. The first argument's leaves
+        all become tensors; in the call's other arguments (``extra``) only tensors and arrays
+        are converted, so flags and sizes stay Python values (Keras 3's ``convert_input``)."""
         policy = self._dtype_policy
-        if policy.is_mixed and _amp.deciding():
+        if policy.is_mixed and _amp.deciding() and not extra:
             _amp.refuse_mixed_layer(self.name, policy.name)
 
         def convert(x: Any) -> Any:
             if x is None:
                 return None
+            if extra and not isinstance(x, Tensor) and not (
+                    hasattr(x, "__array__") and hasattr(x, "dtype")):
+                return x
             t = x if isinstance(x, Tensor) else ops.constant(x)
             if self._autocast:
                 target = policy.compute_dtype_for(t.dtype)
@@ -315,44 +286,58 @@ class Layer:
 
         return map_structure(convert, inputs)
 
-    def __call__(self, inputs: Any, training: bool | None = None, **kwargs: Any) -> Any:
-        if is_symbolic(inputs):
-            return self._symbolic_call(inputs, **kwargs)
+    def __call__(self, inputs: Any, *args: Any, training: bool | None = None,
+                 **kwargs: Any) -> Any:
+        """Call the layer: ``layer(x)``, ``merge([a, b])``, ``mha(query, value, ...)``.
+        ``training`` reaches ``call`` where its signature takes it. A KerasTensor anywhere in
+        the arguments makes a node of the functional graph instead."""
+        if is_symbolic([inputs, list(args), kwargs]):
+            return self._symbolic_call(inputs, args, kwargs)
         if _scopes.watching():    # the layer's input casts count as the layer's ops too
             with _scopes.layer_scope(self.name):
-                return self._eager_call(inputs, training, **kwargs)
-        return self._eager_call(inputs, training, **kwargs)
+                return self._eager_call(inputs, args, training, kwargs)
+        return self._eager_call(inputs, args, training, kwargs)
 
-    def _eager_call(self, inputs: Any, training: bool | None, **kwargs: Any) -> Any:
+    def _eager_call(self, inputs: Any, args: tuple[Any, ...], training: bool | None,
+                    kwargs: dict[str, Any]) -> Any:
         inputs = self._autocast_inputs(inputs)
+        if args:
+            args = self._autocast_inputs(args, extra=True)
+        if kwargs:
+            kwargs = self._autocast_inputs(kwargs, extra=True)
         flat = flatten(inputs)
-        shape = flat[0].shape if isinstance(flat[0], Tensor) else None
-        if not self.built:
-            self._maybe_build(shape if len(flat) == 1 else
-                              map_structure(lambda t: t.shape, inputs))
-        if shape is not None and len(flat) == 1:
+        shape = flat[0].shape if len(flat) == 1 and isinstance(flat[0], Tensor) else None
+        if not self.built:  # a list of one tensor builds as a list (a merge layer's [x])
+            self._maybe_build(shape if shape is not None and isinstance(inputs, Tensor) else
+                              map_structure(lambda t: getattr(t, "shape", None), inputs),
+                              args, kwargs)
+        if shape is not None:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training
-        return self.call(inputs, **kwargs)
+        return self.call(inputs, *args, **kwargs)
 
-    def _symbolic_call(self, inputs: Any, **kwargs: Any) -> Any:
+    def _symbolic_call(self, inputs: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
         flat = flatten(inputs)
+        single = len(flat) == 1 and isinstance(flat[0], KerasTensor)
         if not self.built:
-            single = len(flat) == 1
-            self._maybe_build(flat[0].shape if single else map_structure(lambda k: k.shape,
-                                                                          inputs))
-        if len(flat) == 1:
+            self._maybe_build(flat[0].shape if isinstance(inputs, KerasTensor) else map_structure(
+                lambda k: getattr(k, "shape", None), inputs), args, kwargs)
+        if single:
             self._check_input(flat[0].shape)
 
-        def dummy(kt: KerasTensor) -> Tensor:
-            return ops.zeros(tuple(1 if d is None else d for d in kt.shape), kt.dtype)
+        def dummy(x: Any) -> Any:
+            if not isinstance(x, KerasTensor):
+                return x
+            return ops.zeros(tuple(1 if d is None else d for d in x.shape), x.dtype)
 
         with no_tapes():
-            out = self.__call__(map_structure(dummy, inputs), training=False, **kwargs)
+            out = self.__call__(map_structure(dummy, inputs), *map_structure(dummy, list(args)),
+                                training=False, **map_structure(dummy, kwargs))
         outputs = map_structure(
             lambda t: KerasTensor((None, *t.shape[1:]), t.dtype, name=self.name), out)
-        node = Node(self, inputs, outputs)
+        node = Node(self, inputs, outputs, tuple(args), kwargs)
         for kt in node.flat_outputs:
             kt._node = node
         self._inbound_nodes.append(node)

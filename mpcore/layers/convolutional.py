@@ -1,4 +1,5 @@
-"""Conv2D and MaxPooling2D, channels last (NHWC), over :mod:`mpcore.ops.image`."""
+"""Conv2D, channels last (NHWC), over :mod:`mpcore.ops.image` (the pooling layers are in
+:mod:`mpcore.layers.pooling`)."""
 
 from __future__ import annotations
 
@@ -59,28 +60,3 @@ class Conv2D(Layer):
                 "kernel_size": self.kernel_size, "strides": self.strides,
                 "padding": self.padding, "activation": activations.name_of(self.activation),
                 "use_bias": self.use_bias}
-
-
-class MaxPooling2D(Layer):
-    """Max over ``pool_size`` windows (``strides`` default to ``pool_size``), NHWC."""
-
-    def __init__(self, pool_size: Any = 2, strides: Any = None, padding: str = "valid",
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pool_size = pair(pool_size, f"MaxPooling2D {self.name!r}: pool_size")
-        self.strides = (self.pool_size if strides is None
-                        else pair(strides, f"MaxPooling2D {self.name!r}: strides"))
-        self.padding = str(padding).lower()
-        if self.padding not in ("valid", "same"):
-            raise ValueError(f"MaxPooling2D {self.name!r}: padding must be 'valid' or 'same', "
-                             f"got {padding!r}")
-
-    def build(self, input_shape: Any) -> None:
-        self._expect_input(4, 4)
-
-    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
-        return ops.max_pool2d(inputs, self.pool_size, self.strides, self.padding)
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "pool_size": self.pool_size, "strides": self.strides,
-                "padding": self.padding}

@@ -139,8 +139,7 @@ class Model(Layer):
                 t = ops.cast(t, kt.dtype)
             values[id(kt)] = t
         for node in self._nodes:
-            args = map_structure(lambda k: values[id(k)], node.inputs)
-            out = node.layer(args, training=training)
+            out = node.call(lambda k: values[id(k)], training)
             for kt, t in zip(node.flat_outputs, flatten(out)):
                 values[id(kt)] = t
         return map_structure(lambda k: values[id(k)], self._graph_outputs)

@@ -75,10 +75,11 @@ class Sequential(Model):
 
     _build_dtype = "float32"
 
-    def __call__(self, inputs: Any, training: bool | None = None, **kwargs: Any) -> Any:
+    def __call__(self, inputs: Any, *args: Any, training: bool | None = None,
+                 **kwargs: Any) -> Any:
         if not self._is_graph and not isinstance(inputs, KerasTensor):
             first = inputs if hasattr(inputs, "dtype") else None
             dtype = getattr(first, "dtype", "float32")
             name = dtype if isinstance(dtype, str) else getattr(dtype, "name", "float32")
             self._build_dtype = name if name in _dtypes.FLOATING_SET else "float32"
-        return super().__call__(inputs, training=training, **kwargs)
+        return super().__call__(inputs, *args, training=training, **kwargs)

@@ -1,4 +1,5 @@
-"""Image ops, channels last (NHWC): ``conv2d`` and ``max_pool2d``, with their gradients.
+"""Image ops, channels last (NHWC): ``conv2d``, ``max_pool2d`` and ``avg_pool2d``, with their
+gradients.
 
 ``conv2d`` is im2col plus one 2-D matmul: the backend's ``extract_patches`` kernel lays every
 (kh, kw, C) window out as a row, and a single GEMM against the (kh*kw*C, filters) kernel does the
@@ -14,9 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.ops.dispatch import Grads, as_tensor, cast_to, common, finish, gradient, unrecorded
+from mpcore.ops.creation import constant
+from mpcore.ops.dispatch import (
+    Grads,
+    as_tensor,
+    cast,
+    cast_to,
+    common,
+    finish,
+    gradient,
+    unrecorded,
+)
+from mpcore.ops.elementwise import divide
 from mpcore.ops.linalg import matmul
-from mpcore.ops.shapes import reshape
+from mpcore.ops.reduction import sum as _sum
+from mpcore.ops.shapes import getitem, reshape
 from mpcore.tape import Node
 from mpcore.tensor import Tensor
 
@@ -109,6 +122,45 @@ def max_pool2d(x: Any, pool_size: Any = 2, strides: Any = None, padding: str = "
     data = be.kernels()["max_pool2d"](x._data, ph, pw, sh, sw, pads)
     return finish("max_pool2d", (x,), data, be, x._dtype,
                        {"window": (ph, pw), "strides": (sh, sw), "pads": pads})
+
+
+def avg_pool2d(x: Any, pool_size: Any = 2, strides: Any = None, padding: str = "valid") -> Tensor:
+    """Mean over (ph, pw) windows of the NHWC ``x`` (``strides`` default to ``pool_size``).
+    With ``"same"`` padding a window's mean is over its values inside the image (TF's rule:
+    padding is not counted). Summed in float32 (a sum is a *deny* op), returned in ``x``'s
+    dtype, as TF's AvgPool (an *infer* op) and PyTorch's avg_pool2d give it. A composite:
+    non-overlapping whole windows are a reshape and one sum; others gather the windows with
+    ``extract_patches`` (conv2d's im2col), whose gradient is col2im."""
+    x = as_tensor(x)
+    if x.ndim != 4:
+        raise ValueError(f"avg_pool2d expects an NHWC image of rank 4, got shape {x.shape}")
+    ph, pw = pair(pool_size, "pool_size")
+    sh, sw = pair(pool_size if strides is None else strides, "strides")
+    oh, ow, pads = output_geometry(x.shape, (ph, pw), (sh, sw), padding)
+    n, h, w, c = x.shape
+    if (sh, sw) == (ph, pw) and pads == (0, 0, 0, 0):
+        if (oh * ph, ow * pw) != (h, w):   # "valid" drops the last partial windows
+            x = getitem(x, (slice(None), slice(0, oh * ph), slice(0, ow * pw)))
+        windows = reshape(x, (n, oh, ph, ow, pw, c))
+        return cast(divide(_sum(windows, axis=(2, 4)), float(ph * pw)), x.dtype)
+    patches = reshape(extract_patches(x, ph, pw, (sh, sw), pads), (n, oh, ow, ph * pw, c))
+    total = _sum(patches, axis=3)
+    if pads == (0, 0, 0, 0):
+        return cast(divide(total, float(ph * pw)), x.dtype)
+    return cast(divide(total, constant(_window_counts(h, w, oh, ow, (ph, pw), (sh, sw), pads),
+                                       "float32", x._backend)), x.dtype)
+
+
+def _window_counts(h: int, w: int, oh: int, ow: int, window: tuple[int, int],
+                   strides: tuple[int, int], pads: Pads) -> list[list[list[float]]]:
+    """How many of each window's values lie inside the image, as an (OH, OW, 1) nested list
+    (a constant of the step: the geometry is static)."""
+    def inside(size: int, start: int, length: int) -> int:
+        return max(0, min(start + length, size) - max(start, 0))
+
+    return [[[float(inside(h, i * strides[0] - pads[0], window[0])
+                    * inside(w, j * strides[1] - pads[2], window[1]))]
+             for j in range(ow)] for i in range(oh)]
 
 
 # --- gradients ---------------------------------------------------------------------------
