@@ -35,7 +35,7 @@ class Softmax(Layer):
         if len(self.axis) == 1:
             return activations.softmax(x, self.axis[0])
         # several axes: exp(x - logsumexp(x)) in float32, shifted by the max for safety
-        t = ops.cast(x, "float32")
+        t = ops.cast(x, "float64" if x.dtype == "float64" else "float32")
         shifted = ops.subtract(t, ops.stop_gradient(ops.max(t, self.axis, keepdims=True)))
         lse = ops.log(ops.sum(ops.exp(shifted), self.axis, keepdims=True))
         return ops.cast(ops.exp(ops.subtract(shifted, lse)), x.dtype)

@@ -73,6 +73,9 @@ def _policy_from(dtype: Any) -> _policy.Policy:
         return _policy.get(dtype)
     if isinstance(dtype, str):
         return _policy.Policy(dtype)
+    if isinstance(dtype, dict):   # a config's "dtype": {"name": ...}, or Keras 3's nesting
+        inner = dtype.get("config", dtype)
+        return _policy.Policy.from_config(inner)
     return _policy.Policy(_dtypes.canonical(dtype))
 
 
