@@ -214,12 +214,13 @@ def live_variables() -> list[Variable]:
 class Variable(Tensor):
     """A mutable float32 (by default) value that optimizers update."""
 
-    __slots__ = ("_cast_cache", "_version", "name", "trainable")
+    __slots__ = ("_cast_cache", "_version", "autocast", "name", "trainable")
 
     _counter = 0
 
     def __init__(self, initial_value: Any, dtype: Any = None, trainable: bool = True,
-                 name: str | None = None, backend: Backend | str | None = None) -> None:
+                 name: str | None = None, backend: Backend | str | None = None,
+                 autocast: bool = True) -> None:
         if callable(initial_value) and not isinstance(initial_value, Tensor):
             initial_value = initial_value()
         if dtype is None:
@@ -233,6 +234,9 @@ class Variable(Tensor):
             name = f"Variable_{Variable._counter}"
         self.name = name
         self.trainable = bool(trainable)
+        # read in the compute dtype by ops inside a mixed layer's call (Keras 3's autocast);
+        # False for state kept in float32 whatever the policy (BatchNorm's moving statistics)
+        self.autocast = bool(autocast)
         self._version = 0
         self._cast_cache: tuple[Any, Tensor] | None = None
         _live_variables.add(self)

@@ -32,6 +32,7 @@ from mpcore import tape as _tape
 from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
 from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
+from mpcore.ops.dispatch import autocast_scope
 from mpcore.tensor import Tensor, Variable
 
 _NAME_COUNTS: dict[str, int] = {}
@@ -133,17 +134,41 @@ class Layer:
         return self._dtype_policy.variable_dtype
 
     # --- weights ----------------------------------------------------------------------
-    def add_weight(self, name: str, shape: Sequence[int], initializer: Any = "zeros",
-                   trainable: bool = True, dtype: Any = None) -> Variable:
-        """A Variable of ``shape`` in the variable dtype (or ``dtype``), named
-        ``"<layer>/<name>"``."""
+    def add_weight(self, shape: Any = None, initializer: Any = None, dtype: Any = None,
+                   trainable: bool = True, autocast: bool = True, regularizer: Any = None,
+                   constraint: Any = None, aggregation: str = "none",
+                   name: str | None = None) -> Variable:
+        """A Variable of ``shape`` (a scalar by default) in the variable dtype (or ``dtype``),
+        named ``"<layer>/<name>"``: Keras 3's signature. ``initializer`` defaults to
+        ``"glorot_uniform"`` for floating weights and ``"zeros"`` for others, as Keras';
+        ``autocast=False`` keeps the weight in its own dtype when an op reads it inside a mixed
+        layer's ``call`` (state such as BatchNorm's moving statistics). tf-keras' (and mpcore's
+        earlier) order with the name first, ``add_weight("kernel", (3, 4), "zeros")``, works
+        too. Regularizers and constraints are not supported yet: passing one is an error."""
         from mpcore.layers import initializers
 
+        if isinstance(shape, str):
+            # the earlier order, add_weight(name, shape, initializer="zeros", trainable, dtype):
+            # its arguments arrived one place to the right
+            name, shape, initializer = shape, initializer, "zeros" if dtype is None else dtype
+            dtype, autocast = (None, True) if isinstance(autocast, bool) else (autocast, True)
+        if regularizer is not None or constraint is not None:
+            raise NotImplementedError(f"layer {self.name!r}: add_weight's regularizer and "
+                                      "constraint are not supported by mpcore yet")
+        if aggregation not in ("none", "mean", "sum", "only_first_replica"):
+            raise ValueError(f"add_weight: aggregation must be one of none, mean, sum, "
+                             f"only_first_replica, got {aggregation!r}")
         dt = self.variable_dtype if dtype is None else _dtypes.canonical(dtype)
+        if initializer is None:
+            initializer = "glorot_uniform" if dt in _dtypes.FLOATING_SET else "zeros"
+        if name is None:
+            name = "variable" if not self._weights else f"variable_{len(self._weights)}"
+        dims = () if shape is None else tuple(int(d) for d in shape)
         init = initializers.get(initializer)
         with _random.shared():  # every rank of a distribution draws the same initial weights
-            value = init(tuple(int(d) for d in shape), dt)
-        var = Variable(value, dtype=dt, trainable=trainable, name=f"{self.name}/{name}")
+            value = init(dims, dt)
+        var = Variable(value, dtype=dt, trainable=bool(trainable), name=f"{self.name}/{name}",
+                       autocast=autocast)
         self._weights.append(var)
         return var
 
@@ -318,7 +343,9 @@ class Layer:
             self._check_input(shape)
         if self._call_takes_training:
             kwargs["training"] = training
-        return self.call(inputs, *args, **kwargs)
+        policy = self._dtype_policy
+        with autocast_scope(policy.compute_dtype if policy.is_mixed else None):
+            return self.call(inputs, *args, **kwargs)
 
     def _symbolic_call(self, inputs: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:

@@ -67,7 +67,45 @@ def compute_dtype(op: str, backend: Any, dtype: str, float_only: bool = False) -
 
 
 def as_tensor(x: Any, backend: Any = None) -> Tensor:
+    if autocast_dtype is not None and type(x) is Variable:
+        return autocast_variable(x)
     return x if isinstance(x, Tensor) else constant(x, backend=backend)
+
+
+#: The compute dtype of the mixed precision layer whose ``call`` runs (Keras 3's
+#: AutocastScope): a floating variable read by an op there is read in it (cast once per value
+#: and tape). None outside such a call. Set only by :func:`autocast_scope`.
+autocast_dtype: str | None = None
+
+
+def autocast_variable(x: Tensor) -> Tensor:
+    """``x`` as an op reads it inside :func:`autocast_scope`: a floating Variable created with
+    ``autocast=True`` (the default) in the scope's dtype, anything else as it is."""
+    if (autocast_dtype is not None and type(x) is Variable and x.autocast
+            and x._dtype in _FLOATS and x._dtype != autocast_dtype):
+        return x.read_as(autocast_dtype)
+    return x
+
+
+class autocast_scope:  # noqa: N801 - a context manager used like a function
+    """Inside, ops read floating variables in ``dtype`` (None: as they are). Layers enter it
+    around ``call`` under a mixed policy, so ``ops.matmul(x, self.w)`` in a custom layer
+    multiplies in 16 bits as in Keras; a layer of a non-mixed policy enters it with None, so
+    a float32 layer inside a mixed model reads its float32 weights."""
+
+    __slots__ = ("dtype", "saved")
+
+    def __init__(self, dtype: str | None) -> None:
+        self.dtype = dtype
+        self.saved: str | None = None
+
+    def __enter__(self) -> None:
+        global autocast_dtype
+        self.saved, autocast_dtype = autocast_dtype, self.dtype
+
+    def __exit__(self, *exc: object) -> None:
+        global autocast_dtype
+        autocast_dtype = self.saved
 
 
 def mismatch(op: str, a: Tensor, b: Tensor) -> None:
@@ -84,6 +122,8 @@ def common(op: str, xs: Sequence[Any], float_only: bool = False) -> tuple[list[T
             be = x._backend
             break
     tensors = [x if isinstance(x, Tensor) else constant(x, backend=be) for x in xs]
+    if autocast_dtype is not None:
+        tensors = [autocast_variable(t) for t in tensors]
     be = tensors[0]._backend
     for t in tensors[1:]:
         if t._backend is not be:
@@ -125,8 +165,9 @@ cast_hook: Callable[[Tensor, str], Tensor] | None = None
 
 
 def cast(x: TensorLike, dtype: Any) -> Tensor:
-    """``x`` in ``dtype``; differentiable between floating dtypes."""
-    x = as_tensor(x)
+    """``x`` in ``dtype``; differentiable between floating dtypes. A variable is cast from its
+    own value, also inside a mixed layer's call (never through its 16-bit read)."""
+    x = x if isinstance(x, Tensor) else constant(x)
     dt = _dt.canonical(dtype) if type(dtype) is not str or dtype not in _dt.ALL else dtype
     if dt == x._dtype:
         return x

@@ -29,6 +29,8 @@ def _make_binary(op: str, result: str | None = None, float_only: bool = False) -
     def binary(a: TensorLike, b: TensorLike) -> Tensor:
         ta = isinstance(a, Tensor)
         tb = isinstance(b, Tensor)
+        if _d.autocast_dtype is not None:
+            a, b = _d.autocast_variable(a) if ta else a, _d.autocast_variable(b) if tb else b
         if ta:
             be = a._backend
             dt = a._dtype
@@ -76,6 +78,8 @@ def _make_unary(op: str, result: str | None = None, float_only: bool = False) ->
     def unary(x: TensorLike) -> Tensor:
         if not isinstance(x, Tensor):
             x = constant(x)
+        elif _d.autocast_dtype is not None:
+            x = _d.autocast_variable(x)
         be = x._backend
         dt = compute_dtype(op, be, x._dtype, float_only)
         if dt != x._dtype:
