@@ -66,15 +66,15 @@ class Embedding(FromConfig, Layer):
         self.mask_zero = bool(mask_zero)
         if weights is not None:      # Keras' initial table: [table] or the table itself
             self.build()
-            self.built = True
             self.set_weights(weights if isinstance(weights, list) and len(weights) == 1
                              else [weights])
 
     def build(self, input_shape: Any = None) -> None:
-        if getattr(self, "embeddings", None) is not None:
-            return                    # built by weights= in the constructor
+        if self.built:
+            return                    # built by weights= in the constructor, or directly
         self.embeddings: Variable = self.add_weight(
             "embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer)
+        self.built = True
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         ids = inputs
@@ -93,7 +93,7 @@ class Embedding(FromConfig, Layer):
         bad = low if low < 0 else high if high >= self.input_dim else None
         if bad is not None:
             raise ValueError(f"Embedding {self.name!r}: ids must be in [0, input_dim) = "
-                             f"[0, {self.input_dim}), got id {bad}")
+                             f"[0, {self.input_dim}), got id {bad} (the ids span {low}..{high})")
 
     def compute_mask(self, inputs: Any, mask: Any = None) -> Tensor | None:
         """Keras' mask: where the ids are not 0, when ``mask_zero``; else None."""

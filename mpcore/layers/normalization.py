@@ -111,6 +111,7 @@ class BatchNormalization(FromConfig, Layer):
         self._param_shape = param if axis == rank - 1 else tuple(
             channels if a == axis else 1 for a in range(rank))
         self._expect_input(rank, rank, {axis: channels})
+        self.built = True     # as Keras: a direct build() (Keras' tests do it) is not redone
 
     def _broadcastable(self, v: Tensor) -> Tensor:
         return v if v.shape == self._param_shape else ops.reshape(v, self._param_shape)
@@ -223,6 +224,7 @@ class LayerNormalization(FromConfig, Layer):
         if self.center and not self.rms_scaling:
             self.beta = self.add_weight("beta", core, self.beta_initializer)
         self._expect_input(rank, rank, {a: shape[a] for a in self._axes})
+        self.built = True
 
     def _read(self, v: Variable | None, dtype: str) -> Tensor | None:
         if v is None:
