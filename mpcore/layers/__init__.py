@@ -12,7 +12,8 @@ from mpcore.layers import activations, initializers, operators
 from mpcore.layers.activation_layers import Softmax
 from mpcore.layers.base import Input, InputLayer, KerasTensor, Layer
 from mpcore.layers.convolutional import Conv2D
-from mpcore.layers.core import Activation, Dense, Dropout, Flatten, LayerNormalization
+from mpcore.layers.core import Activation, Dense, Dropout, Flatten
+from mpcore.layers.embedding import Embedding
 from mpcore.layers.merging import (
     Add,
     Average,
@@ -29,6 +30,7 @@ from mpcore.layers.merging import (
     multiply,
     subtract,
 )
+from mpcore.layers.normalization import BatchNormalization, LayerNormalization
 from mpcore.layers.pooling import (
     AveragePooling2D,
     GlobalAveragePooling1D,
@@ -48,12 +50,12 @@ GlobalMaxPool2D = GlobalMaxPooling2D
 Convolution2D = Conv2D
 
 __all__ = [
-    "Activation", "Add", "Average", "AveragePooling2D", "AvgPool2D", "Concatenate", "Conv2D",
-    "Convolution2D", "Dense", "Dropout", "Flatten", "GlobalAveragePooling1D",
-    "GlobalAveragePooling2D", "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalMaxPool1D",
-    "GlobalMaxPool2D", "GlobalMaxPooling1D", "GlobalMaxPooling2D", "Input", "InputLayer",
-    "KerasTensor", "Layer", "LayerNormalization", "MaxPool2D", "MaxPooling2D", "Maximum",
-    "Minimum", "Multiply", "Permute", "Reshape", "Softmax", "Subtract", "activations", "add",
-    "average", "concatenate", "initializers", "maximum", "minimum", "multiply", "operators",
-    "subtract",
+    "Activation", "Add", "Average", "AveragePooling2D", "AvgPool2D", "BatchNormalization",
+    "Concatenate", "Conv2D", "Convolution2D", "Dense", "Dropout", "Embedding", "Flatten",
+    "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAvgPool1D", "GlobalAvgPool2D",
+    "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPooling1D", "GlobalMaxPooling2D", "Input",
+    "InputLayer", "KerasTensor", "Layer", "LayerNormalization", "MaxPool2D", "MaxPooling2D",
+    "Maximum", "Minimum", "Multiply", "Permute", "Reshape", "Softmax", "Subtract",
+    "activations", "add", "average", "concatenate", "initializers", "maximum", "minimum",
+    "multiply", "operators", "subtract",
 ]

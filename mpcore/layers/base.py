@@ -19,6 +19,7 @@ symbolic and the eager call, so they can never disagree. Only the batch axis may
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 from collections.abc import Iterator, Sequence
@@ -386,6 +387,28 @@ class Layer:
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "trainable": self.trainable,
                 "dtype": self._dtype_policy.get_config()}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Layer:
+        """The layer ``get_config`` describes (its ``dtype`` entry, a Policy config, becomes
+        the layer's policy): ``type(layer).from_config(layer.get_config())``."""
+        return cls(**config)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Keras 3 marks a layer built when its build() returns, also when build() is called
+        # directly (its tests do), so the first call does not build (and add weights) again.
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("build")
+        if own is None or getattr(own, "_marks_built", False):
+            return
+
+        @functools.wraps(own)
+        def build(self: Layer, *args: Any, **kw: Any) -> None:
+            own(self, *args, **kw)
+            self.built = True
+
+        build._marks_built = True  # type: ignore[attr-defined]
+        cls.build = build  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}, built={self.built}>"

@@ -1,4 +1,5 @@
-"""Dense, Activation, Dropout, Flatten and LayerNormalization."""
+"""Dense, Activation, Dropout and Flatten. (LayerNormalization lives in
+:mod:`mpcore.layers.normalization`; it is importable from here too, its first home.)"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from mpcore import ops
 from mpcore.layers import activations
 from mpcore.layers.base import Layer
+from mpcore.layers.normalization import LayerNormalization  # noqa: F401 - its first home
 from mpcore.tensor import Tensor
 
 
@@ -103,59 +105,3 @@ class Flatten(Layer):
         if inputs.ndim == 1:
             return ops.reshape(inputs, (inputs.shape[0], 1))
         return ops.reshape(inputs, (inputs.shape[0], -1))
-
-
-class LayerNormalization(Layer):
-    """Normalize over ``axis`` (the last by default) with learned ``gamma``/``beta``.
-
-    The statistics and the normalization are computed in float32 whatever the policy (16-bit
-    inputs are cast up first), then cast to the compute dtype, as Keras does."""
-
-    def __init__(self, axis: int | tuple[int, ...] = -1, epsilon: float = 1e-3,
-                 center: bool = True, scale: bool = True, beta_initializer: Any = "zeros",
-                 gamma_initializer: Any = "ones", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.axis = axis
-        self.epsilon = float(epsilon)
-        self.center, self.scale = bool(center), bool(scale)
-        self.beta_initializer, self.gamma_initializer = beta_initializer, gamma_initializer
-
-    def build(self, input_shape: Any) -> None:
-        rank = len(input_shape)
-        axes = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
-        for a in axes:
-            if not -rank <= a < rank:
-                raise ValueError(f"LayerNormalization {self.name!r}: axis {a} is out of range "
-                                 f"for input shape {input_shape}")
-        self._axes = tuple(sorted(a % rank for a in axes))
-        if any(input_shape[a] is None for a in self._axes):
-            raise ValueError(f"LayerNormalization {self.name!r}: the normalized axes of "
-                             f"{input_shape} must be known")
-        param_shape = tuple(input_shape[a] if a in self._axes else 1 for a in range(rank))
-        # Weights hold only the normalized axes; other layouts are reshaped to broadcast.
-        core = tuple(input_shape[a] for a in self._axes)
-        self._param_shape = core if self._axes == (rank - 1,) else param_shape
-        self.gamma = (self.add_weight("gamma", core, self.gamma_initializer)
-                      if self.scale else None)
-        self.beta = self.add_weight("beta", core, self.beta_initializer) if self.center else None
-        self._expect_input(rank, rank, {a: input_shape[a] for a in self._axes})
-
-    def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
-        stat_dtype = "float64" if inputs.dtype == "float64" else "float32"
-        x = ops.cast(inputs, stat_dtype)
-        mean = ops.mean(x, self._axes, keepdims=True)
-        centered = ops.subtract(x, mean)
-        var = ops.mean(ops.square(centered), self._axes, keepdims=True)
-        y = ops.multiply(centered, ops.rsqrt(ops.add(var, self.epsilon)))
-        if self.gamma is not None:
-            y = ops.multiply(y, self._broadcastable(self.gamma.read_as(stat_dtype)))
-        if self.beta is not None:
-            y = ops.add(y, self._broadcastable(self.beta.read_as(stat_dtype)))
-        return ops.cast(y, self.compute_dtype)
-
-    def _broadcastable(self, w: Tensor) -> Tensor:
-        return w if w.shape == self._param_shape else ops.reshape(w, self._param_shape)
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon,
-                "center": self.center, "scale": self.scale}

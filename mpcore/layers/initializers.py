@@ -105,6 +105,8 @@ _BY_NAME: dict[str, Callable[[], Any]] = {
     "zeros": Zeros, "ones": Ones, "glorot_uniform": GlorotUniform,
     "glorot_normal": GlorotNormal, "he_uniform": HeUniform, "he_normal": HeNormal,
     "random_uniform": RandomUniform, "random_normal": RandomNormal,
+    # Keras' short aliases (Embedding's default is "uniform": RandomUniform(-0.05, 0.05))
+    "uniform": RandomUniform, "normal": RandomNormal,
 }
 
 
