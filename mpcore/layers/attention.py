@@ -91,11 +91,13 @@ class MultiHeadAttention(Layer):
         super().__init__(**kwargs)
         where = f"MultiHeadAttention {self.name!r}"
         if not _positive_int(num_heads):
-            raise ValueError(f"{where}: num_heads must be a positive int, got {num_heads!r}")
+            raise ValueError(f"{where}: argument `num_heads` must be a positive int, got "
+                             f"{num_heads!r}")
         if not _positive_int(key_dim):
-            raise ValueError(f"{where}: key_dim must be a positive int, got {key_dim!r}")
+            raise ValueError(f"{where}: argument `key_dim` must be a positive int, got "
+                             f"{key_dim!r}")
         if value_dim is not None and not _positive_int(value_dim):
-            raise ValueError(f"{where}: value_dim must be a positive int or None, got "
+            raise ValueError(f"{where}: argument `value_dim` must be a positive int or None, got "
                              f"{value_dim!r}")
         if isinstance(dropout, bool) or not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{where}: dropout must be a float in [0, 1), got {dropout!r}")
@@ -103,8 +105,8 @@ class MultiHeadAttention(Layer):
             shape = (output_shape,) if isinstance(output_shape, numbers.Integral) else (
                 tuple(output_shape) if isinstance(output_shape, (list, tuple)) else None)
             if not shape or not all(_positive_int(d) for d in shape):
-                raise ValueError(f"{where}: output_shape must be a positive int or a tuple or "
-                                 f"list of them, got {output_shape!r}")
+                raise ValueError(f"{where}: Invalid `output_shape`: {output_shape!r}; expected "
+                                 "a positive int or a tuple or list of them (or None)")
             output_shape = tuple(int(d) for d in shape)
         if isinstance(attention_axes, numbers.Integral) and not isinstance(attention_axes,
                                                                             bool):
@@ -143,6 +145,10 @@ class MultiHeadAttention(Layer):
                              "tensor is required")
         query_shape, value_shape = tuple(query_shape), tuple(value_shape)
         key_shape = value_shape if key_shape is None else tuple(key_shape)
+        if value_shape[1:-1] != key_shape[1:-1]:
+            raise ValueError("All dimensions of `value` and `key`, except the last one, must "
+                             f"be equal. Received: value_shape={value_shape} and "
+                             f"key_shape={key_shape}")
         rank = len(query_shape)
         for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
             if len(shape) < 3:
@@ -154,10 +160,6 @@ class MultiHeadAttention(Layer):
             if shape[-1] is None:
                 raise ValueError(f"{where}: the last axis (features) of {arg} must be known, "
                                  f"got shape {shape}")
-        if value_shape[1:-1] != key_shape[1:-1]:
-            raise ValueError("All dimensions of `value` and `key`, except the last one, must "
-                             f"be equal. Received: value_shape={value_shape} and "
-                             f"key_shape={key_shape}")
         self._attention_axes = self._normalized_axes(rank)
         common = {"use_bias": self._use_bias, "kernel_initializer": self._kernel_initializer,
                   "bias_initializer": self._bias_initializer, "dtype": self.dtype_policy}
@@ -178,6 +180,19 @@ class MultiHeadAttention(Layer):
             layer._maybe_build(shape)
         self._dims = (query_shape[-1], value_shape[-1], key_shape[-1])
         self._rank = rank
+        # built here, not only by __call__, so a build(...) called directly is not redone
+        self.built = True
+
+    def compute_output_shape(self, query_shape: Any, value_shape: Any,
+                             key_shape: Any = None) -> tuple[int | None, ...]:
+        """The output's shape: the query's with its last axis ``output_shape`` (Keras')."""
+        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        if value_shape[1:-1] != key_shape[1:-1]:
+            raise ValueError("All dimensions of `value` and `key`, except the last one, must "
+                             f"be equal. Received: value_shape={value_shape} and "
+                             f"key_shape={key_shape}")
+        return query_shape[:-1] + (self._output_shape or query_shape[-1:])
 
     def _normalized_axes(self, rank: int) -> tuple[int, ...]:
         """The attention axes as axes of the inputs (Keras counts a negative axis from the
@@ -298,12 +313,15 @@ class MultiHeadAttention(Layer):
         masks: list[Tensor] = []
         per_position = (("query_mask", query_mask, -1), ("value_mask", value_mask, -2),
                         ("key_mask", key_mask, -2))
-        if query.ndim != 3 and (use_causal_mask or any(m is not None
-                                                       for _, m, _ in per_position)):
-            raise NotImplementedError(f"{where}: query_mask, value_mask, key_mask and "
-                                      "use_causal_mask are supported for rank-3 inputs "
-                                      f"(B, T, dim); got query of shape {query.shape} (pass "
-                                      "an attention_mask instead)")
+        if query.ndim != 3 and any(m is not None for _, m, _ in per_position):
+            raise NotImplementedError(f"{where}: query_mask, value_mask and key_mask are "
+                                      "supported for rank-3 inputs (B, T, dim); got query of "
+                                      f"shape {query.shape} (pass an attention_mask instead)")
+        if use_causal_mask and self._attention_axes != (1,):
+            # Keras' causal mask is (1, query.shape[1], value.shape[1]): it fits axis 1 only
+            raise NotImplementedError(f"{where}: use_causal_mask needs attention over axis 1 "
+                                      f"(attention_axes=(1,)), got attention_axes "
+                                      f"{self._attention_axes}; pass an attention_mask instead")
         b, t, s = query.shape[0], query.shape[1], value.shape[1]
         for arg, mask, axis in per_position:
             if mask is None:
