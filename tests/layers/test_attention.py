@@ -1,7 +1,6 @@
 """MultiHeadAttention: forward passes and gradients against a float64 NumPy reference written
 from the math, its mixed precision rule, masks, dropout, the functional API and traced
-training, its config; and a selection of Keras 3's own tests, ported (each names its source
-in keras/src/layers/attention/multi_head_attention_test.py)."""
+training, its config, its errors. Keras 3's own tests, ported, are in test_attention_keras.py."""
 
 from __future__ import annotations
 
@@ -219,7 +218,10 @@ def _causal_model(seed: int) -> mp.Model:
     return mp.Model(x, layers.Dense(D)(y))
 
 
-def test_functional_fit_eager_and_traced_give_the_same_bits(backend: mp.Backend) -> None:
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_functional_fit_eager_and_traced_give_the_same_bits(backend: mp.Backend,
+                                                            policy: str) -> None:
+    mp.set_global_policy(policy)
     x = RNG.normal(size=(16, T, D)).astype(np.float32)
     y = RNG.normal(size=(16, T, D)).astype(np.float32)
     weights = []
@@ -230,6 +232,7 @@ def test_functional_fit_eager_and_traced_give_the_same_bits(backend: mp.Backend)
         history = model.fit(x, y, batch_size=4, epochs=2, verbose=0)
         assert history.history["loss"][-1] < history.history["loss"][0]
         weights.append(model.get_weights())
+        assert bool(model._traced) is jit    # the second run replays a traced step
     assert len(weights[0]) == 10
     for a, b in zip(*weights, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -250,3 +253,84 @@ def test_get_config_round_trip() -> None:
     again = layers.MultiHeadAttention.from_config(config)
     assert again.get_config() == config
     assert again.dtype_policy == mp.Policy("mixed_bfloat16")
+
+
+@pytest.mark.parametrize("policy,low", [("mixed_float16", "float16"),
+                                        ("mixed_bfloat16", "bfloat16")])
+def test_precision_rule_gemms_16_bit_scores_float32(on_cpu: mp.Backend, policy: str, low: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The projections and probs @ V reach the GEMM kernels in 16 bits, Q K^T in float32, and
+    softmax runs on float32 scores (issue 32's rule)."""
+    mp.set_global_policy(policy)
+    mha = built()
+    q, v, k = data()
+    kernels = on_cpu.kernels()
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    for name in ("matmul", "dense", "softmax"):
+        if name in kernels:
+            def spy(*args: Any, _name: str = name, _kernel: Any = kernels[name]) -> Any:
+                seen.append((_name, tuple(str(a.dtype) for a in args[:2]
+                                          if hasattr(a, "dtype"))))
+                return _kernel(*args)
+            monkeypatch.setitem(kernels, name, spy)
+    mha(q, v, k)
+    gemms = [dtypes for op, dtypes in seen if op in ("matmul", "dense")]
+    assert len(gemms) == 6     # four projections, Q K^T and probs @ V
+    assert sorted(gemms).count(("float32", "float32")) == 1
+    assert all(set(d) == {low} for d in gemms if d != ("float32", "float32"))
+    softmax = [dtypes for op, dtypes in seen if op == "softmax"]
+    assert softmax in ([], [("float32",)])    # a fused kernel, or composed float32 ops
+
+
+# --- bad input -----------------------------------------------------------------------------
+def test_bad_input_errors_name_what_was_expected() -> None:
+    with pytest.raises(ValueError, match="dropout must be a float in"):
+        layers.MultiHeadAttention(2, 2, dropout=1.0)
+    with pytest.raises(ValueError, match="attention_axes must be an int"):
+        layers.MultiHeadAttention(2, 2, attention_axes="1")
+    with pytest.raises(NotImplementedError, match="kernel_regularizer"):
+        layers.MultiHeadAttention(2, 2, kernel_regularizer="l2")
+    q, v, k = data()
+    with pytest.raises(ValueError, match=r"query must have rank >= 3 .*got shape \(2, 5\)"):
+        layers.MultiHeadAttention(2, 2)(q[:, 0], v)
+    with pytest.raises(ValueError, match="query, value and key must have the same rank"):
+        layers.MultiHeadAttention(2, 2)(q, v[:, :, None])
+    with pytest.raises(ValueError, match="attention_axes must be distinct axes among"):
+        layers.MultiHeadAttention(2, 2, attention_axes=2)(q, v)
+    mha = built()
+    with pytest.raises(ValueError, match="must be equal"):
+        mha(q, v, k[:, :2])
+    with pytest.raises(ValueError, match=r"was built for query of rank 3 with 5 features"):
+        mha(q[..., :4], v)
+    with pytest.raises(ValueError, match="must agree on the batch axis"):
+        mha(q[:1], v)
+    with pytest.raises(ValueError, match=r"attention_mask must broadcast to \(2, 3, 4\).*"
+                                         r"\(2, 2, 3, 4\).*got a mask of shape"):
+        mha(q, v, attention_mask=np.ones((B, S, T)))
+    with pytest.raises(ValueError, match="attention_mask must broadcast"):
+        mha(q, v, attention_mask=np.ones((B, 3, T, S)))
+    with pytest.raises(ValueError, match="attention_mask must broadcast"):
+        mha(q, v, attention_mask=np.ones((S,)))
+    with pytest.raises(ValueError, match=r"value_mask must have shape \(batch, S\)"):
+        mha(q, v, value_mask=np.ones((B, T)))
+    x4 = RNG.normal(size=(2, 3, 4, D)).astype(np.float32)
+    with pytest.raises(NotImplementedError, match="use_causal_mask needs attention over axis"):
+        layers.MultiHeadAttention(2, 2)(x4, x4, use_causal_mask=True)
+
+
+def test_high_rank_attention_is_the_rank_3_attention_per_slice() -> None:
+    """attention_axes=(2,) on (B, X, T, dim) attends within each X slice: the same as the
+    rank-3 layer (same weights) on each slice; and the scores are Keras' (B, X, H, T, S)."""
+    mha3 = built()
+    mha4 = layers.MultiHeadAttention(H, K, attention_axes=(2,))
+    q = RNG.normal(size=(B, 2, T, D)).astype(np.float32)
+    v = RNG.normal(size=(B, 2, S, D)).astype(np.float32)
+    mha4(q, v)
+    mha4.set_weights(mha3.get_weights())
+    out, scores = mha4(q, v, return_attention_scores=True)
+    assert out.shape == (B, 2, T, D) and scores.shape == (B, 2, H, T, S)
+    for x in range(2):
+        o, s = mha3(q[:, x], v[:, x], return_attention_scores=True)
+        np.testing.assert_allclose(np.asarray(out)[:, x], np.asarray(o), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(scores)[:, x], np.asarray(s), rtol=1e-5,
+                                   atol=1e-7)
