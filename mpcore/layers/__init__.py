@@ -10,6 +10,7 @@ the dtype rules every layer follows, ``symbolic`` the functional graph's KerasTe
 # operators installs ``x + y`` on KerasTensors when imported
 from mpcore.layers import activations, initializers, operators
 from mpcore.layers.activation_layers import Softmax
+from mpcore.layers.attention import MultiHeadAttention
 from mpcore.layers.base import Input, InputLayer, KerasTensor, Layer
 from mpcore.layers.convolutional import Conv2D
 from mpcore.layers.core import Activation, Dense, Dropout, Flatten
@@ -55,7 +56,7 @@ __all__ = [
     "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAvgPool1D", "GlobalAvgPool2D",
     "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPooling1D", "GlobalMaxPooling2D", "Input",
     "InputLayer", "KerasTensor", "Layer", "LayerNormalization", "MaxPool2D", "MaxPooling2D",
-    "Maximum", "Minimum", "Multiply", "Permute", "Reshape", "Softmax", "Subtract",
-    "activations", "add", "average", "concatenate", "initializers", "maximum", "minimum",
-    "multiply", "operators", "subtract",
+    "Maximum", "Minimum", "MultiHeadAttention", "Multiply", "Permute", "Reshape", "Softmax",
+    "Subtract", "activations", "add", "average", "concatenate", "initializers", "maximum",
+    "minimum", "multiply", "operators", "subtract",
 ]
