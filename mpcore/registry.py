@@ -13,9 +13,11 @@ a missing one. Once a backend works, ``get_backend()`` returns it without asking
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 
 from mpcore.backend import (
     Backend,
@@ -229,3 +231,18 @@ def detection_note() -> str:
     """Why the current backend was chosen, and what detection passed over or skipped."""
     get_backend()
     return _detection_note
+
+
+@contextlib.contextmanager
+def backend_scope(name: str | Backend) -> Iterator[Backend]:
+    """Compute on ``name`` inside the block (as :func:`set_backend`), then on the backend that
+    was current before: what builds layers on a chosen backend (the conformance kit's layer
+    checks) without changing the caller's choice."""
+    global _current, _detection_note
+    previous, note = _current, _detection_note
+    backend = set_backend(name)
+    try:
+        yield backend
+    finally:
+        with _lock:
+            _current, _detection_note = previous, note

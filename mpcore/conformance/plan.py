@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import mpcore.conformance.contract as contract
 import mpcore.conformance.kernels as kernels
+import mpcore.conformance.layers as layers
 import mpcore.conformance.training as training
 import mpcore.conformance.training_kernels as training_kernels
 from mpcore.backend import Backend
@@ -92,6 +93,9 @@ def checks(quick: bool) -> Iterator[Check]:
         yield c(f"optional.{name}", "optional", t.check_optimizer(name), (name,))
     for dtype in FLOATS:
         yield c(f"autodiff.mlp[{dtype}]", "autodiff", training.check_gradients(dtype))
+    for name in layers.CASE_NAMES:
+        for dtype in FLOATS:
+            yield c(f"layers.{name}[{dtype}]", "layers", layers.check_layer(name, dtype))
     yield c("training.mixed_float16_skip_and_recover", "training", training.check_training)
 
 

@@ -77,7 +77,7 @@ def test_only_filters_by_substring_and_pattern() -> None:
 
 FAMILIES = ("contract, creation, unary, binary, compare, logical, isfinite, where, reduce, "
             "matmul, shapes, take, getitem, one_hot, image, random, loss_scale, optional, "
-            "autodiff, training")
+            "autodiff, layers, training")
 
 
 def test_an_only_pattern_that_matches_no_check_is_an_error(
