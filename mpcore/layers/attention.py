@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcore import ops
-from mpcore import policy as _policy
 from mpcore.layers import initializers
 from mpcore.layers.activation_layers import large_negative
 from mpcore.layers.base import Layer
@@ -180,8 +179,6 @@ class MultiHeadAttention(Layer):
             layer._maybe_build(shape)
         self._dims = (query_shape[-1], value_shape[-1], key_shape[-1])
         self._rank = rank
-        # built here, not only by __call__, so a build(...) called directly is not redone
-        self.built = True
 
     def compute_output_shape(self, query_shape: Any, value_shape: Any,
                              key_shape: Any = None) -> tuple[int | None, ...]:
@@ -346,8 +343,7 @@ class MultiHeadAttention(Layer):
         if use_causal_mask:
             # position i of the query attends to positions j <= i: Keras' lower-triangular
             # (1, T, S) mask, T != S allowed as in Keras
-            masks.append(ops.constant([[[j <= i for j in range(s)] for i in range(t)]],
-                                      "bool"))
+            masks.append(_causal_mask(t, s, query.backend))
         if attention_mask is not None:
             masks.append(self._bool(attention_mask))
         if not masks:
@@ -387,9 +383,17 @@ class MultiHeadAttention(Layer):
                 "bias_initializer": self._bias_initializer,
                 **dict.fromkeys(_UNSUPPORTED), "seed": self.seed}
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> MultiHeadAttention:
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = _policy.Policy.from_config(config["dtype"])
-        return cls(**config)
+
+_CAUSAL: dict[tuple[int, int, str], Tensor] = {}
+
+
+def _causal_mask(t: int, s: int, backend: Any) -> Tensor:
+    """The (1, t, s) lower-triangular mask, made once per lengths and backend (a Python loop
+    over t*s positions per call would cost more than the attention at small sizes)."""
+    key = (t, s, backend.name)
+    mask = _CAUSAL.get(key)
+    if mask is None or mask.backend is not backend:
+        mask = ops.constant([[[j <= i for j in range(s)] for i in range(t)]], "bool",
+                            backend=backend)
+        _CAUSAL[key] = mask
+    return mask
