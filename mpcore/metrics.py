@@ -8,8 +8,9 @@ from typing import Any
 
 from mpcore import dtypes as _dtypes
 from mpcore import ops
+from mpcore.function import in_traced_step
 from mpcore.naming import by_name
-from mpcore.tensor import Tensor
+from mpcore.tensor import Tensor, Variable
 
 
 class Metric:
@@ -46,8 +47,20 @@ class Mean(Metric):
         self.reset_state()
 
     def reset_state(self) -> None:
-        self._total: Tensor | None = None
-        self._count: Tensor | float = 0.0
+        if getattr(self, "_total", None) is None:
+            self._make_variables(None)
+            return
+        # assigned, not replaced: a traced step that resets the metric replays the reset
+        self._total.assign(ops.zeros_like(self._total))
+        self._count.assign(ops.zeros_like(self._count))
+
+    def _make_variables(self, backend: Any) -> None:
+        """The float32 total and count (Keras 3's metric variables), on ``backend`` (None: the
+        current one); made with the metric, so a traced step that updates it creates none."""
+        self._total = Variable(0.0, dtype="float32", trainable=False, backend=backend,
+                               name=f"{self.name}/total", autocast=False)
+        self._count = Variable(0.0, dtype="float32", trainable=False, backend=backend,
+                               name=f"{self.name}/count", autocast=False)
 
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         """Add ``values``; ``sample_weight`` is a number (weights every value) or a tensor
@@ -74,25 +87,40 @@ class Mean(Metric):
         return ops.sum(ops.multiply(v, w)), ops.sum(w)
 
     def accumulate(self, total: Tensor, count: Tensor | float) -> None:
-        """Add a :meth:`contribution` to the running total and count."""
-        self._total = total if self._total is None else ops.add(self._total, total)
-        if isinstance(count, float) and isinstance(self._count, float):
-            self._count += count
-        else:
-            self._count = ops.add(self._count, count)
+        """Add a :meth:`contribution` to the running total and count: two float32 variables
+        (Keras 3's metric variables, on the backend of the first contribution), updated by
+        assignments, so a traced step that updates the metric updates it at every replay
+        exactly as eagerly (a Python attribute would keep the trace's value)."""
+        if total.backend is not self._total.backend:
+            # the values moved to another backend: so does the state (read on the host once)
+            kept = self.totals()
+            self._make_variables(total.backend)
+            self._total.assign(kept[0])
+            self._count.assign(kept[1])
+        self._total.assign_add(ops.cast(total, "float32"))
+        self._count.assign_add(count if isinstance(count, float) else ops.cast(count, "float32"))
+
+    @property
+    def variables(self) -> list[Variable]:
+        """The metric's state (Keras' ``metric.variables``): the total and the count."""
+        return [self._total, self._count]
 
     def totals(self) -> tuple[float, float]:
         """The running (weighted) total and count, read on the host (to add other ranks')."""
-        total = 0.0 if self._total is None else float(self._total)
-        return total, float(self._count)
+        return float(self._total), float(self._count)
 
-    def result(self) -> float:
-        if self._total is None:
-            return 0.0
-        count = self._count
-        if isinstance(count, float):
-            return float(self._total) / count if count else 0.0
-        return float(ops.divide(self._total, count))
+    def result(self) -> Any:
+        """The mean so far (0 before any value): a Python float, or inside a traced step a
+        0-d tensor (a device value the step returns: a float would be the trace's forever),
+        so Keras' ``return {m.name: m.result() for m in self.metrics}`` works in a step."""
+        if in_traced_step():
+            count = self._count
+            # divide_no_nan: 0 while the count is 0
+            safe = ops.where(ops.equal(count, 0.0), ops.ones_like(count), count)
+            return ops.where(ops.equal(count, 0.0), ops.zeros_like(self._total),
+                             ops.divide(self._total, safe))
+        total, count = self.totals()
+        return total / count if count else 0.0
 
 
 class MeanMetricWrapper(Mean):

@@ -212,7 +212,7 @@ class Model(Layer):
             traced.compiled = compiled
         return traced(*args)
 
-    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
+    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
         opt = self.optimizer
         scaled = isinstance(opt, LossScaleOptimizer)
         with GradientTape() as tape:
@@ -225,25 +225,21 @@ class Model(Layer):
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables))
         first = flatten(y_pred)[0]
-        return loss, first, self._contributions(loss, y, first)
+        _step_metrics.update_in_step(self._loss_tracker, self.compiled_metrics, loss, y, first)
+        return loss, first
 
-    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
+    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
         outputs = self(x, training=False)
         loss, y_pred = self.loss(y, outputs), flatten(outputs)[0]  # type: ignore[misc]
-        return loss, y_pred, self._contributions(loss, y, y_pred)
-
-    def _contributions(self, loss: Any, y: Any, y_pred: Any) -> list[Any]:
-        return _step_metrics.contributions(self._loss_tracker, self.compiled_metrics, loss, y,
-                                           y_pred)
-    def _update_metrics(self, contributions: list[Any], y: Any, y_pred: Any) -> None:
-        _step_metrics.update(self._loss_tracker, self.compiled_metrics, contributions, y, y_pred)
+        _step_metrics.update_in_step(self._loss_tracker, self.compiled_metrics, loss, y, y_pred)
+        return loss, y_pred
 
     def train_step(self, x: Any, y: Any) -> Any:
         """Forward, loss, (scaled) gradients, update; updates the metrics on the device and
         returns the (unscaled, float32) loss tensor."""
-        loss, y_pred, contributions = self._step("train", self._train_compute, x, y)
+        loss, y_pred = self._step("train", self._train_compute, x, y)
         self._train_steps += 1
-        self._update_metrics(contributions, y, y_pred)
+        _step_metrics.update_after_step(self.compiled_metrics, y, y_pred)
         return loss
 
     def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
@@ -259,8 +255,8 @@ class Model(Layer):
         return self._results(return_dict)
 
     def test_step(self, x: Any, y: Any) -> None:
-        _, y_pred, contributions = self._step("test", self._test_compute, x, y)
-        self._update_metrics(contributions, y, y_pred)
+        _, y_pred = self._step("test", self._test_compute, x, y)
+        _step_metrics.update_after_step(self.compiled_metrics, y, y_pred)
 
     def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
                       return_dict: bool = False) -> Any:
