@@ -223,6 +223,10 @@ class LossScaleOptimizer(Optimizer):
         underflow). A tensor ``loss`` is scaled on ``tape``, which computed it."""
         from mpcore.tape import GradientTape
 
+        if (isinstance(loss, Tensor) or not callable(loss)) and tape is None:
+            # (a fresh tape would record the scaling only: every gradient None)
+            raise ValueError("`tape` is required when a `Tensor` loss is passed. "
+                             f"Received: loss={loss}, tape={tape}.")
         tape = GradientTape() if tape is None else tape
         with tape:
             loss = self.get_scaled_loss(loss)
