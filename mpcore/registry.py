@@ -177,8 +177,8 @@ def _auto_detect() -> tuple[Backend, str]:
             "work: choose it with MPCORE_BACKEND)" if shy else "no mpcore backend works here")
     # a bad MPCORE_* value first: it is the user's one-character fix, which the paragraph
     # about detection below buried (a typo in MPCORE_CPU_POOL_MB read as "no backend")
-    bad = [f"{exc} (it stops the {name} backend)" for name, exc in _failures.items()
-           if isinstance(exc, SettingError)]
+    bad = [f"{exc} (it stops the {b.name} backend)" for b in backends()
+           if isinstance(exc := _failures.get(b.name), SettingError)]
     first = "".join(f"{line}\n" for line in bad)
     raise BackendUnavailableError(f"{first}{head}:\n{_describe_choices(frozenset(shy))}")
 
