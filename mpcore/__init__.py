@@ -44,6 +44,7 @@ _LAZY_MODULES = {
     "losses": "mpcore.losses", "metrics": "mpcore.metrics", "datasets": "mpcore.datasets",
     "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",
     "debugging": "mpcore.debugging", "distribution": "mpcore.distribution",
+    "train": "mpcore.train",   # tf.train.experimental.enable_mixed_precision_graph_rewrite
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
     "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -234,6 +235,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingError as exc:  # a bad MPCORE_* value found while the command ran
         print(f"mpcore {args.command}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (``mpcore conformance cpu --json | head``): stop quietly,
+    as a Unix tool does, instead of a traceback. Python's recipe: stdout goes to devnull, so
+    that the flush at exit does not raise again; 1, as Python exits on EPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":

@@ -358,10 +358,27 @@ def _launch(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"mpcore demo: {exc}", file=sys.stderr)
         return 1
-    threads = max(1, (os.cpu_count() or 1) // args.ranks)
+    cores = usable_cores()
+    if args.ranks > cores:
+        # allowed (Open MPI is told to oversubscribe: a job can be tried on a laptop), but the
+        # ranks then take turns on the cores and wait for each other at every step
+        print(f"mpcore demo: warning: --ranks {args.ranks} on {cores} core"
+              f"{'s' if cores != 1 else ''}: {args.ranks} processes share them, so every step "
+              f"waits for ranks that are not running; the job will be slower than --ranks "
+              f"{cores}", file=sys.stderr, flush=True)
+    threads = max(1, cores // args.ranks)
     env = {**launch.environment(threads), RANKS_ENV: str(args.ranks)}
     print(f"mpcore demo: {' '.join(cmd)}", flush=True)
     return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's share),
+    else the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):   # not on every platform
+        return max(1, os.cpu_count() or 1)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -284,6 +284,31 @@ class Function:
                 _local.replaying -= 1
         return self._trace(signature, args, kwargs)
 
+    #: Traces of new signatures after the first before the one warning (tf.function's 5).
+    RETRACE_WARNING = 5
+
+    def _warn_if_retracing(self, signature: tuple[Any, ...]) -> None:
+        """Warn once, as tf.function does, when a function keeps tracing for new signatures:
+        each trace runs the step eagerly and records it (39 batch shapes were 39 silent
+        traces). Traces of a signature already seen (variables created, the rewrite's second
+        pass, another guard value) are not counted."""
+        # hashes: a signature may name the call's objects, which the function holds weakly
+        seen = self.__dict__.setdefault("_signatures", set())
+        if hash(signature) in seen:
+            return
+        seen.add(hash(signature))
+        retraces = len(seen) - 1
+        if retraces != self.RETRACE_WARNING:
+            return
+        warnings.warn(
+            f"{retraces} calls to {self.__name__} triggered mpcore.function retracing (a new "
+            f"trace for each of {retraces + 1} signatures). Tracing is expensive and the "
+            "excessive number of tracings could be due to (1) creating mp.function repeatedly "
+            "in a loop, (2) passing tensors with different shapes or dtypes (each traces "
+            "again: pad or bucket the batches to a few shapes), (3) passing Python objects "
+            "instead of tensors (each value traces again). For (1), define your mp.function "
+            "outside of the loop.", RuntimeWarning, stacklevel=_user_frames.stacklevel())
+
     def runners(self) -> list[Callable[[list[Any]], Any]]:
         """Every program this function replays (its compiled runners)."""
         return [r for entry in self._runners.values()
@@ -301,6 +326,7 @@ class Function:
             slot = recorder.slot_of.get(id(t._data))
             inputs.append(recorder.new_slot(t._data) if slot is None else slot)
         self.tracing_count += 1
+        self._warn_if_retracing(signature)
         session = None if _hooks.trace_hook is None else _hooks.trace_hook(self, signature)
         # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
         # would be captured as a constant, stale once the variable changes; the trace casts

@@ -20,6 +20,7 @@ every step, skipped or not.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,8 +29,46 @@ from mpcore import ops
 from mpcore import user_frames as _user_frames
 from mpcore.distribution import gradients as _distributed
 from mpcore.function import in_traced_step, kept_whole
+from mpcore.optimizer_gradients import VarList
 from mpcore.optimizers import Optimizer, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
+
+#: The LossScaleOptimizer wrapping each optimizer (weakly: an optimizer whose wrapper is gone
+#: may be wrapped again). tf-keras refuses a second wrapper: both would scale and step the one
+#: optimizer, and a checkpoint could not tell their states apart.
+_WRAPPERS: weakref.WeakKeyDictionary[Optimizer, weakref.ref[LossScaleOptimizer]] = (
+    weakref.WeakKeyDictionary())
+
+_EXAMPLE = """
+    with mp.GradientTape() as tape:
+      loss = loss_fn()
+      scaled_loss = opt.get_scaled_loss(loss)
+    scaled_grads = tape.gradient(scaled_loss, vars)
+    grads = opt.get_unscaled_gradients(scaled_grads)
+    opt.apply_gradients([(grads, var)])"""
+#: tf-keras' warnings (``_maybe_warn_about_scaling``), by (scaled, unscaled), with what mpcore
+#: then does.
+_FORGOT = {
+    (False, False): "You forgot to call LossScaleOptimizer.get_scaled_loss() and "
+                    "LossScaleOptimizer.get_unscaled_gradients() before calling "
+                    "LossScaleOptimizer.apply_gradients(). This will likely result in worse "
+                    "model quality, so please call them in the correct places! For example:"
+                    f"{_EXAMPLE}\nThe gradients are applied as given (not unscaled); only the "
+                    "Inf/NaN check is done. (Or call opt.minimize(loss, var_list), which "
+                    "scales and unscales.)",
+    (False, True): "You forgot to call LossScaleOptimizer.get_scaled_loss() before calling "
+                   "LossScaleOptimizer.apply_gradients() (you did call "
+                   "get_unscaled_gradients() however). This will likely result in worse model "
+                   "quality, so please call get_scaled_loss() in the correct place! For "
+                   f"example:{_EXAMPLE}\nThe gradients were divided by the loss scale without "
+                   "the loss being multiplied by it: they are too small by that factor.",
+    (True, False): "You forgot to call LossScaleOptimizer.get_unscaled_gradients() before "
+                   "calling LossScaleOptimizer.apply_gradients() (you did call "
+                   "get_scaled_loss() however). This will likely result in worse model "
+                   "quality, so please call get_unscaled_gradients() in the correct place! For "
+                   f"example:{_EXAMPLE}\nThe gradients are applied as given, still multiplied "
+                   "by the loss scale; only the Inf/NaN check is done.",
+}
 
 
 class LossScaleOptimizer(Optimizer):
@@ -40,14 +79,21 @@ class LossScaleOptimizer(Optimizer):
 
     def __init__(self, inner_optimizer: Optimizer, loss_scale: Any = None, *,
                  dynamic: bool | None = None, initial_scale: float | None = None,
-                 dynamic_growth_steps: int | None = None) -> None:
+                 dynamic_growth_steps: int | None = None, name: str | None = None) -> None:
         if isinstance(inner_optimizer, LossScaleOptimizer):
-            raise TypeError("LossScaleOptimizer cannot wrap another LossScaleOptimizer; wrap "
-                            "its inner_optimizer instead")
+            raise TypeError("LossScaleOptimizer cannot wrap another LossScaleOptimizer, but "
+                            f"got: {inner_optimizer!r}; wrap its inner_optimizer instead")
         if not isinstance(inner_optimizer, Optimizer):
-            raise TypeError("LossScaleOptimizer wraps an mp.optimizers.Optimizer, got "
-                            f"{type(inner_optimizer).__name__}")
+            raise TypeError('"inner_optimizer" must be an instance of '
+                            f"mp.optimizers.Optimizer, but got: {inner_optimizer!r}")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {name!r}")
         scale = _scale(loss_scale, dynamic, initial_scale, dynamic_growth_steps)
+        wrapper = _WRAPPERS.get(inner_optimizer)
+        if wrapper is not None and wrapper() is not None:
+            raise ValueError('"inner_optimizer" is already wrapped by a LossScaleOptimizer. An '
+                             "optimizer can only be wrapped by a single LossScaleOptimizer")
+        _WRAPPERS[inner_optimizer] = weakref.ref(self)
         self._inner = inner_optimizer
         self._loss_scale = scale
         self.skipped_steps = 0
@@ -55,10 +101,11 @@ class LossScaleOptimizer(Optimizer):
         self.last_nonfinite: list[str] = []
         self._flag: Tensor | None = None
         self._unscaled = False
+        self._scaled = False     # get_scaled_loss called since the last apply_gradients
         #: What get_unscaled_gradients returned: the flag vouches for these tensors only.
         self._unscaled_grads: list[Tensor] = []
         self._warned = False
-        self.name = f"LossScaleOptimizer({inner_optimizer.name})"
+        self.name = name or f"LossScaleOptimizer({inner_optimizer.name})"
 
     # --- TF 2.4+ / Keras 3 names ---------------------------------------------------------
     @property
@@ -75,6 +122,13 @@ class LossScaleOptimizer(Optimizer):
     def dynamic_growth_steps(self) -> int | None:
         scale = self._loss_scale
         return scale.increment_period if isinstance(scale, _ls.DynamicLossScale) else None
+
+    @property
+    def dynamic_counter(self) -> int | None:
+        """The finite steps since the scale last changed (tf-keras' name for
+        ``num_good_steps``); None for a fixed scale."""
+        scale = self._loss_scale
+        return scale.num_good_steps if isinstance(scale, _ls.DynamicLossScale) else None
 
     # --- delegation ---------------------------------------------------------------------
     # Hyperparameters live on the inner optimizer (those its CHECKS list, its own class's
@@ -132,6 +186,7 @@ class LossScaleOptimizer(Optimizer):
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
         if callable(loss) and not isinstance(loss, Tensor):
+            self._scaled = True
             return lambda: self.get_scaled_loss(loss())
         loss = ops.convert_to_tensor(loss)
         return ops.multiply(loss, self._scale_of(loss))
@@ -141,7 +196,7 @@ class LossScaleOptimizer(Optimizer):
         """The current scale as a tensor of ``loss``'s dtype (exact: a power of two or the
         user's fixed scale). A tensor, not a Python number, so that a traced step reads the
         scale of its own step, in the product and in its gradient."""
-        self._unscaled = False
+        self._unscaled, self._scaled = False, True
         return ops.constant(self._loss_scale(), dtype=loss.dtype, backend=loss.backend)
 
     def scale_loss(self, loss: Any) -> Any:
@@ -161,18 +216,35 @@ class LossScaleOptimizer(Optimizer):
         self._unscaled_grads = [g for g in out if g is not None]
         return out
 
+    def compute_gradients(self, loss: Any, var_list: VarList, tape: Any = None
+                          ) -> list[tuple[Tensor | None, Variable]]:
+        """tf-keras': the (gradient, variable) pairs of ``loss`` scaled, unscaled by
+        :meth:`get_unscaled_gradients` (so ``minimize`` scales, and float16 gradients do not
+        underflow). A tensor ``loss`` is scaled on ``tape``, which computed it."""
+        from mpcore.tape import GradientTape
+
+        if (isinstance(loss, Tensor) or not callable(loss)) and tape is None:
+            # (a fresh tape would record the scaling only: every gradient None)
+            raise ValueError("`tape` is required when a `Tensor` loss is passed. "
+                             f"Received: loss={loss}, tape={tape}.")
+        tape = GradientTape() if tape is None else tape
+        with tape:
+            loss = self.get_scaled_loss(loss)
+        pairs = self._inner.compute_gradients(loss, var_list, tape)
+        grads = self.get_unscaled_gradients([g for g, _ in pairs])
+        return list(zip(grads, [v for _, v in pairs]))
+
     @kept_whole
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
         """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""
         grads, variables = split_grads_and_vars(grads_and_vars)
         flag = self._flag
+        forgot = (self._scaled, self._unscaled and flag is not None)
+        if forgot != (True, True) and not self._warned:
+            # once per optimizer (tf-keras logs at every call): a loop would repeat it
+            warnings.warn(_FORGOT[forgot], UserWarning, stacklevel=_user_frames.stacklevel())
+            self._warned = True
         if not self._unscaled or flag is None:
-            if not self._warned:
-                warnings.warn("LossScaleOptimizer.apply_gradients was called without "
-                              "get_scaled_loss()/get_unscaled_gradients(): the gradients are "
-                              "applied as given (not unscaled); only the Inf/NaN check is done",
-                              UserWarning, stacklevel=_user_frames.stacklevel())
-                self._warned = True
             flag = ops.all_finite(grads) if grads else None
         elif not _same_tensors(grads, self._unscaled_grads):
             # the caller changed the gradients after unscaling them (clipped, masked, summed):
@@ -180,7 +252,7 @@ class LossScaleOptimizer(Optimizer):
             # whose gradients hold Inf or NaN never touches the weights)
             flag = ops.all_finite(grads) if grads else None
         self._flag = None
-        self._unscaled = False
+        self._unscaled = self._scaled = False
         self._unscaled_grads = []
         if flag is None:  # nothing to update
             self._inner.iterations += 1
@@ -216,11 +288,17 @@ class LossScaleOptimizer(Optimizer):
                 "skipped_steps": self.skipped_steps}
 
     def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
+        """Restore a LossScaleOptimizer's state, or a plain optimizer's into the inner one
+        (a float32 run continued under mixed_float16: the loss scale starts afresh, as it
+        would in tf-keras, where the checkpoint holds no loss scale)."""
         if state.get("class") != "LossScaleOptimizer":
-            raise ValueError(f"optimizer state of {state.get('class')!r} cannot be loaded into "
-                             "a LossScaleOptimizer")
+            self._inner.set_state(var_list, state)
+            return
         self._inner.set_state(var_list, state["inner"])
-        self._loss_scale = _ls.deserialize(state["loss_scale"])
+        saved = _ls.deserialize(state["loss_scale"])
+        if saved != _ls.deserialize(_ls.serialize(self._loss_scale)):
+            self._loss_scale = saved   # another kind or setting of scale: the checkpoint's
+        # else into the instance itself: it may be a policy's (see for_policy)
         self._loss_scale.load_state_dict(state["loss_scale_state"])
         self.skipped_steps = int(state["skipped_steps"])
 
@@ -285,3 +363,42 @@ def _scale(loss_scale: Any, dynamic: bool | None, initial_scale: float | None,
                              ("increment_period", "dynamic_growth_steps")):
             message = message.replace(ours, theirs)
         raise type(exc)(message) from None
+
+
+#: The dynamic loss scales of policies that a compile has trained (by id, dropped with them).
+_TRAINED: weakref.WeakValueDictionary[int, _ls.LossScale] = weakref.WeakValueDictionary()
+
+
+def for_policy(optimizer: Optimizer, policy: Any) -> Optimizer:
+    """What ``Model.compile`` trains with under ``policy``: ``optimizer``, wrapped in a
+    LossScaleOptimizer where the policy has a loss scale: mixed_float16's default dynamic one,
+    or one given to any policy (``Policy("mixed_bfloat16", loss_scale="dynamic")``; TF 2.3's
+    compile honoured it for every policy). An optimizer that already has a wrapper gets that
+    wrapper back (compiling again with the same optimizer), as tf-keras refuses a second one.
+
+    Which LossScale the wrapper gets (the decision of issue 33):
+
+    - the default one (``Policy("mixed_float16")``): a fresh copy for each compile. The
+      global policy is one value shared by every model of the process; its scale trained by
+      one model would start the next model's training at that model's scale (or not, as the
+      garbage collector decides). ``policy.loss_scale`` stays the configuration; the trained
+      scale is ``model.optimizer.loss_scale``, as in TF 2.4+ and Keras 3.
+    - one given to the policy: a fixed scale is used as it is (it has no state); a dynamic
+      one is the policy's own instance for the first compile that uses it, so
+      ``policy.loss_scale`` follows that model's training, as in TF 2.3, and a fresh copy for
+      any later compile (another model, or a new optimizer), so that two models never share,
+      and the later ones start from the configuration whatever the first one did.
+    """
+    scale = policy.loss_scale
+    if scale is None or isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    wrapper = _WRAPPERS.get(optimizer)
+    existing = None if wrapper is None else wrapper()
+    if existing is not None:
+        return existing
+    if not policy.loss_scale_is_default and isinstance(scale, _ls.FixedLossScale):
+        return LossScaleOptimizer(optimizer, scale)
+    if not policy.loss_scale_is_default and id(scale) not in _TRAINED:
+        _TRAINED[id(scale)] = scale
+        return LossScaleOptimizer(optimizer, scale)
+    return LossScaleOptimizer(optimizer, _ls.deserialize(_ls.serialize(scale)))

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     )
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
 
+    experimental: Any   # a module made on first use (_experimental)
+
 
 def set_global_policy(policy: Policy | str | None) -> None:
     """Set the process-wide policy; None resets it to float32. A mixed policy logs the
@@ -65,6 +67,25 @@ def _autocast_on() -> bool:
     return hooks is not None and hooks.autocast_on()
 
 
+def _experimental() -> Any:
+    """TF 2.1-2.3's ``tf.keras.mixed_precision.experimental``, which the guide of that time
+    imports (``from tensorflow.keras.mixed_precision import experimental as mixed_precision``):
+    the same objects under the old names (``set_policy``, ``Policy`` with ``loss_scale``, the
+    LossScaleOptimizer with TF 2.3's ``loss_scale`` argument)."""
+    import types
+
+    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+
+    module = types.ModuleType(f"{__name__}.experimental", _experimental.__doc__)
+    for name, value in (("Policy", Policy), ("DynamicLossScale", DynamicLossScale),
+                        ("FixedLossScale", FixedLossScale), ("LossScale", LossScale),
+                        ("LossScaleOptimizer", LossScaleOptimizer),
+                        ("global_policy", global_policy), ("set_policy", set_policy),
+                        ("set_global_policy", set_global_policy)):
+        setattr(module, name, value)
+    return module
+
+
 #: Names that load on first use, and their modules: `import mpcore` takes set_global_policy
 #: from here and stays cheap.
 _LAZY = {
@@ -77,6 +98,9 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "experimental":
+        globals()[name] = value = _experimental()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mpcore.mixed_precision' has no attribute {name!r}")
@@ -90,4 +114,4 @@ def __getattr__(name: str) -> Any:
 __all__ = ["AutoMixedPrecisionLists", "DTypePolicy", "DynamicLossScale", "FixedLossScale",
            "LossScale", "LossScaleOptimizer", "Policy", "autocast", "check_policy",
            "disable_mixed_precision_graph_rewrite", "enable_mixed_precision_graph_rewrite",
-           "global_policy", "policy_scope", "set_global_policy", "set_policy"]
+           "experimental", "global_policy", "policy_scope", "set_global_policy", "set_policy"]

@@ -28,6 +28,7 @@ from mpcore.distribution import gradients as _distributed
 from mpcore.function import kept_whole, on_replay, recording_kernels, value_key
 from mpcore.hyperparameters import Hyperparameters
 from mpcore.naming import by_name
+from mpcore.optimizer_gradients import VarList, compute_gradients, split_grads_and_vars
 from mpcore.tensor import Tensor, Variable
 
 LearningRate = float | Callable[[int], float]
@@ -161,6 +162,8 @@ class Optimizer(Hyperparameters):
         return state
 
     def set_state(self, var_list: Sequence[Variable], state: dict[str, Any]) -> None:
+        if state.get("class") == "LossScaleOptimizer":   # a mixed run continued unscaled:
+            state = state["inner"]                        # its optimizer's state, not the scale
         if state.get("class") != type(self).__name__:
             raise ValueError(f"optimizer state of {state.get('class')!r} cannot be loaded into "
                              f"{type(self).__name__}")
@@ -266,12 +269,17 @@ class Optimizer(Hyperparameters):
                       self.last_variables)
         return True if flag is None else flag
 
-    def minimize(self, loss: Callable[[], Tensor], var_list: Sequence[Variable]) -> bool:
-        from mpcore.tape import GradientTape
+    def compute_gradients(self, loss: Any, var_list: VarList, tape: Any = None
+                          ) -> list[tuple[Tensor | None, Variable]]:
+        """tf-keras' (gradient, variable) pairs of ``loss``: a callable, or a tensor computed
+        under ``tape`` (:func:`mpcore.optimizer_gradients.compute_gradients`)."""
+        return compute_gradients(loss, var_list, tape)
 
-        with GradientTape() as tape:
-            value = loss()
-        return self.apply_gradients(zip(tape.gradient(value, list(var_list)), var_list))
+    def minimize(self, loss: Any, var_list: VarList, tape: Any = None) -> bool | Tensor:
+        """``apply_gradients(compute_gradients(loss, var_list, tape))``, as tf-keras: a
+        LossScaleOptimizer's ``compute_gradients`` scales the loss and unscales the
+        gradients."""
+        return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
     def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
                flag: Tensor | None) -> tuple[bool, Tensor | None]:
@@ -345,20 +353,6 @@ class Optimizer(Hyperparameters):
 
     def __repr__(self) -> str:
         return f"<mp.optimizers.{type(self).__name__} learning_rate={self._learning_rate!r}>"
-
-
-def split_grads_and_vars(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]
-           ) -> tuple[list[Tensor], list[Variable]]:
-    grads, variables = [], []
-    for grad, var in grads_and_vars:
-        if not isinstance(var, Variable):
-            raise TypeError(f"apply_gradients takes (gradient, Variable) pairs, got a "
-                            f"{type(var).__name__} as the variable")
-        if grad is None:
-            continue
-        grads.append(grad)
-        variables.append(var)
-    return grads, variables
 
 
 class SGD(Optimizer):

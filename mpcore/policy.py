@@ -32,6 +32,9 @@ POLICIES: dict[str, tuple[str, str]] = {
     "mixed_bfloat16": ("bfloat16", "float32"),
 }
 MIXED = frozenset({"mixed_float16", "mixed_bfloat16"})
+#: What a policy may be named, for messages: Keras 3 takes any dtype name too ("int32").
+_VALID = (f"{', '.join(POLICIES)}, or another dtype name "
+          f"({', '.join(d for d in _dtypes.ALL if d not in POLICIES)})")
 
 # Marks "no loss_scale argument was given": mixed_float16 then gets a DynamicLossScale, as in
 # TF's experimental Policy. Kept distinct from None, which means "no loss scaling".
@@ -46,9 +49,14 @@ class Policy:
     ``loss_scale`` is given as "auto" (dynamic for mixed_float16, none otherwise), None,
     "dynamic", a number (fixed scale), a serialized config or a LossScale; the policy then holds
     the LossScale, or None. Two policies are equal when their names and the class and config of
-    their loss scales are (a dynamic scale's running state does not count)."""
+    their loss scales are (a dynamic scale's running state does not count).
 
-    name: str
+    As Keras 3's ``DTypePolicy``: a name of None takes the name of the policy in force here
+    (``global_policy()``, with its default loss scale), and any dtype name is a policy that
+    computes and stores in that dtype (``Policy("int32")``, ``Policy("float64")``); a loss scale
+    is refused for a policy that does not compute in a floating dtype."""
+
+    name: str = None  # type: ignore[assignment]  # None: the global policy's (Keras 3)
     loss_scale: Any = field(default=_AUTO, compare=False)
     compute_dtype: str = field(init=False, compare=False)
     variable_dtype: str = field(init=False, compare=False)
@@ -59,19 +67,25 @@ class Policy:
 
     def __post_init__(self) -> None:
         name = self.name
+        if name is None:   # Keras 3's DTypePolicy(None): the policy in force here
+            name = global_policy().name
+            object.__setattr__(self, "name", name)
         if not isinstance(name, str):
             raise TypeError(f"policy name must be a string, got {type(name).__name__} {name!r}; "
-                            f"valid names: {', '.join(POLICIES)}")
-        if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r}; valid names: {', '.join(POLICIES)}")
+                            f"valid names: {_VALID}")
+        if name not in POLICIES and name not in _dtypes.ALL:
+            raise ValueError(f"unknown policy {name!r}; valid names: {_VALID}")
         auto = isinstance(self.loss_scale, str) and self.loss_scale == _AUTO
         if auto:
             scale = _ls.DynamicLossScale() if name == "mixed_float16" else None
         else:
             scale = _ls.get(self.loss_scale)
+        compute, variable = POLICIES.get(name, (name, name))
+        if scale is not None and not _dtypes.is_floating(compute):
+            raise ValueError(f"policy {name!r} computes in {compute}, which has no gradients to "
+                             f"scale: give it loss_scale=None (got {self.loss_scale!r})")
         key = None if scale is None else (type(scale).__name__,
                                           tuple(sorted(scale.get_config().items())))
-        compute, variable = POLICIES[name]
         for attr, value in (("loss_scale", scale), ("compute_dtype", compute),
                             ("variable_dtype", variable), ("_loss_scale_key", key),
                             ("_loss_scale_auto", auto)):
@@ -80,6 +94,13 @@ class Policy:
     @property
     def is_mixed(self) -> bool:
         return self.name in MIXED
+
+    @property
+    def loss_scale_is_default(self) -> bool:
+        """Whether ``loss_scale`` was left to the policy (a dynamic scale for mixed_float16,
+        none otherwise) rather than given: compile then trains a copy (see
+        :func:`mpcore.loss_scale_optimizer.for_policy`)."""
+        return self._loss_scale_auto
 
     def compute_dtype_for(self, dtype: str) -> str:
         """The dtype a layer casts an input of ``dtype`` to: floating inputs take the compute

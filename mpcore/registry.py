@@ -26,6 +26,7 @@ from mpcore.backend import (
     set_kernel_set_source,
 )
 from mpcore.plugins import get_plugins, install_kernel_sets
+from mpcore.settings import SettingError
 
 logger = logging.getLogger("mpcore")
 
@@ -176,7 +177,12 @@ def _auto_detect() -> tuple[Backend, str]:
     # "works here" would contradict a backend listed as available but never auto-selected
     head = ("no mpcore backend could be auto-detected (one that is not auto-selected may "
             "work: choose it with MPCORE_BACKEND)" if shy else "no mpcore backend works here")
-    raise BackendUnavailableError(f"{head}:\n{_describe_choices(frozenset(shy))}")
+    # a bad MPCORE_* value first: it is the user's one-character fix, which the paragraph
+    # about detection below buried (a typo in MPCORE_CPU_POOL_MB read as "no backend")
+    bad = [f"{exc} (it stops the {b.name} backend)" for b in backends()
+           if isinstance(exc := _failures.get(b.name), SettingError)]
+    first = "".join(f"{line}\n" for line in bad)
+    raise BackendUnavailableError(f"{first}{head}:\n{_describe_choices(frozenset(shy))}")
 
 
 def _warn_passed_over(names: list[str], used: Backend) -> None:

@@ -21,13 +21,19 @@ def _internal_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def _internal(filename: str, dirs: tuple[str, ...]) -> bool:
+    # a traced step's replay is compiled code named "<mpcore traced step>" (program.py): it
+    # is mpcore's too, else a warning from a call it replays names that pseudo-file
+    return filename.startswith("<mpcore") or os.path.abspath(filename).startswith(dirs)
+
+
 def stacklevel() -> int:
     """The ``stacklevel`` for a ``warnings.warn`` made by the function that calls this one, so
     that the warning names the first frame outside mpcore (1 if there is none)."""
     internal = _internal_dirs()
     frame = sys._getframe(1)
     level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
+    while frame is not None and _internal(frame.f_code.co_filename, internal):
         frame = frame.f_back
         level += 1
     return level if frame is not None else 1

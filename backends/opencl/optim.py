@@ -68,17 +68,19 @@ class OptimKernels(KernelFamily):
         grad, use_flag, fbuf = self._update_args(var, grad, flag)
         prog = self._prog("optim.cl", ("A", self._dt(var)))
         self.runtime.launch(prog["rmsprop"], var.size, np.int32(var.size), np.float32(lr),
-                            np.float32(rho), np.float32(momentum), np.float32(epsilon),
-                            np.int32(mom is not None), use_flag, fbuf, var.data, grad.data,
-                            ms.data, (mom if mom is not None else ms).data)
+                            np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
+                            np.float32(epsilon), np.int32(mom is not None), use_flag, fbuf,
+                            var.data, grad.data, ms.data,
+                            (mom if mom is not None else ms).data)
 
     def adam_update(self, var: CLArray, grad: CLArray, m: CLArray, v: CLArray, lr: float,
                     beta1: float, beta2: float, epsilon: float, step: int, weight_decay: float,
                     flag: Any) -> None:
         grad, use_flag, fbuf = self._update_args(var, grad, flag)
         prog = self._prog("optim.cl", ("A", self._dt(var)))
+        # in double, rounded once: the CPU's and CUDA's constants (see the kernel's comment)
         alpha = lr * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
-        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), np.float32(lr),
-                            np.float32(alpha), np.float32(beta1), np.float32(beta2),
-                            np.float32(epsilon), np.float32(weight_decay), use_flag, fbuf,
+        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), np.float32(alpha),
+                            np.float32(1.0 - beta1), np.float32(1.0 - beta2),
+                            np.float32(epsilon), np.float32(lr * weight_decay), use_flag, fbuf,
                             var.data, grad.data, m.data, v.data)

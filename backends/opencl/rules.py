@@ -80,14 +80,19 @@ def opencl_policy_support(policy: str, device: Device, *,
     native = native_half_kernels and FP16 in ext and compute == "float16"
     why = f" ({half_note})" if half_note and compute == "float16" else ""
     if device.kind == "cpu":
+        # Only what holds on every CPU: the device description has no CPU flags, and the
+        # kernels' arithmetic does not depend on them (the verdict once said "a CPU without
+        # AVX512-BF16 or AMX" on a CPU that has both)
+        wide = "AVX512-FP16" if compute == "float16" else "AVX512-BF16 or AMX"
         kernels = ("mpcore's native-half kernels" if native else
                    "kernels that compute it in float32, matmuls included")
         return Support(True, False,
                        f"{where} is a CPU device: {compute} is stored in 16 bits, which halves "
-                       f"memory traffic, and runs {kernels}{why}; but a CPU without "
-                       f"{'AVX512-FP16' if compute == 'float16' else 'AVX512-BF16 or AMX'} "
-                       "computes 16-bit values in float32 (emulated), so it is not faster than "
-                       "float32 (the NumPy cpu backend is usually faster on a CPU)")
+                       f"memory traffic, and runs {kernels}{why}; mpcore's OpenCL kernels use "
+                       f"no {wide} instructions, whether or not this CPU has them, so 16-bit "
+                       "values are computed in float32 (emulated) and it is not faster than "
+                       "float32 (the NumPy cpu backend, with oneDNN's bfloat16 GEMM where the "
+                       "CPU has AVX512-BF16 or AMX, is usually faster on a CPU)")
     if compute == "float16":
         if FP16 not in ext:
             return Support(True, False, f"{where} lacks {FP16}: float16 {_STORAGE}{why}")

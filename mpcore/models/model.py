@@ -18,7 +18,7 @@ from typing import Any
 from mpcore import arguments as _args
 from mpcore import callbacks as _callbacks
 from mpcore import checkpoint as _checkpoint
-from mpcore import loss_scale as _ls
+from mpcore import loss_scale_optimizer as _lso
 from mpcore import losses as _losses
 from mpcore import metrics as _metrics
 from mpcore import ops
@@ -164,10 +164,7 @@ class Model(Layer):
                              f"function) or a list of them, got {metrics!r}")
         opt = _optimizers.get(optimizer)
         policy = self.dtype_policy
-        if (policy.compute_dtype == "float16" and policy.is_mixed
-                and not isinstance(opt, LossScaleOptimizer) and policy.loss_scale is not None):
-            # A fresh LossScale: the policy's instance may be shared by other models.
-            opt = LossScaleOptimizer(opt, _ls.deserialize(_ls.serialize(policy.loss_scale)))
+        opt = _lso.for_policy(opt, policy)  # the policy's loss scale, any policy's (issue 33)
         loss_obj = None if loss is None else _losses.get(loss)
         compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
         names = [m.name for m in compiled]

@@ -78,7 +78,9 @@ def test_nothing_auto_detected_says_how_to_choose_what_is_not_auto_selected(
     monkeypatch.setattr(registry, "backends", lambda: [_Shy(), _Broken()])
     with pytest.raises(RuntimeError) as info:
         registry._auto_detect()
-    assert str(info.value) == (
+    assert str(info.value) == (   # the bad setting first (issue 33)
+        "MPCORE_X='y' is not valid; valid values: a, b (it stops the broken-settings-test "
+        "backend)\n"
         "no mpcore backend could be auto-detected (one that is not auto-selected may work: "
         "choose it with MPCORE_BACKEND):\n"
         "  shy-settings-test: available but not auto-selected "
@@ -92,7 +94,9 @@ def test_nothing_that_works_is_said_so_when_nothing_else_is_available(
     monkeypatch.setattr(registry, "backends", lambda: [_Broken()])
     with pytest.raises(RuntimeError) as info:
         registry._auto_detect()
-    assert str(info.value) == (
+    assert str(info.value) == (   # the bad setting first (issue 33)
+        "MPCORE_X='y' is not valid; valid values: a, b (it stops the broken-settings-test "
+        "backend)\n"
         "no mpcore backend works here:\n"
         "  broken-settings-test: failing: SettingError: MPCORE_X='y' is not valid; valid "
         "values: a, b")

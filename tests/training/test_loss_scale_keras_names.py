@@ -17,7 +17,7 @@ GRADS = np.array([1.0, 6.0, 7.0, 2.0], np.float32)
 
 
 def _step(opt: LSO, v: mp.Variable, grads: np.ndarray) -> None:
-    scaled = mp.constant(grads * np.float32(opt.loss_scale()))
+    scaled = opt.get_scaled_loss(mp.constant(grads))   # the "loss" is the gradients
     opt.apply_gradients(zip(opt.get_unscaled_gradients([scaled]), [v]))
 
 

@@ -189,11 +189,14 @@ def test_lso_type_errors_and_warning() -> None:
     with pytest.raises(TypeError, match="Optimizer"):
         LossScaleOptimizer("sgd")  # type: ignore[arg-type]
     var = mp.Variable([1.0])
-    with pytest.warns(UserWarning, match="without get_scaled_loss"):
+    with pytest.warns(UserWarning, match=r"You forgot to call LossScaleOptimizer"
+                                         r"\.get_scaled_loss\(\) and"):
         assert lso.apply_gradients([(mp.constant([np.inf]), var)]) is False
     assert float(var.numpy()[0]) == 1.0
+    lso = LossScaleOptimizer(optimizers.SGD())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        lso.get_scaled_loss(mp.constant(1.0))
         grads = lso.get_unscaled_gradients([mp.constant([1.0])])
         lso.apply_gradients(zip(grads, [var]))
 

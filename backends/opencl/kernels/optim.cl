@@ -2,6 +2,11 @@
  * device bool from unscale_and_check (or all_finite); when use_flag is set and *flag is 0 the
  * update leaves every buffer untouched, so a skipped step needs no host round trip. */
 
+/* No fused multiply-adds: OpenCL C contracts a * b + c by default, and where g * g - v cancels
+ * (Adam's second moment) one rounding instead of two moved the update by several ulp from the
+ * CPU's and the composite path's, which round every product. */
+#pragma OPENCL FP_CONTRACT OFF
+
 #if A_FLOAT
 #define NOT_FINITE(v) (!MP_ISFINITE(v))
 #else
@@ -49,15 +54,18 @@ __kernel void sgd(const int n, const float lr, const float momentum, const int n
     STORE_A(var, i, w);
 }
 
-__kernel void rmsprop(const int n, const float lr, const float rho, const float momentum,
-                      const float epsilon, const int use_mom, const int use_flag,
+/* one_minus_rho comes from the host, rounded once from double as the CPU and CUDA kernels
+ * take it: 1 - (float)rho on the device differs (1 - 0.9f is 0.100000024, not 0.1f). */
+__kernel void rmsprop(const int n, const float lr, const float rho, const float one_minus_rho,
+                      const float momentum, const float epsilon, const int use_mom,
+                      const int use_flag,
                       __global const uchar *flag, __global A_ST *var, __global const A_ST *grad,
                       __global A_ST *ms, __global A_ST *mom) {
     if (SKIP) return;
     const int i = get_global_id(0);
     if (i >= n) return;
     const A_CT g = LOAD_A(grad, i);
-    const A_CT s = rho * LOAD_A(ms, i) + (1 - rho) * g * g;
+    const A_CT s = rho * LOAD_A(ms, i) + g * g * one_minus_rho;  /* the CPU's order */
     STORE_A(ms, i, s);
     const A_CT step = lr * g / MP_SQRT(s + epsilon);
     if (use_mom) {
@@ -69,10 +77,13 @@ __kernel void rmsprop(const int n, const float lr, const float rho, const float 
     }
 }
 
-/* Keras Adam: alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) comes from the host; AdamW's
- * decoupled decay (var -= lr * wd * var) is applied before the step, as Keras does. */
-__kernel void adam(const int n, const float lr, const float alpha, const float beta1,
-                   const float beta2, const float epsilon, const float weight_decay,
+/* Keras Adam: alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t), 1 - beta1, 1 - beta2 and
+ * AdamW's decay = lr * wd come from the host, computed in double and rounded once to float32
+ * as the CPU and CUDA kernels take them: 1 - (float)0.999 on the device is 0.0009999871, ~55
+ * ulp from the first step's update of the composite path. The decoupled decay
+ * (var -= decay * var) is applied before the step, as Keras does. */
+__kernel void adam(const int n, const float alpha, const float one_minus_beta1,
+                   const float one_minus_beta2, const float epsilon, const float decay,
                    const int use_flag, __global const uchar *flag, __global A_ST *var,
                    __global const A_ST *grad, __global A_ST *pm, __global A_ST *pv) {
     if (SKIP) return;
@@ -80,9 +91,9 @@ __kernel void adam(const int n, const float lr, const float alpha, const float b
     if (i >= n) return;
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
-    if (weight_decay > 0) w -= lr * weight_decay * w;
-    const A_CT m = LOAD_A(pm, i) + (g - LOAD_A(pm, i)) * (1 - beta1);
-    const A_CT v = LOAD_A(pv, i) + (g * g - LOAD_A(pv, i)) * (1 - beta2);
+    if (decay > 0) w -= w * decay;
+    const A_CT m = LOAD_A(pm, i) + (g - LOAD_A(pm, i)) * one_minus_beta1;
+    const A_CT v = LOAD_A(pv, i) + (g * g - LOAD_A(pv, i)) * one_minus_beta2;
     STORE_A(pm, i, m);
     STORE_A(pv, i, v);
     STORE_A(var, i, w - alpha * m / (MP_SQRT(v) + epsilon));
