@@ -74,6 +74,9 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "relu_grad_bias": "(g, y) -> (relu_grad(g, y), its sum over every axis but the last)"
                       "  # a dense layer's bias gradient; 16-bit: summed in float32, rounded once",
     "bias_add": "(x, bias) -> x + bias over the last axis",
+    "batch_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, var, inv_std)"
+                  "  # over every axis but the last; float32/float64; biased variance",
+    "batch_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",

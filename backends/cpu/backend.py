@@ -26,14 +26,15 @@ from .elementwise import CpuElementwise, operands, quiet
 from .image import CpuImage
 from .linalg import CpuLinalg
 from .nn import CpuNn
+from .normalization import CpuNormalization
 from .optim import CpuOptim
 from .pool import POOL, default_limit
 from .reduce import CpuReduce
 from .rules import cpu_policy_support
 
 
-class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuReduce, CpuImage, CpuOptim,
-                 XpBackend):
+class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuNormalization, CpuReduce,
+                 CpuImage, CpuOptim, XpBackend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"

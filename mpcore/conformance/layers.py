@@ -172,3 +172,38 @@ def check_layer(name: str, dtype: str) -> Callable[[Context], str]:
         return f"max error {worst:.2e} of the largest value"
 
     return run
+
+
+def check_batch_norm_kernels(ctx: Context) -> str:
+    """The optional ``batch_norm`` and ``batch_norm_grad`` kernels against NumPy in float64:
+    the normalized output, the batch mean and biased variance, 1/sqrt(var + eps), and the
+    closed-form gradients, with and without gamma and beta (float32)."""
+    np = ctx.np
+    forward, backward = ctx.kernel("batch_norm"), ctx.kernel("batch_norm_grad")
+    x = ctx.data((6, 3, 5), key="bn x") * 3.0 + 1.0
+    dy = ctx.data((6, 3, 5), key="bn dy")
+    gamma, beta = ctx.data((5,), key="bn gamma"), ctx.data((5,), key="bn beta")
+    flat = ctx.rounded(x, "float32").reshape(-1, 5)
+    mu, var = flat.mean(0), flat.var(0)
+    inv = 1.0 / np.sqrt(var + 1e-3)
+    x_hat = (flat - mu) * inv
+    g2 = ctx.rounded(dy, "float32").reshape(-1, 5)
+    for with_params in (True, False):
+        g = ctx.up(gamma, "float32") if with_params else None
+        b = ctx.up(beta, "float32") if with_params else None
+        gh = ctx.rounded(gamma, "float32") if with_params else np.ones(5)
+        bh = ctx.rounded(beta, "float32") if with_params else np.zeros(5)
+        y, m, v, i = forward(ctx.up(x, "float32"), g, b, 1e-3)
+        what = "batch_norm" + ("" if with_params else " without gamma and beta")
+        ctx.expect(y, (x_hat * gh + bh).reshape(x.shape), "float32", f"{what}: y", 10.0)
+        ctx.expect(m, mu, "float32", f"{what}: mean", 10.0)
+        ctx.expect(v, var, "float32", f"{what}: variance", 10.0)
+        ctx.expect(i, inv, "float32", f"{what}: inv_std", 10.0)
+        dx, dgamma, dbeta = backward(ctx.up(dy, "float32"), ctx.up(x, "float32"), m, i, g)
+        n = flat.shape[0]
+        want_db, want_dg = g2.sum(0), (g2 * x_hat).sum(0)
+        want_dx = gh * inv * (g2 - want_db / n - x_hat * want_dg / n)
+        ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
+        ctx.expect(dgamma, want_dg, "float32", f"{what}: dgamma", 20.0)
+        ctx.expect(dbeta, want_db, "float32", f"{what}: dbeta", 20.0)
+    return "forward and gradients within 20x float32's tolerance"

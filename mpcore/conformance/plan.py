@@ -86,6 +86,8 @@ def checks(quick: bool) -> Iterator[Check]:
                 t.check_relu_grad_bias_add(dtype), ("relu_grad", "relu_grad_bias", "bias_add"))
     for dtype in FLOATS:
         yield c(f"optional.dense[{dtype}]", "optional", t.check_dense(dtype), ("dense",))
+    yield c("optional.batch_norm", "optional", layers.check_batch_norm_kernels,
+            ("batch_norm", "batch_norm_grad"))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))

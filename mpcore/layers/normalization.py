@@ -7,8 +7,11 @@ cast to the compute dtype. Variables are created in the variable dtype (float32 
 policies) and read in the statistics' dtype, never in 16 bits: a float16 moving variance
 overflows above 65504 and a bfloat16 mean keeps 8 bits.
 
-Both are composites of recorded ops (mean, subtract, square, rsqrt, multiply, add), so
-GradientTape differentiates them and a traced step replays them; no kernel of their own.
+BatchNormalization in training over every axis but the last (channels last, the default) is
+one op, ``ops.batch_norm``, fused where the backend has the kernels (the CPU does), with the
+closed-form gradient; otherwise, and LayerNormalization, composites of recorded ops (mean,
+subtract, square, rsqrt, multiply, add), which GradientTape differentiates and a traced step
+replays.
 """
 
 from __future__ import annotations
@@ -123,6 +126,13 @@ class BatchNormalization(Layer):
         dt = _stat_dtype(inputs.dtype)
         x = ops.cast(inputs, dt)
         gamma, beta = self._read(self.gamma, dt), self._read(self.beta, dt)
+        if training and self.trainable and self._reduction_axes == tuple(range(x.ndim - 1)):
+            # channels last: one op, fused where the backend has the kernels
+            y, mean, variance = ops.batch_norm(x, None if self.gamma is None else
+                                               self.gamma.read_as(dt), None if self.beta is None
+                                               else self.beta.read_as(dt), self.epsilon)
+            self._update_moving(mean, variance, dt)
+            return ops.cast(y, self.compute_dtype)
         if training and self.trainable:
             mean = ops.mean(x, self._reduction_axes, keepdims=True)
             centered = ops.subtract(x, mean)

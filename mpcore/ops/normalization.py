@@ -1,0 +1,118 @@
+"""Normalization ops: ``batch_norm``, the training-mode batch normalization over every axis
+but the last (BatchNormalization's forward pass and its batch statistics), with its gradient.
+
+A *deny* op: computed in float32 (16-bit inputs are cast up; float64 stays float64). Where the
+backend has the fused ``batch_norm`` and ``batch_norm_grad`` kernels, the forward pass is one
+kernel (statistics and normalization in a few passes over the input) and the backward pass
+another, with the closed form of the gradient
+
+    dx = gamma * inv_std * (dy - mean(dy) - x_hat * mean(dy * x_hat))
+
+instead of autodiff through a dozen composite ops; elsewhere, and under a recording outer
+tape (a gradient of a gradient), it is composed of recorded ops.
+"""
+
+from __future__ import annotations
+
+from mpcore.ops.creation import stop_gradient
+from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast_to, finish, gradient
+from mpcore.ops.elementwise import add, multiply, rsqrt, square, subtract
+from mpcore.ops.reduction import mean, sum  # noqa: A004 - the ops' names
+from mpcore.ops.shapes import reshape
+from mpcore.tape import Node, recording
+from mpcore.tensor import Tensor
+
+
+def _stat_dtype(dtype: str) -> str:
+    return "float64" if dtype == "float64" else "float32"
+
+
+def batch_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
+               epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, mean, variance)``: ``y = (x - mean) / sqrt(variance + epsilon) * gamma + beta``
+    with the batch's mean and biased variance over every axis but the last (shape (C,));
+    ``gamma``/``beta`` (C,) or None. The statistics are constants to autodiff (the moving
+    averages are state); ``y`` differentiates with respect to ``x``, ``gamma`` and ``beta``."""
+    x = as_tensor(x)
+    dt = _stat_dtype(x.dtype)
+    x = cast_to(x, dt)
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: expected an input of rank >= 2 (channels last), got "
+                         f"shape {x.shape}")
+    channels = x.shape[-1]
+    params = []
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p is not None:
+            p = cast_to(as_tensor(p, x.backend), dt)
+            if p.shape != (channels,):
+                raise ValueError(f"batch_norm: {name} of shape {p.shape} does not match the "
+                                 f"{channels} channels of {x.shape}")
+        params.append(p)
+    g, b = params
+    be = x._backend
+    kernel = be.kernels().get("batch_norm")
+    if kernel is None or be.kernels().get("batch_norm_grad") is None:
+        return _composite(x, g, b, epsilon)
+    y, mu, var, inv = kernel(x._data, None if g is None else g._data,
+                             None if b is None else b._data, float(epsilon))
+    inputs = tuple(t for t in (x, g, b) if t is not None)
+    out = finish("batch_norm", inputs, y, be, dt,
+                 {"epsilon": float(epsilon), "gamma": g is not None, "beta": b is not None},
+                 (mu, inv))
+    return out, Tensor(mu, be, dt), Tensor(var, be, dt)
+
+
+def _composite(x: Tensor, g: Tensor | None, b: Tensor | None,
+               epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    axes = tuple(range(x.ndim - 1))
+    mu = mean(x, axes, keepdims=True)
+    centered = subtract(x, mu)
+    var = mean(square(centered), axes, keepdims=True)
+    y = multiply(centered, rsqrt(add(var, epsilon)))
+    if g is not None:
+        y = multiply(y, g)
+    if b is not None:
+        y = add(y, b)
+    channels = (x.shape[-1],)
+    return y, stop_gradient(reshape(mu, channels)), stop_gradient(reshape(var, channels))
+
+
+@gradient("batch_norm")
+def _batch_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Grads:
+    x = node.inputs[0]
+    g = node.inputs[1] if node.attrs["gamma"] else None
+    be = x.backend
+    mu, inv = node.saved
+    dy = cast_to(dy, x.dtype)
+    if recording():   # an outer tape records this backward pass: differentiable ops
+        return _composite_gradient(x, g, dy, node.attrs["epsilon"], node.attrs["beta"])
+    dx, dgamma, dbeta = be.kernels()["batch_norm_grad"](dy._data, x._data, mu, inv,
+                                                        None if g is None else g._data)
+    grads = [Tensor(dx, be, x.dtype)]
+    if node.attrs["gamma"]:
+        grads.append(Tensor(dgamma, be, x.dtype))
+    if node.attrs["beta"]:
+        grads.append(Tensor(dbeta, be, x.dtype))
+    return tuple(grads)
+
+
+def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor, epsilon: float,
+                        with_beta: bool) -> Grads:
+    """The closed-form gradient in recorded ops, the statistics recomputed from ``x`` so
+    that they are functions of it too (for gradients of gradients)."""
+    axes = tuple(range(x.ndim - 1))
+    n = float(x.size // x.shape[-1])
+    centered = subtract(x, mean(x, axes, keepdims=True))
+    inv = rsqrt(add(mean(square(centered), axes, keepdims=True), epsilon))
+    x_hat = multiply(centered, inv)
+    dbeta = sum(dy, axes)
+    dgamma = sum(multiply(dy, x_hat), axes)
+    scale = inv if g is None else multiply(inv, g)
+    inner = subtract(subtract(dy, multiply(dbeta, 1.0 / n)), multiply(x_hat,
+                                                                      multiply(dgamma, 1.0 / n)))
+    grads: list[Tensor] = [multiply(inner, scale)]
+    if g is not None:
+        grads.append(dgamma)
+    if with_beta:
+        grads.append(dbeta)
+    return tuple(grads)
