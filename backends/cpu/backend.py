@@ -24,6 +24,7 @@ from .cpuinfo import cpu_device
 from .creation import CpuCreation
 from .elementwise import CpuElementwise, operands, quiet
 from .image import CpuImage
+from .indexing import CpuIndexing
 from .linalg import CpuLinalg
 from .nn import CpuNn
 from .normalization import CpuNormalization
@@ -34,7 +35,7 @@ from .rules import cpu_policy_support
 
 
 class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuNormalization, CpuReduce,
-                 CpuImage, CpuOptim, XpBackend):
+                 CpuImage, CpuIndexing, CpuOptim, XpBackend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"

@@ -34,12 +34,24 @@ def _erf(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.float64:
         return np.vectorize(math.erf, otypes=[np.float64])(x)
     x32 = x.astype(np.float32, copy=False)
-    s = np.sign(x32)
+    # the same arithmetic in place in three buffers (it was fourteen temporaries): a GELU
+    # layer's erf is a tenth of a transformer's step
+    f32 = np.float32
     a = np.abs(x32)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                          + t * 1.061405429))))
-    return (s * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
+    t = np.multiply(a, f32(0.3275911))
+    t += f32(1.0)
+    np.reciprocal(t, out=t)
+    poly = np.multiply(t, f32(1.061405429))
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += f32(c)
+        poly *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a
+    np.subtract(f32(1.0), poly, out=poly)
+    np.copysign(poly, x32, out=poly)
+    return poly.astype(x.dtype, copy=False)
 
 
 class CpuElementwise:
