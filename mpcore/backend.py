@@ -77,6 +77,9 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "batch_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, var, inv_std)"
                   "  # over every axis but the last; float32/float64; biased variance",
     "batch_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
+    "layer_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, inv_std)"
+                  "  # each row over the last axis; float32/float64; biased variance",
+    "layer_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",

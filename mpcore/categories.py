@@ -35,7 +35,7 @@ CATEGORIES: dict[str, Category] = {
     # deny: always float32
     "exp": DENY, "log": DENY, "power": DENY, "softmax": DENY, "log_softmax": DENY,
     "sparse_softmax_cross_entropy": DENY, "softmax_cross_entropy": DENY,
-    "sum": DENY, "mean": DENY, "erf": DENY, "batch_norm": DENY,
+    "sum": DENY, "mean": DENY, "erf": DENY, "batch_norm": DENY, "layer_norm": DENY,
     # infer: arithmetic that follows its inputs
     "add": INFER, "subtract": INFER, "multiply": INFER, "divide": INFER,
     "negative": INFER, "abs": INFER, "square": INFER, "sqrt": INFER, "rsqrt": INFER,

@@ -207,3 +207,36 @@ def check_batch_norm_kernels(ctx: Context) -> str:
         ctx.expect(dgamma, want_dg, "float32", f"{what}: dgamma", 20.0)
         ctx.expect(dbeta, want_db, "float32", f"{what}: dbeta", 20.0)
     return "forward and gradients within 20x float32's tolerance"
+
+
+def check_layer_norm_kernels(ctx: Context) -> str:
+    """The optional ``layer_norm`` and ``layer_norm_grad`` kernels against NumPy in float64:
+    each row normalized over the last axis, and the closed-form gradients (float32)."""
+    np = ctx.np
+    forward, backward = ctx.kernel("layer_norm"), ctx.kernel("layer_norm_grad")
+    x = ctx.data((4, 3, 6), key="ln x") * 3.0 + 1.0
+    dy = ctx.data((4, 3, 6), key="ln dy")
+    gamma, beta = ctx.data((6,), key="ln gamma"), ctx.data((6,), key="ln beta")
+    flat = ctx.rounded(x, "float32").reshape(-1, 6)
+    mu, var = flat.mean(1, keepdims=True), flat.var(1, keepdims=True)
+    inv = 1.0 / np.sqrt(var + 1e-3)
+    x_hat = (flat - mu) * inv
+    g2 = ctx.rounded(dy, "float32").reshape(-1, 6)
+    for with_params in (True, False):
+        g = ctx.up(gamma, "float32") if with_params else None
+        b = ctx.up(beta, "float32") if with_params else None
+        gh = ctx.rounded(gamma, "float32") if with_params else np.ones(6)
+        bh = ctx.rounded(beta, "float32") if with_params else np.zeros(6)
+        what = "layer_norm" + ("" if with_params else " without gamma and beta")
+        y, m, i = forward(ctx.up(x, "float32"), g, b, 1e-3)
+        ctx.expect(y, (x_hat * gh + bh).reshape(x.shape), "float32", f"{what}: y", 10.0)
+        ctx.expect(m, mu[:, 0], "float32", f"{what}: mean", 10.0)
+        ctx.expect(i, inv[:, 0], "float32", f"{what}: inv_std", 10.0)
+        dx, dgamma, dbeta = backward(ctx.up(dy, "float32"), ctx.up(x, "float32"), m, i, g)
+        dyg = g2 * gh
+        want_dx = inv * (dyg - dyg.mean(1, keepdims=True)
+                         - x_hat * (dyg * x_hat).mean(1, keepdims=True))
+        ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
+        ctx.expect(dgamma, (g2 * x_hat).sum(0), "float32", f"{what}: dgamma", 20.0)
+        ctx.expect(dbeta, g2.sum(0), "float32", f"{what}: dbeta", 20.0)
+    return "forward and gradients within 20x float32's tolerance"

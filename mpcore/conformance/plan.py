@@ -88,6 +88,8 @@ def checks(quick: bool) -> Iterator[Check]:
         yield c(f"optional.dense[{dtype}]", "optional", t.check_dense(dtype), ("dense",))
     yield c("optional.batch_norm", "optional", layers.check_batch_norm_kernels,
             ("batch_norm", "batch_norm_grad"))
+    yield c("optional.layer_norm", "optional", layers.check_layer_norm_kernels,
+            ("layer_norm", "layer_norm_grad"))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))

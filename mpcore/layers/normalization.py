@@ -245,6 +245,11 @@ class LayerNormalization(Layer):
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = _stat_dtype(inputs.dtype)
         x = ops.cast(inputs, dt)
+        if self._axes == (x.ndim - 1,) and not self.rms_scaling:
+            # the last axis (a transformer's): one op, fused where the backend has the kernels
+            y = ops.layer_norm(x, self._read(self.gamma, dt), self._read(self.beta, dt),
+                               self.epsilon)
+            return ops.cast(y, self.compute_dtype)
         centered = ops.subtract(x, ops.mean(x, self._axes, keepdims=True))
         variance = ops.mean(ops.square(centered), self._axes, keepdims=True)
         if self.rms_scaling:     # Keras' deprecated form: x (not centred) scaled by 1/std

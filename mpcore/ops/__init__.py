@@ -81,7 +81,7 @@ from mpcore.ops.nn import (
     softmax,
     sparse_softmax_cross_entropy,
 )
-from mpcore.ops.normalization import batch_norm
+from mpcore.ops.normalization import batch_norm, layer_norm
 from mpcore.ops.optim import adam_update, rmsprop_update, sgd_update
 from mpcore.ops.reduction import argmax, max, mean, min, sum  # noqa: A004
 from mpcore.ops.shapes import (
@@ -102,10 +102,10 @@ __all__ = [
     "avg_pool2d", "batch_norm", "bias_add", "bias_grad", "broadcast_to", "cast",
     "clip_by_value", "concat", "constant", "conv2d", "convert_to_tensor", "dense", "divide",
     "dropout", "dropout_mask", "equal", "erf", "exp", "expand_dims", "full", "gelu", "getitem",
-    "greater", "greater_equal", "isfinite", "less", "less_equal", "log", "log_softmax",
-    "logical_and", "logical_not", "logical_or", "matmul", "max", "max_pool2d", "maximum",
-    "mean", "min", "minimum", "multiply", "negative", "not_equal", "one_hot", "ones",
-    "ones_like", "power", "random_normal", "random_permutation", "random_uniform",
+    "greater", "greater_equal", "isfinite", "layer_norm", "less", "less_equal", "log",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "matmul", "max", "max_pool2d",
+    "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "one_hot",
+    "ones", "ones_like", "power", "random_normal", "random_permutation", "random_uniform",
     "reciprocal", "relu", "relu_grad", "relu_grad_bias", "reshape", "rmsprop_update", "rsqrt",
     "sgd_update", "shape", "sigmoid", "sign", "softmax", "sparse_softmax_cross_entropy",
     "sqrt", "square", "squeeze", "stack", "stop_gradient", "subtract", "sum", "take", "tanh",

@@ -1,5 +1,6 @@
 """Normalization ops: ``batch_norm``, the training-mode batch normalization over every axis
-but the last (BatchNormalization's forward pass and its batch statistics), with its gradient.
+but the last (BatchNormalization's forward pass and its batch statistics), and ``layer_norm``,
+the normalization of each row over the last axis (LayerNormalization's), with their gradients.
 
 A *deny* op: computed in float32 (16-bit inputs are cast up; float64 stays float64). Where the
 backend has the fused ``batch_norm`` and ``batch_norm_grad`` kernels, the forward pass is one
@@ -9,7 +10,10 @@ another, with the closed form of the gradient
     dx = gamma * inv_std * (dy - mean(dy) - x_hat * mean(dy * x_hat))
 
 instead of autodiff through a dozen composite ops; elsewhere, and under a recording outer
-tape (a gradient of a gradient), it is composed of recorded ops.
+tape (a gradient of a gradient), it is composed of recorded ops. ``layer_norm`` is the same
+with the statistics of each row: ``layer_norm`` and ``layer_norm_grad`` kernels, and
+
+    dx = inv_std * (dy*gamma - mean_row(dy*gamma) - x_hat * mean_row(dy*gamma * x_hat))
 """
 
 from __future__ import annotations
@@ -116,3 +120,85 @@ def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor, epsilon: float,
     if with_beta:
         grads.append(dbeta)
     return tuple(grads)
+
+
+def _params(op: str, x: Tensor, gamma: TensorLike | None,
+            beta: TensorLike | None) -> tuple[Tensor | None, Tensor | None]:
+    channels = x.shape[-1]
+    out = []
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p is not None:
+            p = cast_to(as_tensor(p, x.backend), x.dtype)
+            if p.shape != (channels,):
+                raise ValueError(f"{op}: {name} of shape {p.shape} does not match the last "
+                                 f"axis of {x.shape}")
+        out.append(p)
+    return out[0], out[1]
+
+
+def layer_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
+               epsilon: float) -> Tensor:
+    """``(x - mean) / sqrt(variance + epsilon) * gamma + beta`` with each row's mean and
+    biased variance over the last axis; ``gamma``/``beta`` of the last axis's size, or None.
+    Computed in float32 (float64 stays float64)."""
+    x = as_tensor(x)
+    dt = _stat_dtype(x.dtype)
+    x = cast_to(x, dt)
+    if x.ndim < 1:
+        raise ValueError("layer_norm: expected an input of rank >= 1, got a scalar")
+    g, b = _params("layer_norm", x, gamma, beta)
+    be = x._backend
+    kernel = be.kernels().get("layer_norm")
+    if kernel is None or be.kernels().get("layer_norm_grad") is None:
+        return _composite_layer_norm(x, g, b, epsilon)
+    y, mu, inv = kernel(x._data, None if g is None else g._data,
+                        None if b is None else b._data, float(epsilon))
+    inputs = tuple(t for t in (x, g, b) if t is not None)
+    return finish("layer_norm", inputs, y, be, dt,
+                  {"epsilon": float(epsilon), "gamma": g is not None, "beta": b is not None},
+                  (mu, inv))
+
+
+def _composite_layer_norm(x: Tensor, g: Tensor | None, b: Tensor | None,
+                          epsilon: float) -> Tensor:
+    axis = x.ndim - 1
+    centered = subtract(x, mean(x, axis, keepdims=True))
+    y = multiply(centered, rsqrt(add(mean(square(centered), axis, keepdims=True), epsilon)))
+    if g is not None:
+        y = multiply(y, g)
+    return y if b is None else add(y, b)
+
+
+@gradient("layer_norm")
+def _layer_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Grads:
+    x = node.inputs[0]
+    g = node.inputs[1] if node.attrs["gamma"] else None
+    be = x.backend
+    dy = cast_to(dy, x.dtype)
+    if recording():   # an outer tape records this backward pass: differentiable ops
+        grads = _composite_layer_norm_gradient(x, g, dy, node.attrs["epsilon"])
+    else:
+        mu, inv = node.saved
+        dx, dgamma, dbeta = be.kernels()["layer_norm_grad"](
+            dy._data, x._data, mu, inv, None if g is None else g._data)
+        grads = (Tensor(dx, be, x.dtype), Tensor(dgamma, be, x.dtype),
+                 Tensor(dbeta, be, x.dtype))
+    out = [grads[0]]
+    if node.attrs["gamma"]:
+        out.append(grads[1])
+    if node.attrs["beta"]:
+        out.append(grads[2])
+    return tuple(out)
+
+
+def _composite_layer_norm_gradient(x: Tensor, g: Tensor | None, dy: Tensor,
+                                   epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    axis = x.ndim - 1
+    rows = tuple(range(x.ndim - 1))
+    centered = subtract(x, mean(x, axis, keepdims=True))
+    inv = rsqrt(add(mean(square(centered), axis, keepdims=True), epsilon))
+    x_hat = multiply(centered, inv)
+    dyg = dy if g is None else multiply(dy, g)
+    inner = subtract(subtract(dyg, mean(dyg, axis, keepdims=True)),
+                     multiply(x_hat, mean(multiply(dyg, x_hat), axis, keepdims=True)))
+    return multiply(inner, inv), sum(multiply(dy, x_hat), rows), sum(dy, rows)

@@ -1,6 +1,6 @@
-"""``mp.ops.batch_norm``: the fused kernels (CPU) against the composite of recorded ops, the
-forward pass, the closed-form gradient, a gradient of a gradient (an outer tape records the
-backward pass), and the statistics it returns."""
+"""``mp.ops.batch_norm`` and ``mp.ops.layer_norm``: the fused kernels (CPU) against the
+composites of recorded ops, the forward pass, the closed-form gradients, a gradient of a
+gradient (an outer tape records the backward pass), and the statistics batch_norm returns."""
 
 from __future__ import annotations
 
@@ -67,3 +67,52 @@ def test_without_gamma_and_beta(backend: mp.Backend) -> None:
     y, _, _ = mp.ops.batch_norm(mp.constant(x), None, None, 0.0)
     want = (x - x.mean(0)) / np.sqrt(x.var(0))
     np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+
+
+def _ln_grads(fn, x, g, b, outer: bool = False):  # type: ignore[no-untyped-def]
+    xt, gt, bt = (mp.constant(a) for a in (x, g, b))
+    r = mp.constant(np.cos(np.arange(x.size)).reshape(x.shape).astype(x.dtype))
+    with mp.GradientTape() as outer_tape:
+        outer_tape.watch(xt)
+        with mp.GradientTape() as tape:
+            for t in (xt, gt, bt):
+                tape.watch(t)
+            y = fn(xt, gt, bt, 1e-3)
+            loss = mp.ops.sum(y * r)
+        gx, gg, gb = tape.gradient(loss, [xt, gt, bt])
+        second = mp.ops.sum(gx * gx)
+    gxx = outer_tape.gradient(second, xt) if outer else None
+    return [np.asarray(a) for a in (y, gx, gg, gb)], gxx
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (2, 7, 16), (3, 1)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_fused_equals_composite(on_cpu: mp.Backend, shape: tuple[int, ...],
+                                           dtype: str) -> None:
+    assert on_cpu.kernels().get("layer_norm") is not None
+    x = (RNG.standard_normal(shape) * 3 + 2).astype(dtype)
+    g = RNG.standard_normal(shape[-1]).astype(dtype)
+    b = RNG.standard_normal(shape[-1]).astype(dtype)
+    fused, _ = _ln_grads(mp.ops.layer_norm, x, g, b)
+    comp, _ = _ln_grads(normalization._composite_layer_norm, x, g, b)
+    rtol = 2e-5 if dtype == "float32" else 1e-12
+    for name, a, c in zip(("y", "dx", "dgamma", "dbeta"), fused, comp):
+        np.testing.assert_allclose(a, c, rtol=rtol, atol=rtol, err_msg=name)
+    flat = x.reshape(-1, shape[-1]).astype(np.float64)
+    want = (flat - flat.mean(1, keepdims=True)) / np.sqrt(flat.var(1, keepdims=True) + 1e-3)
+    np.testing.assert_allclose(fused[0], (want * g + b).reshape(shape), rtol=rtol, atol=rtol)
+
+
+def test_layer_norm_gradient_of_gradient(on_cpu: mp.Backend) -> None:
+    x = RNG.standard_normal((6, 4))
+    g, b = RNG.standard_normal(4), RNG.standard_normal(4)
+    _, fused = _ln_grads(mp.ops.layer_norm, x, g, b, outer=True)
+    _, comp = _ln_grads(normalization._composite_layer_norm, x, g, b, outer=True)
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(comp), rtol=1e-9, atol=1e-12)
+
+
+def test_layer_norm_errors() -> None:
+    with pytest.raises(ValueError, match="rank >= 1"):
+        mp.ops.layer_norm(mp.constant(1.0), None, None, 1e-3)
+    with pytest.raises(ValueError, match=r"beta of shape \(3,\) does not match the last axis"):
+        mp.ops.layer_norm(mp.ops.ones((2, 4)), None, mp.ops.ones((3,)), 1e-3)
