@@ -240,3 +240,30 @@ def check_layer_norm_kernels(ctx: Context) -> str:
         ctx.expect(dgamma, (g2 * x_hat).sum(0), "float32", f"{what}: dgamma", 20.0)
         ctx.expect(dbeta, g2.sum(0), "float32", f"{what}: dbeta", 20.0)
     return "forward and gradients within 20x float32's tolerance"
+
+
+def check_gelu_kernels(dtype: str) -> Callable[[Context], str]:
+    """The optional ``gelu`` and ``gelu_grad`` kernels, exact and tanh forms, against NumPy in
+    float64 (math.erf): the result in the input's dtype, computed in float32."""
+    def run(ctx: Context) -> str:
+        import math
+
+        np = ctx.np
+        forward, backward = ctx.kernel("gelu"), ctx.kernel("gelu_grad")
+        x = ctx.rounded(ctx.data((7, 9), -5.0, 5.0, key="gelu x"), dtype)
+        g = ctx.rounded(ctx.data((7, 9), key="gelu g"), dtype)
+        erf = np.vectorize(math.erf)(x / math.sqrt(2.0))
+        t = np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
+        wants = {False: (0.5 * x * (1 + erf),
+                         0.5 * (1 + erf) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)),
+                 True: (0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t)
+                        * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x * x))}
+        for approximate, (y, dy) in wants.items():
+            form = "tanh" if approximate else "exact"
+            ctx.expect(forward(ctx.up(x, dtype), approximate), y, dtype,
+                       f"gelu ({form}) [{dtype}]", 4.0)
+            ctx.expect(backward(ctx.up(g, dtype), ctx.up(x, dtype), approximate), g * dy,
+                       dtype, f"gelu_grad ({form}) [{dtype}]", 4.0)
+        return "exact and tanh forms"
+
+    return run

@@ -90,6 +90,9 @@ def checks(quick: bool) -> Iterator[Check]:
             ("batch_norm", "batch_norm_grad"))
     yield c("optional.layer_norm", "optional", layers.check_layer_norm_kernels,
             ("layer_norm", "layer_norm_grad"))
+    for dtype in FLOATS:
+        yield c(f"optional.gelu[{dtype}]", "optional", layers.check_gelu_kernels(dtype),
+                ("gelu", "gelu_grad"))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))

@@ -14,8 +14,17 @@ from mpcore import ops as _ops
 from mpcore import tape as _tape
 from mpcore.ops import dispatch as _d
 from mpcore.ops.creation import constant, ones_like, zeros_like
-from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast, common, finish, gradient
-from mpcore.tape import Node, record
+from mpcore.ops.dispatch import (
+    Grads,
+    TensorLike,
+    as_tensor,
+    cast,
+    common,
+    finish,
+    gradient,
+    unrecorded,
+)
+from mpcore.tape import Node, record, recording
 from mpcore.tensor import Tensor
 
 _tapes = _tape.state
@@ -136,8 +145,16 @@ def rsqrt(x: TensorLike) -> Tensor:
 
 
 def gelu(x: TensorLike, approximate: bool = False) -> Tensor:
-    """Gaussian error linear unit (exact by default, tanh approximation on request)."""
+    """Gaussian error linear unit (exact by default, tanh approximation on request), in
+    ``x``'s dtype. One kernel where the backend has ``gelu`` and ``gelu_grad`` (16-bit inputs
+    computed in float32 and rounded once), else composed of recorded ops."""
     x = as_tensor(x)
+    be = x._backend
+    kernel = be.kernels().get("gelu")
+    if (kernel is not None and be.kernels().get("gelu_grad") is not None
+            and x._dtype in _FLOATS):
+        return finish("gelu", (x,), kernel(x._data, bool(approximate)), be, x._dtype,
+                      {"approximate": bool(approximate)})
     if approximate:
         inner = multiply(add(x, multiply(power(x, 3.0), 0.044715)), math.sqrt(2.0 / math.pi))
         return cast(multiply(multiply(x, 0.5), add(tanh(inner), 1.0)), x.dtype)
@@ -290,6 +307,33 @@ def _tanh(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
 def _erf(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     x = node.inputs[0]
     return (multiply(g, multiply(exp(negative(square(x))), 1.1283791670955126)),)  # 2/sqrt(pi)
+
+
+@gradient("gelu")
+def _gelu(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
+    x = node.inputs[0]
+    approximate = node.attrs["approximate"]
+    if recording():   # an outer tape records this backward pass: differentiable ops
+        with_tape = _gelu_composite_derivative(x, approximate)
+        return (multiply(g, with_tape),)
+    be = x.backend
+    g = cast(g, x.dtype)
+    return (unrecorded("gelu_grad", (g, x), be.kernels()["gelu_grad"](g._data, x._data,
+                                                                        approximate),
+                       be, x.dtype),)
+
+
+def _gelu_composite_derivative(x: Tensor, approximate: bool) -> Tensor:
+    """d gelu / dx in recorded ops (for gradients of gradients)."""
+    if approximate:
+        c = math.sqrt(2.0 / math.pi)
+        t = tanh(multiply(add(x, multiply(power(x, 3.0), 0.044715)), c))
+        inner = multiply(multiply(subtract(1.0, square(t)), c),
+                         add(1.0, multiply(square(x), 3 * 0.044715)))
+        return add(multiply(add(t, 1.0), 0.5), multiply(multiply(x, 0.5), inner))
+    cdf = multiply(add(erf(multiply(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+    pdf = multiply(exp(multiply(square(x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    return add(cdf, multiply(x, pdf))
 
 
 @gradient("where")

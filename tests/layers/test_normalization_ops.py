@@ -116,3 +116,38 @@ def test_layer_norm_errors() -> None:
         mp.ops.layer_norm(mp.constant(1.0), None, None, 1e-3)
     with pytest.raises(ValueError, match=r"beta of shape \(3,\) does not match the last axis"):
         mp.ops.layer_norm(mp.ops.ones((2, 4)), None, mp.ops.ones((3,)), 1e-3)
+
+
+# --- GELU: the fused kernels against the composite ---------------------------------------
+@pytest.mark.parametrize("approximate", [False, True])
+def test_gelu_fused_equals_composite_with_second_derivative(on_cpu: mp.Backend,
+                                                           approximate: bool) -> None:
+    from mpcore.ops import elementwise
+
+    x = RNG.uniform(-4, 4, (5, 7))
+    xt = mp.constant(x)
+    with mp.GradientTape() as outer:
+        outer.watch(xt)
+        with mp.GradientTape() as tape:
+            tape.watch(xt)
+            total = mp.ops.sum(mp.ops.gelu(xt, approximate=approximate))
+        dx = tape.gradient(total, xt)
+        total_dx = mp.ops.sum(dx)
+    d2 = outer.gradient(total_dx, xt)
+    want_d = np.asarray(elementwise._gelu_composite_derivative(mp.constant(x), approximate))
+    np.testing.assert_allclose(np.asarray(dx), want_d, rtol=1e-12, atol=1e-12)
+    eps = 1e-6   # the second derivative by central differences of the first
+    hi = np.asarray(elementwise._gelu_composite_derivative(mp.constant(x + eps), approximate))
+    lo = np.asarray(elementwise._gelu_composite_derivative(mp.constant(x - eps), approximate))
+    np.testing.assert_allclose(np.asarray(d2), (hi - lo) / (2 * eps), rtol=1e-5, atol=1e-7)
+
+
+def test_gelu_16_bit_is_rounded_once(on_cpu: mp.Backend) -> None:
+    import ml_dtypes
+
+    x = mp.constant(RNG.uniform(-4, 4, 64), dtype="bfloat16")
+    y = mp.ops.gelu(x)
+    assert y.dtype == "bfloat16"
+    # the float32 result of the same bfloat16 inputs, rounded once
+    y32 = np.asarray(mp.ops.gelu(mp.ops.cast(x, "float32")))
+    np.testing.assert_array_equal(np.asarray(y), y32.astype(ml_dtypes.bfloat16))
