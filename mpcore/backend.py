@@ -80,8 +80,9 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "layer_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, inv_std)"
                   "  # each row over the last axis; float32/float64; biased variance",
     "layer_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
-    "gelu": "(x, approximate: bool) -> x * Phi(x)  # 16-bit: computed in float32, rounded once",
-    "gelu_grad": "(g, x, approximate: bool) -> g * d gelu(x)/dx",
+    "gelu": "(x, approximate: bool) -> (x * Phi(x), saved)  # 16-bit: computed in float32, "
+            "rounded once; saved: any native value gelu_grad reuses (Phi(x), say)",
+    "gelu_grad": "(g, x, saved, approximate: bool) -> g * d gelu(x)/dx",
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",

@@ -54,28 +54,23 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return poly.astype(x.dtype, copy=False)
 
 
-_SQRT_HALF = np.float32(1.0 / math.sqrt(2.0))
-_INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
-_TANH_C = np.float32(math.sqrt(2.0 / math.pi))
-_TANH_K = np.float32(0.044715)
-
-
-def _gelu_parts(x32: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(cdf-like factor 0.5 * (1 + erf(x/sqrt2)) or its tanh form, and tanh's value t) for
-    float32 ``x32``; t is None for the exact form."""
+def _gelu_parts(x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(Phi(x) = 0.5 * (1 + erf(x / sqrt 2)), or the tanh form's 0.5 * (1 + t); and t, the
+    tanh form's tanh value, else None) for float32 or float64 ``x``, in few buffers."""
+    ft = x.dtype.type
     if approximate:
-        inner = np.multiply(x32, x32)
-        inner *= _TANH_K
-        inner += np.float32(1.0)
-        inner *= x32
-        inner *= _TANH_C
+        inner = np.multiply(x, x)
+        inner *= ft(0.044715)
+        inner += ft(1.0)
+        inner *= x
+        inner *= ft(math.sqrt(2.0 / math.pi))
         t = np.tanh(inner, out=inner)
-        half = np.add(t, np.float32(1.0))
-        half *= np.float32(0.5)
+        half = np.add(t, ft(1.0))
+        half *= ft(0.5)
         return half, t
-    half = _erf(np.multiply(x32, _SQRT_HALF))
-    half += np.float32(1.0)
-    half *= np.float32(0.5)
+    half = _erf(np.multiply(x, ft(1.0 / math.sqrt(2.0))))
+    half += ft(1.0)
+    half *= ft(0.5)
     return half, None  # type: ignore[return-value]
 
 
@@ -88,53 +83,44 @@ class CpuElementwise:
         with quiet():
             return _erf(x)
 
-    def gelu(self, x: np.ndarray, approximate: bool) -> np.ndarray:
-        """x * Phi(x) in float32 (float64 stays float64), rounded once to x's dtype."""
-        if x.dtype == np.float64:
-            with quiet():
-                return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))) if not approximate else (
-                    0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi)
-                                             * (x + 0.044715 * x ** 3))))
-        x32 = x.astype(np.float32, copy=False)
+    def gelu(self, x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(x * Phi(x) in float32 (float64 stays float64), rounded once to x's dtype; and
+        what gelu_grad reuses: Phi(x), or the tanh form's tanh value)."""
+        x32 = x if x.dtype == np.float64 else x.astype(np.float32, copy=False)
         with quiet():
-            y, _ = _gelu_parts(x32, approximate)
-            y *= x32
-        return y.astype(x.dtype, copy=False)
+            half, t = _gelu_parts(x32, approximate)
+            y = np.multiply(half, x32)
+        return y.astype(x.dtype, copy=False), (t if approximate else half)
 
-    def gelu_grad(self, g: np.ndarray, x: np.ndarray, approximate: bool) -> np.ndarray:
-        """g * d gelu/dx: Phi(x) + x * phi(x) (exact), or the tanh form's derivative."""
-        if x.dtype == np.float64:
-            with quiet():
-                if approximate:
-                    c = math.sqrt(2 / math.pi)
-                    t = np.tanh(c * (x + 0.044715 * x ** 3))
-                    d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
-                else:
-                    d = (0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
-                         + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
-                return g * d
-        x32 = x.astype(np.float32, copy=False)
+    def gelu_grad(self, g: np.ndarray, x: np.ndarray, saved: np.ndarray,
+                  approximate: bool) -> np.ndarray:
+        """g * d gelu/dx: Phi(x) + x * phi(x) (exact), or the tanh form's derivative, from
+        what gelu saved (no second erf)."""
+        x32 = x if x.dtype == np.float64 else x.astype(np.float32, copy=False)
+        ft = x32.dtype.type
         with quiet():
-            d, t = _gelu_parts(x32, approximate)
             if approximate:
-                # 0.5 * x * (1 - t^2) * c * (1 + 3k x^2)
-                np.square(t, out=t)
-                np.subtract(np.float32(1.0), t, out=t)
-                t *= x32
-                t *= np.float32(0.5) * _TANH_C
+                t = saved
+                d = np.add(t, ft(1.0))
+                d *= ft(0.5)
+                # + 0.5 * x * (1 - t^2) * c * (1 + 3k x^2)
+                rest = np.square(t)
+                np.subtract(ft(1.0), rest, out=rest)
+                rest *= x32
+                rest *= ft(0.5 * math.sqrt(2.0 / math.pi))
                 sq = np.multiply(x32, x32)
-                sq *= np.float32(3.0) * _TANH_K
-                sq += np.float32(1.0)
-                t *= sq
-                d += t
+                sq *= ft(3.0 * 0.044715)
+                sq += ft(1.0)
+                rest *= sq
+                d += rest
             else:
-                pdf = np.multiply(x32, x32)
-                pdf *= np.float32(-0.5)
-                np.exp(pdf, out=pdf)
-                pdf *= _INV_SQRT_2PI
-                pdf *= x32
-                d += pdf
-            d *= g.astype(np.float32, copy=False)
+                d = np.multiply(x32, x32)
+                d *= ft(-0.5)
+                np.exp(d, out=d)
+                d *= ft(1.0 / math.sqrt(2.0 * math.pi))
+                d *= x32
+                d += saved
+            d *= g.astype(x32.dtype, copy=False)
         return d.astype(x.dtype, copy=False)
 
     def relu(self, x: np.ndarray) -> np.ndarray:

@@ -260,9 +260,10 @@ def check_gelu_kernels(dtype: str) -> Callable[[Context], str]:
                         * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x * x))}
         for approximate, (y, dy) in wants.items():
             form = "tanh" if approximate else "exact"
-            ctx.expect(forward(ctx.up(x, dtype), approximate), y, dtype,
-                       f"gelu ({form}) [{dtype}]", 4.0)
-            ctx.expect(backward(ctx.up(g, dtype), ctx.up(x, dtype), approximate), g * dy,
+            xs = ctx.up(x, dtype)
+            got, saved = forward(xs, approximate)
+            ctx.expect(got, y, dtype, f"gelu ({form}) [{dtype}]", 4.0)
+            ctx.expect(backward(ctx.up(g, dtype), xs, saved, approximate), g * dy,
                        dtype, f"gelu_grad ({form}) [{dtype}]", 4.0)
         return "exact and tanh forms"
 

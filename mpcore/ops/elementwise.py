@@ -153,8 +153,9 @@ def gelu(x: TensorLike, approximate: bool = False) -> Tensor:
     kernel = be.kernels().get("gelu")
     if (kernel is not None and be.kernels().get("gelu_grad") is not None
             and x._dtype in _FLOATS):
-        return finish("gelu", (x,), kernel(x._data, bool(approximate)), be, x._dtype,
-                      {"approximate": bool(approximate)})
+        y, saved = kernel(x._data, bool(approximate))
+        return finish("gelu", (x,), y, be, x._dtype, {"approximate": bool(approximate)},
+                      saved)
     if approximate:
         inner = multiply(add(x, multiply(power(x, 3.0), 0.044715)), math.sqrt(2.0 / math.pi))
         return cast(multiply(multiply(x, 0.5), add(tanh(inner), 1.0)), x.dtype)
@@ -318,9 +319,8 @@ def _gelu(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
         return (multiply(g, with_tape),)
     be = x.backend
     g = cast(g, x.dtype)
-    return (unrecorded("gelu_grad", (g, x), be.kernels()["gelu_grad"](g._data, x._data,
-                                                                        approximate),
-                       be, x.dtype),)
+    dx = be.kernels()["gelu_grad"](g._data, x._data, node.saved, approximate)
+    return (unrecorded("gelu_grad", (g, x), dx, be, x.dtype),)
 
 
 def _gelu_composite_derivative(x: Tensor, approximate: bool) -> Tensor:
