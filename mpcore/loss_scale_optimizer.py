@@ -234,6 +234,19 @@ class LossScaleOptimizer(Optimizer):
         grads = self.get_unscaled_gradients([g for g, _ in pairs])
         return list(zip(grads, [v for _, v in pairs]))
 
+    def apply(self, grads: Sequence[Tensor | None],
+              trainable_variables: Sequence[Variable] | None = None) -> Any:
+        """Keras 3's ``apply``: ``grads`` of the scaled loss (``scale_loss``) are unscaled
+        here, then applied unless one is Inf/NaN (Keras 3's LossScaleOptimizer unscales in
+        ``apply``; tf-keras' ``apply_gradients`` takes unscaled gradients)."""
+        if trainable_variables is None:
+            trainable_variables = getattr(self._inner, "_built_variables", None)
+        if trainable_variables is None:
+            raise ValueError("apply(grads) needs trainable_variables the first time")
+        self._inner._built_variables = list(trainable_variables)
+        return self.apply_gradients(zip(self.get_unscaled_gradients(list(grads)),
+                                        trainable_variables))
+
     @kept_whole
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
         """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""

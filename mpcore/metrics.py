@@ -119,8 +119,10 @@ class Mean(Metric):
             safe = ops.where(ops.equal(count, 0.0), ops.ones_like(count), count)
             return ops.where(ops.equal(count, 0.0), ops.zeros_like(self._total),
                              ops.divide(self._total, safe))
-        total, count = self.totals()
-        return total / count if count else 0.0
+        if not float(self._count):
+            return 0.0
+        # the float32 quotient, as the traced step's: the same number either way
+        return float(ops.divide(self._total, self._count))
 
 
 class MeanMetricWrapper(Mean):

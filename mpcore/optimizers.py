@@ -269,6 +269,22 @@ class Optimizer(Hyperparameters):
                       self.last_variables)
         return True if flag is None else flag
 
+    def apply(self, grads: Sequence[Tensor | None],
+              trainable_variables: Sequence[Variable] | None = None) -> bool | Tensor:
+        """Keras 3's ``optimizer.apply(grads, trainable_variables)``: :meth:`apply_gradients`
+        of the pairs (the variables the optimizer was built with when none are given)."""
+        if trainable_variables is None:
+            trainable_variables = getattr(self, "_built_variables", None)
+            if trainable_variables is None:
+                raise ValueError("apply(grads) needs trainable_variables the first time (the "
+                                 "optimizer has not been built with any)")
+        grads, trainable_variables = list(grads), list(trainable_variables)
+        if len(grads) != len(trainable_variables):
+            raise ValueError(f"apply: {len(grads)} gradients for {len(trainable_variables)} "
+                             "variables")
+        self._built_variables = trainable_variables
+        return self.apply_gradients(zip(grads, trainable_variables))
+
     def compute_gradients(self, loss: Any, var_list: VarList, tape: Any = None
                           ) -> list[tuple[Tensor | None, Variable]]:
         """tf-keras' (gradient, variable) pairs of ``loss``: a callable, or a tensor computed
