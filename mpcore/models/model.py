@@ -1,12 +1,7 @@
 """Model: a functional graph of layers (``mp.Model(inputs, outputs)``) or a subclass with its
-own ``call``, plus the Keras training API: compile, fit, evaluate, predict, train_on_batch,
-summary, weights and checkpoints.
-
-Training on a device: ``fit`` moves ``x`` and ``y`` to the backend once and slices batches there
-(a shuffled epoch gathers with one ``take`` per batch from a permutation drawn from
-``mp.random``). A step makes no host read of its own except the loss-scale update's single read
-of the "all finite" flag under mixed_float16; metrics accumulate on the device and are read when
-the progress bar refreshes (at most a few times a second) and at the end of each epoch.
+own ``call``, with compile, the built-in fused steps, weights, checkpoints and summary. The
+loops (fit, evaluate, predict) are in :mod:`mpcore.models.trainer`, the overridable Keras
+steps in :mod:`mpcore.models.steps`.
 """
 
 from __future__ import annotations
