@@ -6,7 +6,7 @@ steps in :mod:`mpcore.models.steps`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from mpcore import callbacks as _callbacks
@@ -27,6 +27,7 @@ from mpcore.layers.base import (
     unique_name,
 )
 from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.models import compile_utils as _compile
 from mpcore.models import data as _data
 from mpcore.models import graph as _graph
 from mpcore.models import step_metrics as _step_metrics
@@ -55,6 +56,9 @@ class Model(Trainer, Layer):
         self.loss: _losses.Loss | None = None
         self.compiled_metrics: list[_metrics.Metric] = []
         self._loss_tracker = _metrics.Mean("loss")
+        self._compile_loss: _compile.CompileLoss | None = None
+        #: one Mean per output with a loss, ``<output>_loss``, when there are several outputs
+        self._output_loss_trackers: list[_metrics.Mean] = []
         self.stop_training = False
         self.history: _callbacks.History | None = None
         self._train_steps = 0
@@ -135,10 +139,12 @@ class Model(Trainer, Layer):
         return map_structure(lambda k: values[id(k)], self._graph_outputs)
 
     # --- compile --------------------------------------------------------------------------
-    def compile(self, optimizer: Any = "rmsprop", loss: Any = None,
-                metrics: Sequence[Any] | None = None, jit_compile: bool | str = "auto") -> None:
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, loss_weights: Any = None,
+                metrics: Any = None, jit_compile: bool | str = "auto") -> None:
         """Set the optimizer (a name or an Optimizer), the loss (a name, a Loss or a
-        function) and the metrics (names, Metrics or functions). ``jit_compile=True`` runs
+        function), and the metrics (names, Metrics or functions); for a model of several
+        outputs, ``loss``, ``loss_weights`` and ``metrics`` by output as Keras 3 takes them
+        (:mod:`mpcore.models.compile_utils`). ``jit_compile=True`` runs
         the steps of fit, evaluate and predict as traced steps (:mod:`mpcore.function`):
         traced once per batch shape (a smaller last batch is a second trace), then replayed,
         bit for bit the same as eagerly; the metrics are computed in the step and added to
@@ -147,21 +153,22 @@ class Model(Trainer, Layer):
         eagerly, with one warning, instead of raising; False runs every step eagerly."""
         if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
             raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}")
-        if isinstance(metrics, str) or callable(metrics):  # a Metric is callable too
-            metrics = [metrics]  # a lone metric, not a sequence of them (nor of letters)
-        if metrics is not None and not isinstance(metrics, (list, tuple)):
-            raise ValueError("metrics must be a metric (a name, an mp.metrics.Metric or a "
-                             f"function) or a list of them, got {metrics!r}")
         opt = _optimizers.get(optimizer)
         policy = self.dtype_policy
         opt = _lso.for_policy(opt, policy)  # the policy's loss scale, any policy's (issue 33)
-        loss_obj = None if loss is None else _losses.get(loss)
-        compiled = [_metrics.get(m, loss_obj) for m in (metrics or [])]
-        names = [m.name for m in compiled]
-        if len(set(names)) != len(names) or "loss" in names:
-            raise ValueError(f"metric names must be unique and not 'loss', got {names}")
+        names = self._output_names(loss)
+        compile_loss = None if loss is None else _compile.CompileLoss(loss, loss_weights, names)
+        if compile_loss is None and loss_weights is not None:
+            raise ValueError("loss_weights needs a loss")
+        compiled = _compile.compile_metrics(
+            metrics, compile_loss or _compile.CompileLoss("mse", None, names), names)
         # Only a compile that fully succeeded replaces the previous one.
-        self.optimizer, self.loss, self.compiled_metrics = opt, loss_obj, compiled
+        self.optimizer, self.compiled_metrics = opt, compiled
+        self._compile_loss = compile_loss
+        self.loss = (None if compile_loss is None else compile_loss if len(names) > 1
+                     else compile_loss.losses[0])
+        self._output_loss_trackers = [] if compile_loss is None else [
+            _metrics.Mean(n) for n in compile_loss.output_loss_names]
         self.jit_compile, self._traced = jit_compile, {}
 
     def _require_compiled(self, need_optimizer: bool = True, need_loss: bool = True) -> None:
@@ -172,7 +179,28 @@ class Model(Trainer, Layer):
 
     @property
     def metrics_names(self) -> list[str]:
-        return ["loss", *(m.name for m in self.compiled_metrics)]
+        return [m.name for m in self._tracked_metrics()]
+
+    def _tracked_metrics(self) -> list[_metrics.Metric]:
+        """The loss tracker, each output's loss tracker, the compiled metrics: the logs'
+        order."""
+        return [self._loss_tracker, *self._output_loss_trackers, *self.compiled_metrics]
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of the outputs (their layers'), as Keras 3's ``model.output_names``."""
+        return self._output_names(None)
+
+    def _output_names(self, loss: Any) -> list[str]:
+        if self._is_graph:
+            return [str(kt.name) for kt in self._flat_outputs]
+        # a subclassed model's outputs are known at its first call: named by the loss's
+        # structure, as Keras names them (a dict's keys, output_1, output_2 ...)
+        if isinstance(loss, dict):
+            return list(loss)
+        if isinstance(loss, (list, tuple)) and len(loss) > 1:
+            return [f"output_{i + 1}" for i in range(len(loss))]
+        return ["output"]
 
     @property
     def train_function(self) -> Any:
@@ -205,35 +233,49 @@ class Model(Trainer, Layer):
         scaled = isinstance(opt, LossScaleOptimizer)
         with GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self.loss(y, y_pred)  # type: ignore[misc]
+            loss = self._compile_loss(y, y_pred)  # type: ignore[misc]
             target = opt.get_scaled_loss(loss) if scaled else loss
         variables = self.trainable_variables
         grads = tape.gradient(target, variables)
         if scaled:
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, variables))
-        first = flatten(y_pred)[0]
-        _step_metrics.update_in_step(self._loss_tracker, self.compiled_metrics, loss, y, first)
-        return loss, first
+        self._update_in_step(loss, y, y_pred)
+        return loss, y_pred
 
     def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
-        outputs = self(x, training=False)
-        loss, y_pred = self.loss(y, outputs), flatten(outputs)[0]  # type: ignore[misc]
-        _step_metrics.update_in_step(self._loss_tracker, self.compiled_metrics, loss, y, y_pred)
+        y_pred = self(x, training=False)
+        loss = self._compile_loss(y, y_pred)  # type: ignore[misc]
+        self._update_in_step(loss, y, y_pred)
         return loss, y_pred
+
+    def _update_in_step(self, loss: Any, y: Any, y_pred: Any) -> None:
+        assert self._compile_loss is not None
+        names = self._compile_loss.names
+        _step_metrics.update_in_step(
+            self._loss_tracker, list(zip(self._output_loss_trackers,
+                                         [v for v in self._compile_loss.last if v is not None])),
+            self.compiled_metrics, loss, _compile.outputs_list(y, names, "y"),
+            _compile.outputs_list(y_pred, names, "the model's outputs"))
 
     def _train_batch(self, x: Any, y: Any) -> Any:
         """The built-in training step: forward, loss, (scaled) gradients, update; updates the
         metrics on the device and returns the (unscaled, float32) loss tensor."""
         loss, y_pred = self._step("train", self._train_compute, x, y)
         self._train_steps += 1
-        _step_metrics.update_after_step(self.compiled_metrics, y, y_pred)
+        self._update_after_step(y, y_pred)
         return loss
 
     def _test_batch(self, x: Any, y: Any) -> None:
         """The built-in evaluation step: loss and metrics on the device."""
         _, y_pred = self._step("test", self._test_compute, x, y)
-        _step_metrics.update_after_step(self.compiled_metrics, y, y_pred)
+        self._update_after_step(y, y_pred)
+
+    def _update_after_step(self, y: Any, y_pred: Any) -> None:
+        names = self._compile_loss.names if self._compile_loss is not None else ["output"]
+        _step_metrics.update_after_step(self.compiled_metrics,
+                                        _compile.outputs_list(y, names, "y"),
+                                        _compile.outputs_list(y_pred, names, "outputs"))
 
     # --- weights and checkpoints ------------------------------------------------------------
     def save_weights(self, filepath: str) -> None:

@@ -13,19 +13,24 @@ from mpcore import ops
 from mpcore.layers.base import flatten
 
 
-def update_in_step(loss_tracker: _metrics.Mean, compiled: list[_metrics.Metric], loss: Any,
-                   y: Any, y_pred: Any) -> None:
-    """Add the step's loss and what each metric that updates by contribution adds."""
-    n = flatten(y)[0].shape[0]
-    pred = ops.stop_gradient(y_pred)
+def update_in_step(loss_tracker: _metrics.Mean, output_losses: list[tuple[Any, Any]],
+                   compiled: list[_metrics.Metric], loss: Any, ys: list[Any],
+                   preds: list[Any]) -> None:
+    """Add the step's loss, each output's loss (``(tracker, value)`` pairs) and what each
+    metric that updates by contribution adds, from its output (``metric.output``)."""
+    n = flatten(ys[0])[0].shape[0]
     loss_tracker.accumulate(*loss_tracker.contribution(ops.stop_gradient(loss), float(n)))
+    for tracker, value in output_losses:
+        tracker.accumulate(*tracker.contribution(ops.stop_gradient(value), float(n)))
     for m in compiled:
         if _metrics.updates_by_contribution(m):
-            m.accumulate(*m.contribution(y, pred))  # type: ignore[attr-defined]
+            i = getattr(m, "output", 0)
+            m.accumulate(*m.contribution(ys[i], ops.stop_gradient(preds[i])))  # type: ignore[attr-defined]
 
 
-def update_after_step(compiled: list[_metrics.Metric], y: Any, y_pred: Any) -> None:
-    """Update the metrics with an ``update_state`` of their own from ``y_pred``."""
+def update_after_step(compiled: list[_metrics.Metric], ys: list[Any], preds: list[Any]) -> None:
+    """Update the metrics with an ``update_state`` of their own from their output."""
     for metric in compiled:
         if not _metrics.updates_by_contribution(metric):
-            metric.update_state(y, ops.stop_gradient(y_pred))
+            i = getattr(metric, "output", 0)
+            metric.update_state(ys[i], ops.stop_gradient(preds[i]))

@@ -100,8 +100,9 @@ class Steps:
 
     @property
     def metrics(self) -> list[Any]:
-        """The loss tracker (named ``"loss"``) and the compiled metrics, in that order."""
-        return [self._loss_tracker, *self.compiled_metrics]
+        """The loss tracker (named ``"loss"``), each output's loss tracker (several outputs)
+        and the compiled metrics, in that order."""
+        return self._tracked_metrics()  # type: ignore[attr-defined,no-any-return]
 
     # --- how the loops run them ---------------------------------------------------------
     def _overrides(self, name: str) -> bool:

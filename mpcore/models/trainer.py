@@ -43,6 +43,7 @@ class Trainer(Steps):
     _loss_tracker: Any
     compiled_metrics: list[Any]
     metrics_names: list[str]
+    _tracked_metrics: Any
     stop_training: bool
     history: Any
     _train_steps: int
@@ -84,14 +85,13 @@ class Trainer(Steps):
         return self._results(return_dict)
 
     def reset_metrics(self) -> None:
-        self._loss_tracker.reset_state()
-        for metric in self.compiled_metrics:
+        for metric in self._tracked_metrics():
             metric.reset_state()
 
     def _results(self, return_dict: bool) -> Any:
         """The loss and metrics (under a distribution, over every rank's samples)."""
         logs = dict(zip(self.metrics_names,
-                        _global.results([self._loss_tracker, *self.compiled_metrics])))
+                        _global.results(self._tracked_metrics())))
         return logs if return_dict else _values(logs)
 
     # --- data -----------------------------------------------------------------------------
