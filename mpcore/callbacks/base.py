@@ -1,5 +1,6 @@
-"""Callbacks for ``Model.fit``: History, ModelCheckpoint, EarlyStopping, LambdaCallback,
-LossScaleHistory, LossScaleMonitor.
+"""The callbacks' base (Callback, CallbackList, the per-batch logs) and History,
+ModelCheckpoint, EarlyStopping, LambdaCallback, LossScaleHistory, LossScaleMonitor; the others
+live beside this module, one per file as in Keras (``mpcore.callbacks`` exports them all).
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
 their own except where they say so. As Keras does, ``fit`` reads the loss and metrics for
@@ -94,9 +95,13 @@ def reads_batch_results(callbacks: Sequence[Callback]) -> bool:
     """Whether a callback's ``on_train_batch_end`` may read the loss and metrics from its
     logs: one that overrides the hook (or a LambdaCallback given one), unless the class that
     defines the hook says ``reads_batch_results = False`` there (a subclass that overrides the
-    hook of one that says so reads, unless it says so too)."""
+    hook of one that says so reads, unless it says so too), or the instance says so itself
+    (TensorBoard reads them only when it writes per batch)."""
     for cb in callbacks:
-        if isinstance(cb, CallbackList):
+        if "reads_batch_results" in vars(cb):
+            if cb.reads_batch_results:
+                return True
+        elif isinstance(cb, CallbackList):
             if reads_batch_results(cb.callbacks):
                 return True
         elif "on_train_batch_end" in vars(cb):
