@@ -231,20 +231,22 @@ class LambdaCallback(Callback):
             setattr(self, name, fn)
 
 
-def _improved(mode: str, current: float, best: float, min_delta: float) -> bool:
+def improved(mode: str, current: float, best: float, min_delta: float) -> bool:
+    """Whether ``current`` beats ``best`` by more than ``min_delta`` in ``mode`` ("min" or
+    "max"); shared by the monitoring callbacks of this package."""
     if mode == "min":
         return current < best - min_delta
     return current > best + min_delta
 
 
-def _check_monitor(owner: str, monitor: str, params: dict[str, Any]) -> None:
+def check_monitor(owner: str, monitor: str, params: dict[str, Any]) -> None:
     available = params.get("metrics")
     if available is not None and monitor not in available:
         raise ValueError(f"{owner} monitors {monitor!r}, which fit's logs will not hold; "
                          f"available: {', '.join(available)}")
 
 
-def _mode_for(monitor: str, mode: str) -> str:
+def mode_for(monitor: str, mode: str) -> str:
     if mode not in ("auto", "min", "max"):
         raise ValueError(f"mode must be auto, min or max, got {mode!r}")
     if mode != "auto":
@@ -262,12 +264,12 @@ class EarlyStopping(Callback):
         self.monitor = monitor
         self.min_delta = abs(_args.number("min_delta", min_delta))
         self.patience = _args.integer("patience", patience, 0)
-        self.mode = _mode_for(monitor, mode)
+        self.mode = mode_for(monitor, mode)
         self.restore_best_weights = _args.flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: int | None = None
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
-        _check_monitor("EarlyStopping", self.monitor, self.params)
+        check_monitor("EarlyStopping", self.monitor, self.params)
         self.wait = 0
         self.best = math.inf if self.mode == "min" else -math.inf
         self.best_weights: list[Any] | None = None
@@ -279,7 +281,7 @@ class EarlyStopping(Callback):
             raise KeyError(f"EarlyStopping monitors {self.monitor!r}, which is not in the logs; "
                            f"available: {', '.join(logs) or 'none'}")
         current = logs[self.monitor]
-        if _improved(self.mode, current, self.best, self.min_delta):
+        if improved(self.mode, current, self.best, self.min_delta):
             self.best, self.wait = current, 0
             if self.restore_best_weights:
                 self.best_weights = self.model.get_weights()
@@ -307,12 +309,12 @@ class ModelCheckpoint(Callback):
         self._keys = _template_keys(self.filepath)
         self.save_best_only = _args.flag("save_best_only", save_best_only)
         self.save_weights_only = _args.flag("save_weights_only", save_weights_only)
-        self.mode = _mode_for(monitor, mode)
+        self.mode = mode_for(monitor, mode)
         self.best = math.inf if self.mode == "min" else -math.inf
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
         if self.save_best_only:
-            _check_monitor("ModelCheckpoint", self.monitor, self.params)
+            check_monitor("ModelCheckpoint", self.monitor, self.params)
         available = self.params.get("metrics")
         if available is None:  # not run by fit: no keys to check against
             return
@@ -335,7 +337,7 @@ class ModelCheckpoint(Callback):
             if current is None:
                 raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, which is not in the "
                                f"logs; available: {', '.join(logs) or 'none'}")
-            if not _improved(self.mode, current, self.best, 0.0):
+            if not improved(self.mode, current, self.best, 0.0):
                 return
             self.best = current
         path = self.filepath.format(epoch=epoch + 1, **logs)

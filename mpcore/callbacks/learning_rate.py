@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import arguments as _args
-from mpcore.callbacks.base import Callback, _check_monitor, _improved, _mode_for
+from mpcore.callbacks.base import Callback, check_monitor, improved, mode_for
 
 
 def _optimizer(callback: Callback, owner: str) -> Any:
@@ -115,7 +115,7 @@ class ReduceLROnPlateau(Callback):
         self.factor = factor_f
         self.patience = _args.integer("patience", patience, 0)
         self.verbose = _verbose(verbose)
-        self.mode = _mode_for(monitor, mode)
+        self.mode = mode_for(monitor, mode)
         self.min_delta = abs(_args.number("min_delta", min_delta))
         self.cooldown = _args.integer("cooldown", cooldown, 0)
         self.min_lr = _args.number("min_lr", min_lr, 0.0)
@@ -130,7 +130,7 @@ class ReduceLROnPlateau(Callback):
         return self.cooldown_counter > 0
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
-        _check_monitor("ReduceLROnPlateau", self.monitor, self.params)
+        check_monitor("ReduceLROnPlateau", self.monitor, self.params)
         _optimizer(self, "ReduceLROnPlateau")
         self._reset()
 
@@ -145,7 +145,7 @@ class ReduceLROnPlateau(Callback):
         if self.in_cooldown():
             self.cooldown_counter -= 1
             self.wait = 0
-        if self.best is None or _improved(self.mode, current, self.best, self.min_delta):
+        if self.best is None or improved(self.mode, current, self.best, self.min_delta):
             self.best, self.wait = current, 0
         elif not self.in_cooldown():
             self.wait += 1
