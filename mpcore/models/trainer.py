@@ -144,7 +144,8 @@ class Trainer(Steps):
                                epochs)  # every rank the same data, before the first step
         verbose = _sharding.begin_fit(self, verbose)  # rank 0's weights; rank 0 prints
         history = _callbacks.History()
-        cbs = _callbacks.CallbackList([history, *callbacks])
+        cbs = _callbacks.CallbackList([*callbacks, history])  # last, as Keras 3: it sees keys
+        # that callbacks add to the epoch's logs (LearningRateScheduler's "learning_rate")
         cbs.set_model(self)
         val_names = [f"val_{k}" for k in self.metrics_names] if val is not None else []
         cbs.set_params({"epochs": epochs, "steps": steps, "batch_size": batch_size,
@@ -155,6 +156,8 @@ class Trainer(Steps):
         backend = flatten(xd)[0].backend
         per_batch = _callbacks.per_batch_results(callbacks, _sharding.world_size())
         cbs.on_train_begin()
+        resumed = self.__dict__.pop("_initial_epoch", None)  # set by BackupAndRestore
+        initial_epoch = initial_epoch if resumed is None else resumed
         step_logs: Any = {}
         for epoch in range(initial_epoch, epochs):
             self.reset_metrics()

@@ -154,7 +154,7 @@ def test_fit_takes_numpy_integers() -> None:
     (lambda m: m.test_on_batch(X, Y, return_dict=None), r"return_dict must be True or False"),
     (lambda m: m.predict_on_batch(None), r"predict_on_batch needs x"),
     (lambda m: m.compile(optimizer="sgd", loss="mse", metrics=5),
-     r"metrics must be a metric .* or a list of them, got 5"),
+     r"metrics must be a metric .* a list of them, or a dict by output name; got 5"),
 ])
 def test_the_other_entry_points_check_their_arguments(call: Any, message: str) -> None:
     model = _model()

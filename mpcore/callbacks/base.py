@@ -1,5 +1,6 @@
-"""Callbacks for ``Model.fit``: History, ModelCheckpoint, EarlyStopping, LambdaCallback,
-LossScaleHistory, LossScaleMonitor.
+"""The callbacks' base (Callback, CallbackList, the per-batch logs) and History,
+ModelCheckpoint, EarlyStopping, LambdaCallback, LossScaleHistory, LossScaleMonitor; the others
+live beside this module, one per file as in Keras (``mpcore.callbacks`` exports them all).
 
 ``logs`` hold Python floats (already read from the device), so callbacks add no host reads of
 their own except where they say so. As Keras does, ``fit`` reads the loss and metrics for
@@ -94,9 +95,13 @@ def reads_batch_results(callbacks: Sequence[Callback]) -> bool:
     """Whether a callback's ``on_train_batch_end`` may read the loss and metrics from its
     logs: one that overrides the hook (or a LambdaCallback given one), unless the class that
     defines the hook says ``reads_batch_results = False`` there (a subclass that overrides the
-    hook of one that says so reads, unless it says so too)."""
+    hook of one that says so reads, unless it says so too), or the instance says so itself
+    (TensorBoard reads them only when it writes per batch)."""
     for cb in callbacks:
-        if isinstance(cb, CallbackList):
+        if "reads_batch_results" in vars(cb):
+            if cb.reads_batch_results:
+                return True
+        elif isinstance(cb, CallbackList):
             if reads_batch_results(cb.callbacks):
                 return True
         elif "on_train_batch_end" in vars(cb):
@@ -226,20 +231,22 @@ class LambdaCallback(Callback):
             setattr(self, name, fn)
 
 
-def _improved(mode: str, current: float, best: float, min_delta: float) -> bool:
+def improved(mode: str, current: float, best: float, min_delta: float) -> bool:
+    """Whether ``current`` beats ``best`` by more than ``min_delta`` in ``mode`` ("min" or
+    "max"); shared by the monitoring callbacks of this package."""
     if mode == "min":
         return current < best - min_delta
     return current > best + min_delta
 
 
-def _check_monitor(owner: str, monitor: str, params: dict[str, Any]) -> None:
+def check_monitor(owner: str, monitor: str, params: dict[str, Any]) -> None:
     available = params.get("metrics")
     if available is not None and monitor not in available:
         raise ValueError(f"{owner} monitors {monitor!r}, which fit's logs will not hold; "
                          f"available: {', '.join(available)}")
 
 
-def _mode_for(monitor: str, mode: str) -> str:
+def mode_for(monitor: str, mode: str) -> str:
     if mode not in ("auto", "min", "max"):
         raise ValueError(f"mode must be auto, min or max, got {mode!r}")
     if mode != "auto":
@@ -257,12 +264,12 @@ class EarlyStopping(Callback):
         self.monitor = monitor
         self.min_delta = abs(_args.number("min_delta", min_delta))
         self.patience = _args.integer("patience", patience, 0)
-        self.mode = _mode_for(monitor, mode)
+        self.mode = mode_for(monitor, mode)
         self.restore_best_weights = _args.flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: int | None = None
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
-        _check_monitor("EarlyStopping", self.monitor, self.params)
+        check_monitor("EarlyStopping", self.monitor, self.params)
         self.wait = 0
         self.best = math.inf if self.mode == "min" else -math.inf
         self.best_weights: list[Any] | None = None
@@ -274,7 +281,7 @@ class EarlyStopping(Callback):
             raise KeyError(f"EarlyStopping monitors {self.monitor!r}, which is not in the logs; "
                            f"available: {', '.join(logs) or 'none'}")
         current = logs[self.monitor]
-        if _improved(self.mode, current, self.best, self.min_delta):
+        if improved(self.mode, current, self.best, self.min_delta):
             self.best, self.wait = current, 0
             if self.restore_best_weights:
                 self.best_weights = self.model.get_weights()
@@ -302,12 +309,12 @@ class ModelCheckpoint(Callback):
         self._keys = _template_keys(self.filepath)
         self.save_best_only = _args.flag("save_best_only", save_best_only)
         self.save_weights_only = _args.flag("save_weights_only", save_weights_only)
-        self.mode = _mode_for(monitor, mode)
+        self.mode = mode_for(monitor, mode)
         self.best = math.inf if self.mode == "min" else -math.inf
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
         if self.save_best_only:
-            _check_monitor("ModelCheckpoint", self.monitor, self.params)
+            check_monitor("ModelCheckpoint", self.monitor, self.params)
         available = self.params.get("metrics")
         if available is None:  # not run by fit: no keys to check against
             return
@@ -330,7 +337,7 @@ class ModelCheckpoint(Callback):
             if current is None:
                 raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, which is not in the "
                                f"logs; available: {', '.join(logs) or 'none'}")
-            if not _improved(self.mode, current, self.best, 0.0):
+            if not improved(self.mode, current, self.best, 0.0):
                 return
             self.best = current
         path = self.filepath.format(epoch=epoch + 1, **logs)

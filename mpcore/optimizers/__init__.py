@@ -6,9 +6,11 @@ the step count; the update itself is an op (:mod:`mpcore.ops.optim`: ``sgd_updat
 the same float32 arithmetic as ops otherwise.
 
 ``learning_rate`` is a float or a callable ``schedule(step: int) -> float`` (called with
-``iterations`` before each update). Every hyperparameter is checked when the optimizer is made
-(:mod:`mpcore.arguments`: a finite real number in its range, not a bool or a string), a
-schedule's rate at each step. ``_apply(grads, variables, flag)`` is what
+``iterations`` before each update), such as a Keras schedule of
+:mod:`mpcore.optimizers.schedules` (``mp.optimizers.schedules.ExponentialDecay`` ...). Every
+hyperparameter is checked when the optimizer is made (:mod:`mpcore.arguments`: a finite real
+number in its range, not a bool or a string), a schedule's rate at each step.
+``_apply(grads, variables, flag)`` is what
 :class:`~mpcore.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
 ``unscale_and_check``: when the flag is false, variables and slots keep their values (the fused
 kernels skip the write; the composite path selects the old values on the device), so a skipped
@@ -29,6 +31,7 @@ from mpcore.function import kept_whole, on_replay, recording_kernels, value_key
 from mpcore.hyperparameters import Hyperparameters
 from mpcore.naming import by_name
 from mpcore.optimizer_gradients import VarList, compute_gradients, split_grads_and_vars
+from mpcore.optimizers import schedules
 from mpcore.tensor import Tensor, Variable
 
 LearningRate = float | Callable[[int], float]
@@ -104,7 +107,16 @@ class Optimizer(Hyperparameters):
 
     @learning_rate.setter
     def learning_rate(self, value: LearningRate) -> None:
-        self._learning_rate = _check_learning_rate(value)
+        value = _check_learning_rate(value)
+        if (isinstance(self.__dict__.get("_learning_rate"), schedules.LearningRateSchedule)
+                and not callable(value)):
+            # Keras 3's rule: a number set over a schedule would silently end the schedule
+            raise TypeError("This optimizer was created with a `LearningRateSchedule` object "
+                            "as its `learning_rate` constructor argument, hence its learning "
+                            "rate is not settable. If you need the learning rate to be "
+                            "settable, you should instantiate the optimizer with a float "
+                            "`learning_rate` argument.")
+        self._learning_rate = value
 
     lr = learning_rate
 
@@ -201,7 +213,9 @@ class Optimizer(Hyperparameters):
                 self._accumulator(var).assign(value)
 
     def get_config(self) -> dict[str, Any]:
-        lr = self._learning_rate
+        lr: Any = self._learning_rate
+        if isinstance(lr, schedules.LearningRateSchedule):
+            lr = schedules.serialize(lr)    # as Keras 3 writes it: a dict, not the object
         config: dict[str, Any] = {"name": self.name, "learning_rate": lr}
         if self.clipping is not None:
             config[self.clipping[0]] = self.clipping[1]
@@ -210,7 +224,11 @@ class Optimizer(Hyperparameters):
         return config
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Optimizer:
+    def from_config(cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+                    ) -> Optimizer:
+        lr = config.get("learning_rate")
+        if isinstance(lr, dict):   # a serialized schedule (get_config's)
+            config = {**config, "learning_rate": schedules.deserialize(lr, custom_objects)}
         return cls(**config)
 
     # --- updates ------------------------------------------------------------------------
