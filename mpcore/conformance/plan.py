@@ -86,6 +86,9 @@ def checks(quick: bool) -> Iterator[Check]:
                 t.check_relu_grad_bias_add(dtype), ("relu_grad", "relu_grad_bias", "bias_add"))
     for dtype in FLOATS:
         yield c(f"optional.dense[{dtype}]", "optional", t.check_dense(dtype), ("dense",))
+    for dtype in FLOATS:
+        yield c(f"optional.conv2d[{dtype}]", "optional", t.check_conv2d(dtype),
+                ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))
