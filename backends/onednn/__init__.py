@@ -21,6 +21,12 @@ avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU with
 avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's float32 copies, rounded
 once, exactly as the CPU backend's own kernels do with NumPy.
 
+The plugin also provides the optional ``conv2d``, ``conv2d_backprop_input`` and
+``conv2d_backprop_filter`` kernels (``convolution.py``): oneDNN's convolution primitives for
+the dtypes its GEMMs take (float32 under ``MPCORE_ONEDNN_FLOAT32``, bfloat16 where it is
+enabled), the core's im2col composite for the others (float16) and for any problem oneDNN
+fails on (logged, never fatal).
+
 ``MPCORE_ONEDNN`` chooses when:
 
 - ``auto`` (default): bfloat16 only when the CPU has ``avx512_bf16`` or ``amx_bf16`` and the
