@@ -7,6 +7,15 @@ the CPU backend's ``extract_patches``, the installed ``matmul`` kernel, col2im w
 A oneDNN failure (a problem this library has no implementation for, an error while creating
 a primitive) is never fatal: that problem goes to the composite from then on, and the failure
 is logged once (logger ``mpcore``) and kept in :attr:`ConvKernels.failures`.
+
+Finite values give the composite's results to rounding; non-finite ones the composite's NaN
+and infinity pattern, with two exceptions (tests/backends/cpu/test_cpu_providers_nonfinite.py
+leaves them out). oneDNN never multiplies the zero padding, so an infinite weight or a NaN or
+infinite output gradient that meets the padding gives no NaN there, where the composite's
+``0 * inf`` does (the gradient still has NaN elsewhere: every window's center tap lies in the
+image). And the bfloat16 backward-weights kernel also multiplies image pixels that no window
+reads (a "valid" convolution's last rows or columns): an infinity there gives a NaN kernel
+gradient that the composite, which never reads such a pixel, does not.
 """
 
 from __future__ import annotations
@@ -44,8 +53,21 @@ class ConvKernels:
         self.failures: dict[tuple[Any, ...], str] = {}
 
     def table(self) -> dict[str, Kernel]:
-        return {"conv2d": self.conv2d, "conv2d_backprop_input": self.conv2d_backprop_input,
-                "conv2d_backprop_filter": self.conv2d_backprop_filter}
+        """The kernels by name, each carrying ``cache`` (its primitives: what the tests count
+        to see that oneDNN ran) and ``conv`` (this object)."""
+        out: dict[str, Kernel] = {}
+        for name in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"):
+            method = getattr(self, name)
+
+            def kernel(*args: Any, _method: Kernel = method) -> Any:
+                return _method(*args)
+
+            kernel.__name__ = kernel.__qualname__ = name
+            kernel.__doc__ = method.__doc__
+            kernel.cache = self.cache  # type: ignore[attr-defined]
+            kernel.conv = self  # type: ignore[attr-defined]
+            out[name] = kernel
+        return out
 
     def _onednn(self, kind: str, dtype: np.dtype, problem: tuple[Any, ...],
                 run: Callable[[], np.ndarray]) -> np.ndarray | None:

@@ -44,7 +44,7 @@ def _kernels(monkeypatch: pytest.MonkeyPatch, float32: str = "on") -> tuple[CpuB
     kernel = backend.kernels().get("conv2d")
     if kernel is None:
         pytest.skip("the oneDNN provider installed no convolution kernels")
-    return backend, kernel.__self__
+    return backend, kernel.conv
 
 
 def _reference(x: np.ndarray, w: np.ndarray, dy: np.ndarray, stride: int,
