@@ -86,6 +86,12 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "dense": "(x, w, bias | None, activation: None | 'relu') -> activation(x @ w + bias)"
              "  # 16-bit: bias and activation in float32, rounded once",
     "dropout_mask": "(shape, rate, dtype, seed) -> 0 or 1/(1-rate)",
+    # convolution, NHWC images and (kh, kw, C_in, filters) kernels; pads = (top, bottom, left,
+    # right) as for extract_patches. The core uses them only where a backend has all three.
+    "conv2d": "(x, kernel, stride_h, stride_w, pads) -> y (N, OH, OW, filters)"
+              "  # 16-bit: float32 accumulation, rounded once",
+    "conv2d_backprop_input": "(dy, kernel, x_shape, stride_h, stride_w, pads) -> dx",
+    "conv2d_backprop_filter": "(x, dy, kernel_shape, stride_h, stride_w, pads) -> dkernel",
     "random_permutation": "(n: int, seed: int) -> int64 array, a random order of range(n)",
     "all_finite": "(xs: list) -> flag",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is

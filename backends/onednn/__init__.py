@@ -21,6 +21,12 @@ avx512_fp16 (nor a fast float16 reorder), so float16 (and bfloat16 on a CPU with
 avx512_bf16) is multiplied by the float32 GEMM on the CPU backend's float32 copies, rounded
 once, exactly as the CPU backend's own kernels do with NumPy.
 
+The plugin also provides the optional ``conv2d``, ``conv2d_backprop_input`` and
+``conv2d_backprop_filter`` kernels (``convolution.py``): oneDNN's convolution primitives for
+the dtypes its GEMMs take (float32 under ``MPCORE_ONEDNN_FLOAT32``, bfloat16 where it is
+enabled), the core's im2col composite for the others (float16) and for any problem oneDNN
+fails on (logged, never fatal).
+
 ``MPCORE_ONEDNN`` chooses when:
 
 - ``auto`` (default): bfloat16 only when the CPU has ``avx512_bf16`` or ``amx_bf16`` and the
@@ -36,6 +42,8 @@ A library that cannot be found or loaded leaves the CPU backend exactly as it wa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from mpcore_xp import DTYPES
 
@@ -43,6 +51,8 @@ import mpcore
 from mpcore.backend import Backend, KernelSet
 from mpcore.settings import env_choice
 
+from .conv import ConvCache
+from .convolution import ConvKernels
 from .creation import ReorderCache, ReorderCast
 from .dnnl import DnnlError, Library, find_library
 from .elementwise import BinaryCache
@@ -111,6 +121,18 @@ def float32_wanted() -> bool:
     return env_choice("MPCORE_ONEDNN_FLOAT32", ("on", "off")) == "on"
 
 
+def _conv_kernels(backend: Backend, lib: Library, dtypes: frozenset[str], matmul: Any,
+                  alloc: Any) -> ConvKernels | None:
+    """The fused convolution kernels on oneDNN for ``dtypes`` (what the GEMMs use: the same
+    ISA rules hold for its convolutions), built on the backend's im2col kernels for the rest;
+    None for a backend without them."""
+    patches = getattr(backend, "extract_patches", None)
+    patches_grad = getattr(backend, "extract_patches_grad", None)
+    if patches is None or patches_grad is None:
+        return None
+    return ConvKernels(ConvCache(lib), dtypes, patches, patches_grad, matmul, alloc)
+
+
 @mpcore.hookimpl
 def mpcore_kernels(backend: Backend) -> KernelSet | None:
     global _status
@@ -161,6 +183,9 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
         if relu_grad_bias is not None:
             kernels["relu_grad_bias"] = make_relu_grad_bias(relu_grad_bias, passes,
                                                             kernels["matmul"], alloc)
+    conv = _conv_kernels(backend, lib, chosen_dtypes, kernels["matmul"], alloc)
+    if conv is not None:
+        kernels.update(conv.table())
     from mpcore_cpu.creation import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the
@@ -172,7 +197,7 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     else:
         why = missing or f"this CPU lacks {' and '.join(BF16_FLAGS)}"
         where = f"float32 only: {why}, so bfloat16 is multiplied by the float32 GEMM"
-    _status = f"used: {lib.describe()} ({where})"
+    _status = f"used: {lib.describe()} ({where}{'' if conv is None else '; convolutions too'})"
     fast = frozenset({"bfloat16"}) if "bfloat16" in dtypes else frozenset()
     return KernelSet(
         provider="mpcore_onednn",

@@ -58,6 +58,13 @@ _QUERY_IMPL_INFO_STR = 8
 _QUERY_SCRATCHPAD_MD = 136   # dnnl_query_scratchpad_md
 _SCRATCHPAD_MODE_USER = 1    # dnnl_scratchpad_mode_user
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+# DNNL_ARG_DIFF_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS (dnnl_types.h)
+_ARG_DIFF_SRC, _ARG_DIFF_DST, _ARG_DIFF_WEIGHTS = 129, 145, 161
+# dnnl_prop_kind_t, dnnl_alg_kind_t, dnnl_query_t (memory descriptors), dnnl_format_tag_any
+PROP_FORWARD_TRAINING = 64   # (the backward primitives take no prop kind)
+ALG_CONVOLUTION_DIRECT = 0x1
+QUERY_WEIGHTS_MD, QUERY_DIFF_WEIGHTS_MD = 131, 132
+FORMAT_TAG_ANY = 1
 #: Alignment of the scratchpad buffers (a page: oneDNN asks for no more than that).
 _SCRATCH_ALIGN = 4096
 
@@ -146,6 +153,23 @@ def _declare(lib: ctypes.CDLL) -> None:
                                               _vp, _vp],
         "dnnl_primitive_attr_set_scratchpad_mode": [_vp, ctypes.c_int],
         "dnnl_reorder_primitive_desc_create": [ctypes.POINTER(_vp), _vp, _vp, _vp, _vp, _vp],
+        # (pd, engine, prop_kind, alg_kind, src, weights, bias, dst, strides, dilates,
+        #  padding_l, padding_r, attr)
+        "dnnl_convolution_forward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, ctypes.c_int, _vp, _vp, _vp, _vp, i64p,
+            i64p, i64p, i64p, _vp],
+        # (pd, engine, alg_kind, diff_src, weights, diff_dst, strides, dilates, padding_l,
+        #  padding_r, hint_fwd_pd, attr)
+        "dnnl_convolution_backward_data_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, i64p, i64p, i64p, i64p, _vp,
+            _vp],
+        # (pd, engine, alg_kind, src, diff_weights, diff_bias, diff_dst, strides, dilates,
+        #  padding_l, padding_r, hint_fwd_pd, attr)
+        "dnnl_convolution_backward_weights_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, _vp, i64p, i64p, i64p, i64p,
+            _vp, _vp],
+        "dnnl_memory_desc_create_with_tag": [ctypes.POINTER(_vp), ctypes.c_int, i64p,
+                                             ctypes.c_int, ctypes.c_int],
     }
     for name, argtypes in sig.items():
         fn = getattr(lib, name)
@@ -155,6 +179,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dnnl_primitive_desc_query_md.restype = _vp
     lib.dnnl_memory_desc_get_size.argtypes = [_vp]
     lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+    lib.dnnl_memory_desc_equal.argtypes = [_vp, _vp]
+    lib.dnnl_memory_desc_equal.restype = ctypes.c_int
     lib.dnnl_version.argtypes = []
     lib.dnnl_version.restype = ctypes.POINTER(_Version)
     lib.dnnl_get_effective_cpu_isa.argtypes = []

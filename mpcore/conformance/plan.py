@@ -93,6 +93,9 @@ def checks(quick: bool) -> Iterator[Check]:
     for dtype in FLOATS:
         yield c(f"optional.gelu[{dtype}]", "optional", layers.check_gelu_kernels(dtype),
                 ("gelu", "gelu_grad"))
+    for dtype in FLOATS:
+        yield c(f"optional.conv2d[{dtype}]", "optional", t.check_conv2d(dtype),
+                ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))

@@ -322,3 +322,63 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
 
     return run
 
+
+
+
+# (kh, kw, stride_h, stride_w, pads) on a (2, 5, 6, 3) image: "same" 3x3, strided "same" with
+# the odd pad at the bottom/right, strided 1x1, and a non-square window with unequal strides
+CONV_CASES = ((3, 3, 1, 1, (1, 1, 1, 1)), (3, 3, 2, 2, (1, 1, 0, 1)), (1, 1, 2, 2, (0, 0, 0, 0)),
+              (3, 2, 2, 1, (0, 0, 0, 0)))
+
+
+def _conv_reference(ctx: Context, dtype: str, case: tuple[Any, ...], x: Any, w: Any,
+                    dy: Any) -> tuple[Any, Any, Any]:
+    """(y, dx, dw) on the reference, in float64, as the core's composite computes them: im2col,
+    one matmul, and for the gradients matmuls and col2im (dx, dw None where ``dy`` is)."""
+    kh, kw, sh, sw, pads = case
+    rk = ctx.rk
+    k, filters = kh * kw * x.shape[3], w.shape[3]
+    cols = rk["extract_patches"](ctx.ref_up(x, dtype), kh, kw, sh, sw, pads)
+    n, oh, ow = ctx.ref_host(cols).shape[:3]
+    flat = rk["reshape"](cols, (n * oh * ow, k))
+    w2 = rk["reshape"](ctx.ref_up(w, dtype), (k, filters))
+    y = ctx.ref_host(rk["matmul"](flat, w2, False, False)).reshape(n, oh, ow, filters)
+    if dy is None:
+        return y, None, None
+    g = rk["reshape"](ctx.ref_up(dy, dtype), (n * oh * ow, filters))
+    dcols = rk["reshape"](rk["matmul"](g, w2, False, True), (n, oh, ow, k))
+    dx = ctx.ref_call("extract_patches_grad", dcols, x.shape, kh, kw, sh, sw, pads)
+    dw = ctx.ref_host(rk["matmul"](flat, g, True, False)).reshape(w.shape)
+    return y, dx, dw
+
+
+def check_conv2d(dtype: str) -> Callable[[Context], None]:
+    """The fused convolution kernels against the reference's composite in float64 on the
+    values the tested backend holds in ``dtype``. A 16-bit result may be rounded once (float32
+    accumulation) or, as the composite does, the image gradient's window terms may be added in
+    ``dtype``: up to kh*kw roundings of the sum of magnitudes."""
+    def run(ctx: Context) -> None:
+        np = ctx.np
+        names = ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter")
+        ks = [ctx.kernel(name) for name in names]
+        shape = (2, 5, 6, 3)
+        x = ctx.data(shape, key="conv-x")
+        widen = float(np.finfo(ctx.np_dtypes[dtype]).eps / np.finfo(np.float32).eps)
+        for case in CONV_CASES:
+            kh, kw, sh, sw, pads = case
+            what = f"[{dtype}] window {kh}x{kw} strides {sh}x{sw} pads {pads}"
+            w = ctx.data((kh, kw, shape[3], 4), key=("conv-w", kh, kw))
+            y_shape = _conv_reference(ctx, dtype, case, x, w, None)[0].shape
+            dy = ctx.data(y_shape, key=("conv-dy", case))
+            want = _conv_reference(ctx, dtype, case, x, w, dy)
+            mags = _conv_reference(ctx, dtype, case, abs(ctx.rounded(x, dtype)),
+                                   abs(ctx.rounded(w, dtype)), abs(ctx.rounded(dy, dtype)))
+            got = (ks[0](ctx.up(x, dtype), ctx.up(w, dtype), sh, sw, pads),
+                   ks[1](ctx.up(dy, dtype), ctx.up(w, dtype), shape, sh, sw, pads),
+                   ks[2](ctx.up(x, dtype), ctx.up(dy, dtype), w.shape, sh, sw, pads))
+            for i, name in enumerate(names):
+                rounds = kh * kw if i == 1 else 1
+                ctx.expect(got[i], want[i], dtype, name + what, 2,
+                           magnitude=mags[i] * (widen * rounds if widen > 1 else 1))
+
+    return run

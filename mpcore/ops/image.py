@@ -1,11 +1,15 @@
 """Image ops, channels last (NHWC): ``conv2d``, ``max_pool2d`` and ``avg_pool2d``, with their
 gradients.
 
-``conv2d`` is im2col plus one 2-D matmul: the backend's ``extract_patches`` kernel lays every
-(kh, kw, C) window out as a row, and a single GEMM against the (kh*kw*C, filters) kernel does the
-arithmetic. It is an *allow* op: the image and the kernel are promoted to one dtype and, when that
-is 16-bit, the GEMM runs in 16 bits with float32 accumulation like ``matmul``. Its gradient needs
-no kernel of its own: matmul's gradient, then ``extract_patches_grad`` (col2im) for the image.
+``conv2d`` is the backend's fused ``conv2d`` kernel where it has that kernel and both of its
+gradients' (``conv2d_backprop_input``, ``conv2d_backprop_filter``: optional kernels), recorded
+as one op whose gradient calls them (a gradient of that gradient, under a recording tape, is
+built of the composite's ops instead). Otherwise it is im2col plus one 2-D matmul: the
+backend's ``extract_patches`` kernel lays every (kh, kw, C) window out as a row, and a single
+GEMM against the (kh*kw*C, filters) kernel does the arithmetic. Either way it is an *allow* op:
+the image and the kernel are promoted to one dtype and, when that is 16-bit, the arithmetic
+runs in 16 bits with float32 accumulation like ``matmul``. The composite's gradient needs no
+kernel of its own: matmul's gradient, then ``extract_patches_grad`` (col2im) for the image.
 
 Padding follows TensorFlow: ``"valid"`` takes only whole windows; ``"same"`` gives
 ``ceil(size / stride)`` outputs and puts the odd pad row/column at the bottom/right.
@@ -30,7 +34,7 @@ from mpcore.ops.elementwise import divide
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import sum as _sum
 from mpcore.ops.shapes import getitem, reshape
-from mpcore.tape import Node
+from mpcore.tape import Node, recording
 from mpcore.tensor import Tensor
 
 Pads = tuple[int, int, int, int]
@@ -105,8 +109,54 @@ def conv2d(x: Any, kernel: Any, strides: Any = 1, padding: str = "valid") -> Ten
                          f"{c} (image {x.shape}, kernel {kernel.shape})")
     sh, sw = pair(strides, "strides")
     _, _, pads = output_geometry(x.shape, (kh, kw), (sh, sw), padding)
+    be = x._backend
+    fused = _fused(be)
+    if fused is not None:
+        return finish("conv2d", (x, kernel), fused(x._data, kernel._data, sh, sw, pads), be,
+                      x._dtype, {"strides": (sh, sw), "pads": pads})
     patches = extract_patches(x, kh, kw, (sh, sw), pads)
     return matmul(patches, reshape(kernel, (kh * kw * c, filters)))
+
+
+def _fused(be: Any) -> Any:
+    """The backend's ``conv2d`` kernel where it has all three convolution kernels (its
+    gradient needs the other two), else None."""
+    k = be.kernels()
+    fused = k.get("conv2d")
+    if fused is None or k.get("conv2d_backprop_input") is None \
+            or k.get("conv2d_backprop_filter") is None:
+        return None
+    return fused
+
+
+def _backprop_input(g: Tensor, kernel: Tensor, x_shape: tuple[int, ...],
+                    strides: tuple[int, int], pads: Pads) -> Tensor:
+    """The gradient of ``conv2d`` with respect to its image: the fused kernel, or under a
+    recording tape (a gradient of a gradient) the composite's own ops, which have gradients:
+    col2im of ``g @ kernel^T``."""
+    kh, kw, c, filters = kernel.shape
+    if recording():
+        cols = matmul(g, reshape(kernel, (kh * kw * c, filters)), transpose_b=True)
+        return _extract_patches_grad(cols, x_shape, kh, kw, strides, pads)
+    be = g._backend
+    data = be.kernels()["conv2d_backprop_input"](g._data, kernel._data, x_shape, *strides,
+                                                 pads)
+    return unrecorded("conv2d_backprop_input", (g, kernel), data, be, g._dtype)
+
+
+def _backprop_filter(x: Tensor, g: Tensor, kernel_shape: tuple[int, ...],
+                     strides: tuple[int, int], pads: Pads) -> Tensor:
+    """The gradient of ``conv2d`` with respect to its kernel: the fused kernel, or under a
+    recording tape the composite's ops, ``im2col(x)^T @ g``."""
+    kh, kw, c, filters = kernel_shape
+    if recording():
+        patches = reshape(extract_patches(x, kh, kw, strides, pads), (-1, kh * kw * c))
+        grad = matmul(patches, reshape(g, (-1, filters)), transpose_a=True)
+        return reshape(grad, kernel_shape)
+    be = g._backend
+    data = be.kernels()["conv2d_backprop_filter"](x._data, g._data, kernel_shape, *strides,
+                                                  pads)
+    return unrecorded("conv2d_backprop_filter", (x, g), data, be, g._dtype)
 
 
 def max_pool2d(x: Any, pool_size: Any = 2, strides: Any = None, padding: str = "valid") -> Tensor:
@@ -164,6 +214,15 @@ def _window_counts(h: int, w: int, oh: int, ow: int, window: tuple[int, int],
 
 
 # --- gradients ---------------------------------------------------------------------------
+@gradient("conv2d")
+def _conv2d_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
+    x, kernel = node.inputs
+    a = node.attrs
+    g = cast_to(g, x._dtype)
+    return (_backprop_input(g, kernel, x.shape, a["strides"], a["pads"]) if needs[0] else None,
+            _backprop_filter(x, g, kernel.shape, a["strides"], a["pads"]) if needs[1] else None)
+
+
 @gradient("extract_patches")
 def _extract_patches_gradient(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     a = node.attrs

@@ -198,6 +198,53 @@ def _convert(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
             yield x[: 1 << 10], target   # small: the fallback's share
 
 
+def _conv_operands(dtype: np.dtype, dy_shape: tuple[int, ...] = (2, 5, 4, 32),
+                   dy_finite: bool = False, x_shape: tuple[int, ...] = (2, 9, 8, 16)
+                   ) -> tuple[np.ndarray, ...]:
+    """An image and an output gradient with NaN, infinities and signed zeros, and a finite
+    kernel. Where a non-finite kernel weight or output gradient meets the padding, the
+    composite multiplies it by the padding's zeros (NaN) and oneDNN, which never reads the
+    padding, does not: such cases are left out (the step's other gradients are non-finite
+    anyway: the center tap of every window is inside the image)."""
+    x = _sprinkle(_normal(x_shape, 11), 12, count=12).astype(dtype)
+    w = _normal((3, 3, 16, 32), 13).astype(dtype)
+    dy = _normal(dy_shape, 14)
+    dy = (dy if dy_finite else _sprinkle(dy, 15, count=12)).astype(dtype)
+    return x, w, dy
+
+
+def _conv2d(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    x, w, _ = _conv_operands(dtype)
+    yield x, w, 2, 2, (1, 1, 0, 1)          # "same", strided
+    yield x, w, 1, 1, (0, 0, 0, 0)          # "valid"
+
+
+def _conv2d_backprop_input(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    x, w, dy = _conv_operands(dtype)
+    yield dy, w, x.shape, 2, 2, (1, 1, 0, 1)
+
+
+def _conv2d_backprop_filter(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    # "valid", every pixel in some window: oneDNN's bfloat16 kernel multiplies a pixel no
+    # window reads (an inf there: NaN) where the composite never reads it
+    x, w, dy = _conv_operands(dtype, (2, 4, 4, 32), x_shape=(2, 9, 9, 16))
+    yield x, dy, w.shape, 2, 2, (0, 0, 0, 0)
+    x, w, dy = _conv_operands(dtype, dy_finite=True)
+    yield x, dy, w.shape, 2, 2, (1, 1, 0, 1)            # padded, non-finite image only
+
+
+def _reference(plain: CpuBackend, name: str) -> Any:
+    """The plain CPU backend's kernel; for a fused kernel it lacks (the convolutions), the
+    core's composite on its kernels (the provider's own fallback, given no dtype for oneDNN)."""
+    kernel = plain.kernels().get(name) or getattr(plain, name, None)   # convert: a method
+    if kernel is not None:
+        return kernel
+    from mpcore_onednn.convolution import ConvKernels
+
+    return ConvKernels(None, frozenset(), plain.extract_patches,  # type: ignore[arg-type]
+                       plain.extract_patches_grad, plain.kernels()["matmul"]).table()[name]
+
+
 CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
     "matmul": (("float32", "float16", "bfloat16"), _matmul),
     "dense": (("float32", "float16", "bfloat16"), _dense),
@@ -207,6 +254,9 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
     "adam_update": (("float32",), _adam),
     "unscale_and_check": (("float32", "float16", "bfloat16"), _unscale),
     "convert": (("float32", "float16", "bfloat16"), _convert),
+    "conv2d": (("float32", "float16", "bfloat16"), _conv2d),
+    "conv2d_backprop_input": (("float32", "float16", "bfloat16"), _conv2d_backprop_input),
+    "conv2d_backprop_filter": (("float32", "float16", "bfloat16"), _conv2d_backprop_filter),
 }
 #: How each kernel's results are compared with the CPU kernel's: "bits" (a NaN's payload
 #: aside), "bits-nan" (where an operation meets two NaNs, IEEE 754 leaves open which one it
@@ -215,7 +265,8 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
 #: gradient is a sum.
 MODES = {"matmul": "pattern", "dense": "pattern", "relu_grad_bias": "bits",
          "sgd_update": "bits-nan", "rmsprop_update": "bits-nan", "adam_update": "bits-nan",
-         "unscale_and_check": "bits", "convert": "bits"}
+         "unscale_and_check": "bits", "convert": "bits", "conv2d": "pattern",
+         "conv2d_backprop_input": "pattern", "conv2d_backprop_filter": "pattern"}
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -296,7 +347,7 @@ def test_provider_kernels_keep_the_cpu_kernels_nonfinite_values(
     if name not in _installed(backend):
         pytest.skip(f"{config} installs no {name} kernel")
     kernel = backend.kernels()[name]
-    reference = plain.kernels().get(name) or getattr(plain, name)   # convert: a method
+    reference = _reference(plain, name)
     dtypes, cases = CASES[name]
     ran = []
     for dtype_name in dtypes:
