@@ -27,15 +27,14 @@ from .image import CpuImage
 from .indexing import CpuIndexing
 from .linalg import CpuLinalg
 from .nn import CpuNn
-from .normalization import CpuNormalization
 from .optim import CpuOptim
 from .pool import POOL, default_limit
 from .reduce import CpuReduce
 from .rules import cpu_policy_support
 
 
-class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuNormalization, CpuReduce,
-                 CpuImage, CpuIndexing, CpuOptim, XpBackend):
+class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuReduce, CpuImage,
+                 CpuIndexing, CpuOptim, XpBackend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"

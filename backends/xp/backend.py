@@ -19,12 +19,13 @@ from .dtypes import LOW
 from .elementwise import ElementwiseKernels
 from .linalg import LinalgKernels
 from .nn import NnKernels
+from .normalization import NormalizationKernels
 from .reduce import ReduceKernels
 from .shape import ShapeKernels
 
 
 class XpBackend(CreationKernels, ElementwiseKernels, ReduceKernels, LinalgKernels,
-                ShapeKernels, NnKernels, Backend):
+                ShapeKernels, NnKernels, NormalizationKernels, Backend):
     """The kernels NumPy and CuPy share. Abstract: a subclass gives ``xp`` and the kernels
     that need its library's own routes (asarray, to_host, cast, copy, random numbers, matmul,
     dropout, loss scaling, optimizer updates, images)."""

@@ -8,6 +8,7 @@ lines, not at anything the user can change."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -66,3 +67,33 @@ class NnKernels:
     def bias_add(self, x: Any, bias: Any) -> Any:
         with self.errstate():
             return x + bias
+
+    # --- GELU: one kernel each way, computed in float32 (float64 stays float64) -----------
+    def gelu(self, x: Any, approximate: bool) -> tuple[Any, Any]:
+        """(x * Phi(x) in x's dtype, and what gelu_grad reuses: Phi(x) or tanh's value);
+        erf through the backend's own ``erf`` kernel."""
+        xp = self.xp
+        x32 = x if x.dtype == xp.float64 else x.astype(xp.float32)
+        with self.errstate():
+            if approximate:
+                t = xp.tanh(x32 * math.sqrt(2.0 / math.pi) * (1.0 + 0.044715 * x32 * x32))
+                half, saved = 0.5 * (1.0 + t), t
+            else:
+                half = 0.5 * (1.0 + self.erf(x32 * (1.0 / math.sqrt(2.0))))  # type: ignore[attr-defined]
+                saved = half
+            y = half * x32
+        return y.astype(x.dtype), saved
+
+    def gelu_grad(self, g: Any, x: Any, saved: Any, approximate: bool) -> Any:
+        """g times gelu's derivative, from what :meth:`gelu` saved."""
+        xp = self.xp
+        x32 = x if x.dtype == xp.float64 else x.astype(xp.float32)
+        with self.errstate():
+            if approximate:
+                t = saved
+                d = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * math.sqrt(2.0 / math.pi) * (
+                    1.0 + 3 * 0.044715 * x32 * x32)
+            else:
+                d = saved + x32 * xp.exp(-0.5 * x32 * x32) * (1.0 / math.sqrt(2.0 * math.pi))
+            out = d * g.astype(x32.dtype)
+        return out.astype(x.dtype)

@@ -1,5 +1,5 @@
 """Keras 3's TensorBoard callback, writing event files with tensorboardX (the ``tensorboard``
-extra: ``pip install "mpcore[tensorboard]"``; no TensorFlow needed).
+extra: ``pip install -e ".[tensorboard]"`` in the checkout; no TensorFlow needed).
 
 Where Keras writes, with the same tags: ``<log_dir>/train`` gets ``epoch_<key>`` for each
 training log key and ``epoch_learning_rate`` at step ``epoch``; ``<log_dir>/validation`` gets
@@ -18,6 +18,7 @@ from typing import Any
 
 from mpcore import arguments as _args
 from mpcore.callbacks.base import Callback
+from mpcore.extras import install_command
 
 _UNSUPPORTED = {"write_images": False, "profile_batch": 0, "embeddings_freq": 0,
                 "embeddings_metadata": None}
@@ -28,7 +29,7 @@ def _writer_class() -> Any:
         from tensorboardX import SummaryWriter
     except ImportError as exc:
         raise ImportError("mp.callbacks.TensorBoard writes its event files with tensorboardX, "
-                          'which is not installed: pip install "mpcore[tensorboard]" (or '
+                          f"which is not installed: {install_command('tensorboard')} (or "
                           f"pip install tensorboardX) ({exc})") from exc
     return SummaryWriter
 
