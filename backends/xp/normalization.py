@@ -37,14 +37,18 @@ class NormalizationKernels:
                 xp.add(y, beta, out=y)
         return y.reshape(x.shape), mu.astype(dt, copy=False), var.astype(dt, copy=False), inv
 
+    def _rows(self, dy: Any, x: Any) -> tuple[Any, Any, Any]:
+        """``x`` and ``dy`` as (rows, channels) views (contiguous), and the dtype."""
+        xp = self.xp
+        c = x.shape[-1]
+        return (xp.ascontiguousarray(x).reshape(-1, c), xp.ascontiguousarray(dy).reshape(-1, c),
+                x.dtype)
+
     def batch_norm_grad(self, dy: Any, x: Any, mean: Any,
                         inv_std: Any, gamma: Any | None
                         ) -> tuple[Any, Any, Any]:
         xp = self.xp
-        dt = x.dtype
-        c = x.shape[-1]
-        x2 = xp.ascontiguousarray(x).reshape(-1, c)
-        g2 = xp.ascontiguousarray(dy).reshape(-1, c)
+        x2, g2, dt = self._rows(dy, x)
         n = dt.type(x2.shape[0])
         with self.errstate():
             dbeta = xp.sum(g2, axis=0, dtype=dt)
@@ -82,11 +86,8 @@ class NormalizationKernels:
                         inv_std: Any, gamma: Any | None
                         ) -> tuple[Any, Any, Any]:
         xp = self.xp
-        dt = x.dtype
-        c = x.shape[-1]
-        x2 = xp.ascontiguousarray(x).reshape(-1, c)
-        g2 = xp.ascontiguousarray(dy).reshape(-1, c)
-        n = dt.type(c)
+        x2, g2, dt = self._rows(dy, x)
+        n = dt.type(x2.shape[1])
         with self.errstate():
             x_hat = xp.subtract(x2, mean[:, None])
             xp.multiply(x_hat, inv_std[:, None], out=x_hat)

@@ -54,34 +54,30 @@ class Trainer(Steps):
     def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
                        return_dict: bool = False) -> Any:
         """One training step on one batch; returns the loss (and metrics) as Python floats."""
-        custom = self._overrides("train_step")
-        self._require_compiled(need_loss=not custom)
-        reset_metrics = _args.flag("reset_metrics", reset_metrics)
-        return_dict = _args.flag("return_dict", return_dict)
-        xd, yd = self._batch(x, y, "train_on_batch")
-        if reset_metrics:
-            self.reset_metrics()
-        if custom:
-            logs = host_logs(self._custom_step("train", (xd, yd)), "train_step")
-            self._train_steps += 1
-            return logs if return_dict else _values(logs)
-        self._train_batch(xd, yd)
-        return self._results(return_dict)
+        return self._on_batch("train", x, y, reset_metrics, return_dict)
 
     def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
                       return_dict: bool = False) -> Any:
         """The loss (and metrics) of one batch, without training, as Python floats."""
-        custom = self._overrides("test_step")
-        self._require_compiled(need_optimizer=False, need_loss=not custom)
+        return self._on_batch("test", x, y, reset_metrics, return_dict)
+
+    def _on_batch(self, kind: str, x: Any, y: Any, reset_metrics: bool,
+                  return_dict: bool) -> Any:
+        custom = self._overrides(f"{kind}_step")
+        self._require_compiled(need_optimizer=kind == "train", need_loss=not custom)
         reset_metrics = _args.flag("reset_metrics", reset_metrics)
         return_dict = _args.flag("return_dict", return_dict)
-        xd, yd = self._batch(x, y, "test_on_batch")
+        xd, yd = self._batch(x, y, f"{kind}_on_batch")
         if reset_metrics:
             self.reset_metrics()
         if custom:
-            logs = host_logs(self._custom_step("test", (xd, yd)), "test_step")
+            logs = host_logs(self._custom_step(kind, (xd, yd)), f"{kind}_step")
+            self._train_steps += kind == "train"
             return logs if return_dict else _values(logs)
-        self._test_batch(xd, yd)
+        if kind == "train":
+            self._train_batch(xd, yd)
+        else:
+            self._test_batch(xd, yd)
         return self._results(return_dict)
 
     def reset_metrics(self) -> None:

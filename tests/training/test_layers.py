@@ -4,10 +4,10 @@ finite differences in float64, and errors that name the layer and the shapes."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from grad_checks import numeric_grad
 
 import mpcore as mp
 from mpcore import layers
@@ -62,20 +62,6 @@ def test_weight_cast_once_per_step() -> None:
 
 
 # --- forward and gradients in float64 ----------------------------------------------------------
-def _numeric_grad(f: Callable[[], float], array: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(array)
-    flat, gflat = array.reshape(-1), grad.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        up = f()
-        flat[i] = old - eps
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * eps)
-    return grad
-
-
 def check_layer_gradients(layer: layers.Layer, x: np.ndarray, training: bool = False) -> None:
     """Tape gradients of sum(layer(x) * r) w.r.t. x and every weight == finite differences."""
     x = np.array(x, dtype=np.float64)
@@ -97,10 +83,10 @@ def check_layer_gradients(layer: layers.Layer, x: np.ndarray, training: bool = F
         tape.watch(xt)
         loss = mp.ops.sum(layer(xt, training=training) * mp.constant(r))
     grads = tape.gradient(loss, [xt, *weights])
-    np.testing.assert_allclose(np.asarray(grads[0]), _numeric_grad(objective, x),
+    np.testing.assert_allclose(np.asarray(grads[0]), numeric_grad(objective, x),
                                rtol=1e-5, atol=1e-7, err_msg=f"{layer.name}: d/dx")
     for w, h, g in zip(weights, host, grads[1:]):
-        np.testing.assert_allclose(np.asarray(g), _numeric_grad(objective, h), rtol=1e-5,
+        np.testing.assert_allclose(np.asarray(g), numeric_grad(objective, h), rtol=1e-5,
                                    atol=1e-7, err_msg=f"{layer.name}: d/d{w.name}")
 
 
