@@ -59,6 +59,9 @@ from .elementwise import BinaryCache
 from .linalg import make_dense, make_matmul, upcasting
 from .matmul import MatmulCache
 from .nn import make_relu_grad_bias
+from .norm import NormCache
+from .normalization import NAMES as NORM_NAMES
+from .normalization import NormKernels
 from .optim import MAKERS as UPDATE_MAKERS
 
 __all__ = ["BF16_FLAGS", "MODES", "DnnlError", "Library", "MatmulCache", "float32_wanted",
@@ -133,6 +136,17 @@ def _conv_kernels(backend: Backend, lib: Library, dtypes: frozenset[str], matmul
     return ConvKernels(ConvCache(lib), dtypes, patches, patches_grad, matmul, alloc)
 
 
+def _norm_kernels(backend: Backend, lib: Library, dtypes: frozenset[str],
+                  alloc: Any) -> NormKernels | None:
+    """Batch and layer normalization on oneDNN for float32 (the ops hand the kernels float32:
+    see mpcore.ops.normalization), the backend's NumPy kernels for the rest; None for a
+    backend without them or with float32 off."""
+    fallback = {name: getattr(backend, name, None) for name in NORM_NAMES}
+    if "float32" not in dtypes or any(k is None for k in fallback.values()):
+        return None
+    return NormKernels(NormCache(lib), frozenset({"float32"}), fallback, alloc)
+
+
 @mpcore.hookimpl
 def mpcore_kernels(backend: Backend) -> KernelSet | None:
     global _status
@@ -186,6 +200,9 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     conv = _conv_kernels(backend, lib, chosen_dtypes, kernels["matmul"], alloc)
     if conv is not None:
         kernels.update(conv.table())
+    norm = _norm_kernels(backend, lib, chosen_dtypes, alloc)
+    if norm is not None:
+        kernels.update(norm.table())
     from mpcore_cpu.creation import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the

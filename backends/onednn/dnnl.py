@@ -168,6 +168,23 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dnnl_convolution_backward_weights_primitive_desc_create": [
             ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, _vp, i64p, i64p, i64p, i64p,
             _vp, _vp],
+        # (pd, engine, prop_kind, src, dst, epsilon, flags, attr)
+        "dnnl_batch_normalization_forward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, ctypes.c_float, ctypes.c_uint,
+            _vp],
+        # (pd, engine, prop_kind, diff_src, diff_dst, src, epsilon, flags, hint_fwd_pd, attr)
+        "dnnl_batch_normalization_backward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, ctypes.c_float,
+            ctypes.c_uint, _vp, _vp],
+        # (pd, engine, prop_kind, src, dst, stat, epsilon, flags, attr)
+        "dnnl_layer_normalization_forward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, ctypes.c_float,
+            ctypes.c_uint, _vp],
+        # (pd, engine, prop_kind, diff_src, diff_dst, src, stat, epsilon, flags, hint_fwd_pd,
+        #  attr)
+        "dnnl_layer_normalization_backward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, _vp, ctypes.c_float,
+            ctypes.c_uint, _vp, _vp],
         "dnnl_memory_desc_create_with_tag": [ctypes.POINTER(_vp), ctypes.c_int, i64p,
                                              ctypes.c_int, ctypes.c_int],
     }

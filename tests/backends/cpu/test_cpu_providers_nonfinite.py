@@ -233,6 +233,44 @@ def _conv2d_backprop_filter(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
     yield x, dy, w.shape, 2, 2, (1, 1, 0, 1)            # padded, non-finite image only
 
 
+def _norm_operands(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """An input with a few NaN and infinities (most channels and rows left finite), a
+    gradient likewise, and finite gamma and beta."""
+    x = _sprinkle(_normal(shape, 21), 22, count=6)
+    dy = _sprinkle(_normal(shape, 23), 24, count=6)
+    return x, dy, _normal(shape[-1:], 25), _normal(shape[-1:], 26)
+
+
+def _batch_norm(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    x, _, gamma, beta = _norm_operands((8, 5, 5, 16))
+    yield x, gamma, beta, 1e-3
+    yield x, None, None, 1e-3
+
+
+def _batch_norm_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    from mpcore_cpu.normalization import CpuNormalization
+
+    x, dy, gamma, beta = _norm_operands((8, 5, 5, 16))
+    _, mean, _, inv = CpuNormalization().batch_norm(x, gamma, beta, 1e-3)
+    yield dy, x, mean, inv, gamma
+    yield dy, x, mean, inv, None
+
+
+def _layer_norm(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    x, _, gamma, beta = _norm_operands((40, 24))
+    yield x, gamma, beta, 1e-3
+    yield x, None, None, 1e-3
+
+
+def _layer_norm_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    from mpcore_cpu.normalization import CpuNormalization
+
+    x, dy, gamma, beta = _norm_operands((40, 24))
+    _, mean, inv = CpuNormalization().layer_norm(x, gamma, beta, 1e-3)
+    yield dy, x, mean, inv, gamma
+    yield dy, x, mean, inv, None
+
+
 def _reference(plain: CpuBackend, name: str) -> Any:
     """The plain CPU backend's kernel; for a fused kernel it lacks (the convolutions), the
     core's composite on its kernels (the provider's own fallback, given no dtype for oneDNN)."""
@@ -257,6 +295,11 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
     "conv2d": (("float32", "float16", "bfloat16"), _conv2d),
     "conv2d_backprop_input": (("float32", "float16", "bfloat16"), _conv2d_backprop_input),
     "conv2d_backprop_filter": (("float32", "float16", "bfloat16"), _conv2d_backprop_filter),
+    # the normalization ops hand their kernels float32 (16-bit inputs are cast up)
+    "batch_norm": (("float32",), _batch_norm),
+    "batch_norm_grad": (("float32",), _batch_norm_grad),
+    "layer_norm": (("float32",), _layer_norm),
+    "layer_norm_grad": (("float32",), _layer_norm_grad),
 }
 #: How each kernel's results are compared with the CPU kernel's: "bits" (a NaN's payload
 #: aside), "bits-nan" (where an operation meets two NaNs, IEEE 754 leaves open which one it
@@ -266,7 +309,9 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
 MODES = {"matmul": "pattern", "dense": "pattern", "relu_grad_bias": "bits",
          "sgd_update": "bits-nan", "rmsprop_update": "bits-nan", "adam_update": "bits-nan",
          "unscale_and_check": "bits", "convert": "bits", "conv2d": "pattern",
-         "conv2d_backprop_input": "pattern", "conv2d_backprop_filter": "pattern"}
+         "conv2d_backprop_input": "pattern", "conv2d_backprop_filter": "pattern",
+         "batch_norm": "pattern", "batch_norm_grad": "pattern", "layer_norm": "pattern",
+         "layer_norm_grad": "pattern"}
 
 
 # --- comparing ------------------------------------------------------------------------------
