@@ -108,7 +108,6 @@ class ConvCache(PrimitiveCache):
 
     def __init__(self, library: Library, max_entries: int = 128) -> None:
         super().__init__(library, max_entries)
-        self._scratch = threading.local()
 
     def forward(self, x: np.ndarray, w: np.ndarray, sh: int, sw: int, pads: Pads,
                 alloc: Alloc | None = None) -> np.ndarray:
@@ -177,16 +176,6 @@ class ConvCache(PrimitiveCache):
                 self._execute(entry.reorder, (plain, staging))
                 self._execute(entry, tuple(ins), scratch)
         return out
-
-    def _scratch_address(self, nbytes: int) -> int:
-        """The address of this thread's scratchpad buffer, at least ``nbytes`` long."""
-        scratch = self._scratch
-        if getattr(scratch, "size", -1) < nbytes:
-            buf = np.empty(nbytes + _SCRATCH_ALIGN, np.uint8)
-            address = buf.ctypes.data
-            scratch.buf, scratch.size = buf, nbytes
-            scratch.address = address + (-address) % _SCRATCH_ALIGN
-        return scratch.address  # type: ignore[no-any-return]
 
     def _md(self, dims: tuple[int, ...], strides: tuple[int, ...] | None, dtype: str) -> Any:
         """A memory descriptor (its entry destroys it): dense with these element strides, or

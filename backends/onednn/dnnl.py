@@ -313,8 +313,21 @@ class PrimitiveCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[Any, Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._scratch = threading.local()
         self.hits = 0
         self.misses = 0
+
+    def _scratch_address(self, nbytes: int) -> int:
+        """The address of this thread's scratchpad buffer (oneDNN's user scratchpad mode), at
+        least ``nbytes`` long: grown to the largest need and kept, so a call takes no memory
+        from the allocator."""
+        scratch = self._scratch
+        if getattr(scratch, "size", -1) < nbytes:
+            buf = np.empty(nbytes + _SCRATCH_ALIGN, np.uint8)
+            address = buf.ctypes.data
+            scratch.buf, scratch.size = buf, nbytes
+            scratch.address = address + (-address) % _SCRATCH_ALIGN
+        return scratch.address  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -20,7 +20,6 @@ from .dnnl import (
     _ARG_WEIGHTS,
     _QUERY_IMPL_INFO_STR,
     _QUERY_SCRATCHPAD_MD,
-    _SCRATCH_ALIGN,
     _SCRATCHPAD_MODE_USER,
     DATA_TYPES,
     DnnlError,
@@ -60,23 +59,12 @@ class MatmulCache(PrimitiveCache):
 
     def __init__(self, library: Library, max_entries: int = 256) -> None:
         super().__init__(library, max_entries)
-        self._scratch = threading.local()
 
     def info(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._entries),
                 "max_entries": self.max_entries,
                 "scratch_bytes": max((e.scratch_bytes for e in self._entries.values()),
                                      default=0)}
-
-    def _scratch_address(self, nbytes: int) -> int:
-        """The address of this thread's scratchpad buffer, at least ``nbytes`` long."""
-        scratch = self._scratch
-        if getattr(scratch, "size", -1) < nbytes:
-            buf = np.empty(nbytes + _SCRATCH_ALIGN, np.uint8)
-            address = buf.ctypes.data
-            scratch.buf, scratch.size = buf, nbytes
-            scratch.address = address + (-address) % _SCRATCH_ALIGN
-        return scratch.address  # type: ignore[no-any-return]
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out_dtype: str,
                bias: np.ndarray | None = None,
