@@ -29,7 +29,7 @@ import numpy as np
 from mpcore_xp import DTYPES
 
 from .conv import BACKWARD_DATA, BACKWARD_WEIGHTS, FORWARD, Alloc, ConvCache, Pads, output_shape
-from .dnnl import DnnlError
+from .dnnl import DnnlError, kernel_table
 
 logger = logging.getLogger("mpcore")
 
@@ -55,19 +55,8 @@ class ConvKernels:
     def table(self) -> dict[str, Kernel]:
         """The kernels by name, each carrying ``cache`` (its primitives: what the tests count
         to see that oneDNN ran) and ``conv`` (this object)."""
-        out: dict[str, Kernel] = {}
-        for name in ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"):
-            method = getattr(self, name)
-
-            def kernel(*args: Any, _method: Kernel = method) -> Any:
-                return _method(*args)
-
-            kernel.__name__ = kernel.__qualname__ = name
-            kernel.__doc__ = method.__doc__
-            kernel.cache = self.cache  # type: ignore[attr-defined]
-            kernel.conv = self  # type: ignore[attr-defined]
-            out[name] = kernel
-        return out
+        return kernel_table(self, ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"),
+                            "conv")
 
     def _onednn(self, kind: str, dtype: np.dtype, problem: tuple[Any, ...],
                 run: Callable[[], np.ndarray]) -> np.ndarray | None:

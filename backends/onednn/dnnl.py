@@ -413,3 +413,22 @@ def _weak(arr: np.ndarray) -> Any:
         return weakref.ref(arr)
     except TypeError:              # (not an ndarray: never taken for the same array again)
         return None
+
+
+def kernel_table(owner: Any, names: tuple[str, ...], role: str) -> dict[str, Callable[..., Any]]:
+    """``owner``'s kernel methods ``names`` as plain functions for a kernel set, each carrying
+    ``cache`` (its primitives: what the tests count to see that oneDNN ran) and, under
+    ``role``, the owner itself."""
+    out: dict[str, Callable[..., Any]] = {}
+    for name in names:
+        method = getattr(owner, name)
+
+        def kernel(*args: Any, _method: Callable[..., Any] = method) -> Any:
+            return _method(*args)
+
+        kernel.__name__ = kernel.__qualname__ = name
+        kernel.__doc__ = method.__doc__
+        kernel.cache = owner.cache  # type: ignore[attr-defined]
+        setattr(kernel, role, owner)
+        out[name] = kernel
+    return out

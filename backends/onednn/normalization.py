@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import DTYPES
 
-from .dnnl import DnnlError
+from .dnnl import DnnlError, kernel_table
 from .norm import BATCH, LAYER, Alloc, NormCache
 
 logger = logging.getLogger("mpcore")
@@ -52,19 +52,7 @@ class NormKernels:
 
     def table(self) -> dict[str, Kernel]:
         """The kernels by name, each carrying ``cache`` and ``norm`` (this object)."""
-        out: dict[str, Kernel] = {}
-        for name in NAMES:
-            method = getattr(self, name)
-
-            def kernel(*args: Any, _method: Kernel = method) -> Any:
-                return _method(*args)
-
-            kernel.__name__ = kernel.__qualname__ = name
-            kernel.__doc__ = method.__doc__
-            kernel.cache = self.cache  # type: ignore[attr-defined]
-            kernel.norm = self  # type: ignore[attr-defined]
-            out[name] = kernel
-        return out
+        return kernel_table(self, NAMES, "norm")
 
     def _onednn(self, name: str, x: np.ndarray, epsilon: float,
                 run: Callable[[], Any]) -> Any:
