@@ -25,7 +25,9 @@ The plugin also provides the optional ``conv2d``, ``conv2d_backprop_input`` and
 ``conv2d_backprop_filter`` kernels (``convolution.py``): oneDNN's convolution primitives for
 the dtypes its GEMMs take (float32 under ``MPCORE_ONEDNN_FLOAT32``, bfloat16 where it is
 enabled), the core's im2col composite for the others (float16) and for any problem oneDNN
-fails on (logged, never fatal).
+fails on (logged, never fatal). With float32 work on oneDNN it also runs ``batch_norm``,
+``layer_norm`` and their gradients (``normalization.py``, float32) and ``gelu``/``gelu_grad``
+(``eltwise.py``: float32 and the GEMMs' bfloat16), the NumPy kernels elsewhere.
 
 ``MPCORE_ONEDNN`` chooses when:
 
@@ -56,6 +58,7 @@ from .convolution import ConvKernels
 from .creation import ReorderCache, ReorderCast
 from .dnnl import DnnlError, Library, find_library
 from .elementwise import BinaryCache
+from .eltwise import EltwiseCache, GeluKernels
 from .linalg import make_dense, make_matmul, upcasting
 from .matmul import MatmulCache
 from .nn import make_relu_grad_bias
@@ -203,6 +206,13 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     norm = _norm_kernels(backend, lib, chosen_dtypes, alloc)
     if norm is not None:
         kernels.update(norm.table())
+        # GELU's eltwise primitives, under the same switch (float32 work on oneDNN), for
+        # float32 and the bfloat16 the GEMMs take
+        own = {name: getattr(backend, name, None) for name in ("gelu", "gelu_grad")}
+        if all(own.values()):
+            gelu = GeluKernels(EltwiseCache(lib), frozenset({"float32"}) | chosen_dtypes,
+                               own)  # type: ignore[arg-type]
+            kernels.update(gelu.table())
     from mpcore_cpu.creation import convert
 
     # float32 <-> bfloat16 conversions as reorders, whatever the GEMM dtypes: built on the

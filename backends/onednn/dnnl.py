@@ -187,6 +187,14 @@ def _declare(lib: ctypes.CDLL) -> None:
             ctypes.c_uint, _vp, _vp],
         "dnnl_memory_desc_create_with_tag": [ctypes.POINTER(_vp), ctypes.c_int, i64p,
                                              ctypes.c_int, ctypes.c_int],
+        # (pd, engine, prop_kind, alg_kind, src, dst, alpha, beta, attr)
+        "dnnl_eltwise_forward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, ctypes.c_int, _vp, _vp, ctypes.c_float,
+            ctypes.c_float, _vp],
+        # (pd, engine, alg_kind, diff_src, diff_dst, data (src), alpha, beta, hint_fwd_pd, attr)
+        "dnnl_eltwise_backward_primitive_desc_create": [
+            ctypes.POINTER(_vp), _vp, ctypes.c_int, _vp, _vp, _vp, ctypes.c_float,
+            ctypes.c_float, _vp, _vp],
     }
     for name, argtypes in sig.items():
         fn = getattr(lib, name)

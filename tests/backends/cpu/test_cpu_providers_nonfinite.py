@@ -267,6 +267,25 @@ def _layer_norm_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
     yield dy, x, mean, inv, None
 
 
+def _gelu(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    # NaN and large finite inputs: oneDNN's gelu(+inf) is NaN where NumPy's is +inf (both
+    # non-finite; see mpcore_onednn.eltwise)
+    x = np.linspace(-6, 6, 64).astype(dtype)
+    x[[3, 40]] = np.nan
+    x[[10, 50]] = [-3e4, 3e4]
+    for approximate in (False, True):
+        yield x, approximate
+
+
+def _gelu_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    x = np.linspace(-6, 6, 64).astype(dtype)
+    x[7] = np.nan
+    g = np.cos(np.arange(64)).astype(dtype)
+    g[[2, 20, 30]] = [np.nan, np.inf, -np.inf]
+    for approximate in (False, True):
+        yield g, x, CpuBackend().gelu(x, approximate)[1], approximate
+
+
 def _reference(plain: CpuBackend, name: str) -> Any:
     """The plain CPU backend's kernel; for a fused kernel it lacks (the convolutions), the
     core's composite on its kernels (the provider's own fallback, given no dtype for oneDNN)."""
@@ -296,6 +315,8 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
     "batch_norm_grad": (("float32",), _batch_norm_grad),
     "layer_norm": (("float32",), _layer_norm),
     "layer_norm_grad": (("float32",), _layer_norm_grad),
+    "gelu": (("float32", "bfloat16"), _gelu),
+    "gelu_grad": (("float32", "bfloat16"), _gelu_grad),
 }
 #: How each kernel's results are compared with the CPU kernel's: "bits" (a NaN's payload
 #: aside), "bits-nan" (where an operation meets two NaNs, IEEE 754 leaves open which one it
@@ -307,7 +328,13 @@ MODES = {"matmul": "pattern", "dense": "pattern", "relu_grad_bias": "bits",
          "unscale_and_check": "bits", "convert": "bits", "conv2d": "pattern",
          "conv2d_backprop_input": "pattern", "conv2d_backprop_filter": "pattern",
          "batch_norm": "pattern", "batch_norm_grad": "pattern", "layer_norm": "pattern",
-         "layer_norm_grad": "pattern"}
+         "layer_norm_grad": "pattern", "gelu": "pattern", "gelu_grad": "pattern"}
+
+
+def _result(name: str, result: Any) -> Any:
+    """What is compared of a kernel's result: gelu's output, not what it keeps for gelu_grad
+    (each implementation keeps its own: NumPy Phi(x), oneDNN nothing)."""
+    return result[0] if name == "gelu" else result
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -399,8 +426,8 @@ def test_provider_kernels_keep_the_cpu_kernels_nonfinite_values(
         for index, args in enumerate(calls):
             ours, theirs = _copies(args), _copies(args)
             with np.errstate(all="ignore"):   # signalling NaNs, overflow: on purpose
-                got = _arrays(kernel(*ours)) + _arrays(ours)
-                want = _arrays(reference(*theirs)) + _arrays(theirs)
+                got = _arrays(_result(name, kernel(*ours))) + _arrays(ours)
+                want = _arrays(_result(name, reference(*theirs))) + _arrays(theirs)
                 for i, (g, w) in enumerate(zip(got, want)):
                     _compare(name, i, g, w, f"{name} {dtype_name} call {index} array {i}")
         if _runs(kernel) > before:
