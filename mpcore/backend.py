@@ -75,10 +75,12 @@ OPTIONAL_KERNELS: dict[str, str] = {
                       "  # a dense layer's bias gradient; 16-bit: summed in float32, rounded once",
     "bias_add": "(x, bias) -> x + bias over the last axis",
     "batch_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, var, inv_std)"
-                  "  # over every axis but the last; float32/float64; biased variance",
-    "batch_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
+                  "  # over every axis but the last; biased variance; statistics float32 (float64"
+                  " for float64 x), y in x's dtype (16-bit x: computed in float32, rounded once)",
+    "batch_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)"
+                       "  # dx in x's dtype, dgamma and dbeta in the statistics'",
     "layer_norm": "(x, gamma | None, beta | None, epsilon: float) -> (y, mean, inv_std)"
-                  "  # each row over the last axis; float32/float64; biased variance",
+                  "  # each row over the last axis; biased variance; dtypes as batch_norm's",
     "layer_norm_grad": "(dy, x, mean, inv_std, gamma | None) -> (dx, dgamma, dbeta)",
     "gelu": "(x, approximate: bool) -> (x * Phi(x), saved)  # 16-bit: computed in float32, "
             "rounded once; saved: any native value gelu_grad reuses (Phi(x), say)",

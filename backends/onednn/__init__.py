@@ -141,13 +141,14 @@ def _conv_kernels(backend: Backend, lib: Library, dtypes: frozenset[str], matmul
 
 def _norm_kernels(backend: Backend, lib: Library, dtypes: frozenset[str],
                   alloc: Any) -> NormKernels | None:
-    """Batch and layer normalization on oneDNN for float32 (the ops hand the kernels float32:
-    see mpcore.ops.normalization), the backend's NumPy kernels for the rest; None for a
-    backend without them or with float32 off."""
+    """Batch and layer normalization on oneDNN for float32 and the bfloat16 the GEMMs take
+    (the ops hand 16-bit inputs over as they are: see mpcore.ops.normalization), the backend's
+    NumPy kernels for the rest; None for a backend without them or with float32 off."""
     fallback = {name: getattr(backend, name, None) for name in NORM_NAMES}
     if "float32" not in dtypes or any(k is None for k in fallback.values()):
         return None
-    return NormKernels(NormCache(lib), frozenset({"float32"}), fallback, alloc)
+    return NormKernels(NormCache(lib), frozenset({"float32"}) | (dtypes & {"bfloat16"}),
+                       fallback, alloc)
 
 
 @mpcore.hookimpl

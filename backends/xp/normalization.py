@@ -5,7 +5,9 @@ instead of a dozen composite ops each allocating and sweeping a full-size array.
 Reductions go over a 2-D (rows, channels) view: NumPy reduces axis 0 of a C-contiguous array
 row by row into a channels-wide accumulator, vectorised across the channels. Sums of products
 (the variance, ``sum(dy * x_hat)``) use ``einsum``, which reduces without the product's
-temporary array (CuPy has the same routines).
+temporary array (CuPy has the same routines). A 16-bit input is converted to float32 as it is
+read and the output rounded once back to its dtype; statistics and parameter gradients are
+float32 (float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ class NormalizationKernels:
     xp: Any
     errstate: Any
 
+    def _wide(self, x: Any) -> Any:
+        """``x`` in the statistics' dtype: float32 for 16-bit (and float32) data."""
+        xp = self.xp
+        return x if x.dtype in (xp.float32, xp.float64) else x.astype(xp.float32)
+
     def batch_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any, Any]:
         xp = self.xp
+        out_dtype, x = x.dtype, self._wide(x)
         dt = x.dtype
         c = x.shape[-1]
         x2 = xp.ascontiguousarray(x).reshape(-1, c)
@@ -35,12 +43,15 @@ class NormalizationKernels:
             xp.multiply(y, scale, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return y.reshape(x.shape), mu.astype(dt, copy=False), var.astype(dt, copy=False), inv
+        return (y.reshape(x.shape).astype(out_dtype, copy=False), mu.astype(dt, copy=False),
+                var.astype(dt, copy=False), inv)
 
     def _rows(self, dy: Any, x: Any) -> tuple[Any, Any, Any]:
-        """``x`` and ``dy`` as (rows, channels) views (contiguous), and the dtype."""
+        """``x`` and ``dy`` as (rows, channels) views (contiguous, in the statistics' dtype),
+        and that dtype."""
         xp = self.xp
         c = x.shape[-1]
+        x, dy = self._wide(x), self._wide(dy)
         return (xp.ascontiguousarray(x).reshape(-1, c), xp.ascontiguousarray(dy).reshape(-1, c),
                 x.dtype)
 
@@ -61,11 +72,13 @@ class NormalizationKernels:
             xp.subtract(x_hat, dbeta / n, out=x_hat)
             scale = inv_std if gamma is None else inv_std * gamma
             xp.multiply(x_hat, scale, out=x_hat)
-        return x_hat.reshape(x.shape), dgamma.astype(dt, copy=False), dbeta
+        return (x_hat.reshape(x.shape).astype(x.dtype, copy=False),
+                dgamma.astype(dt, copy=False), dbeta)
 
     def layer_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any]:
         xp = self.xp
+        out_dtype, x = x.dtype, self._wide(x)
         dt = x.dtype
         c = x.shape[-1]
         x2 = xp.ascontiguousarray(x).reshape(-1, c)
@@ -80,7 +93,7 @@ class NormalizationKernels:
                 xp.multiply(y, gamma, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return y.reshape(x.shape), mu.astype(dt, copy=False), inv
+        return y.reshape(x.shape).astype(out_dtype, copy=False), mu.astype(dt, copy=False), inv
 
     def layer_norm_grad(self, dy: Any, x: Any, mean: Any,
                         inv_std: Any, gamma: Any | None
@@ -101,4 +114,5 @@ class NormalizationKernels:
             xp.subtract(dyg, x_hat, out=x_hat)
             xp.subtract(x_hat, a[:, None], out=x_hat)
             xp.multiply(x_hat, inv_std[:, None], out=x_hat)
-        return x_hat.reshape(x.shape), dgamma.astype(dt, copy=False), dbeta
+        return (x_hat.reshape(x.shape).astype(x.dtype, copy=False),
+                dgamma.astype(dt, copy=False), dbeta)

@@ -177,7 +177,7 @@ def check_layer(name: str, dtype: str) -> Callable[[Context], str]:
 def check_batch_norm_kernels(ctx: Context) -> str:
     """The optional ``batch_norm`` and ``batch_norm_grad`` kernels against NumPy in float64:
     the normalized output, the batch mean and biased variance, 1/sqrt(var + eps), and the
-    closed-form gradients, with and without gamma and beta (float32)."""
+    closed-form gradients, with and without gamma and beta (float32); and 16-bit inputs."""
     np = ctx.np
     forward, backward = ctx.kernel("batch_norm"), ctx.kernel("batch_norm_grad")
     x = ctx.data((6, 3, 5), key="bn x") * 3.0 + 1.0
@@ -206,7 +206,37 @@ def check_batch_norm_kernels(ctx: Context) -> str:
         ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
         ctx.expect(dgamma, want_dg, "float32", f"{what}: dgamma", 20.0)
         ctx.expect(dbeta, want_db, "float32", f"{what}: dbeta", 20.0)
-    return "forward and gradients within 20x float32's tolerance"
+    _check_16_bit_norm(ctx, forward, backward, "batch_norm", (6, 3, 5), stats_per_row=False)
+    return "forward and gradients within 20x float32's tolerance; 16-bit inputs"
+
+
+def _check_16_bit_norm(ctx: Context, forward: Any, backward: Any, what: str,
+                       shape: tuple[int, ...], stats_per_row: bool) -> None:
+    """A 16-bit input: float32 statistics, the output and the input gradient in the input's
+    dtype, rounded once from float32 (within two of its ulps of the float64 result)."""
+    np = ctx.np
+    for dtype in ("float16", "bfloat16"):
+        x = ctx.rounded(ctx.data(shape, key=(what, dtype)) * 2.0 + 0.5, dtype)
+        dy = ctx.rounded(ctx.data(shape, key=(what, dtype, "dy")), dtype)
+        c = shape[-1]
+        flat = x.reshape(-1, c)
+        axis = 1 if stats_per_row else 0
+        mu = flat.mean(axis, keepdims=True)
+        inv = 1.0 / np.sqrt(flat.var(axis, keepdims=True) + 1e-3)
+        x_hat = (flat - mu) * inv
+        out = forward(ctx.up(x, dtype), None, None, 1e-3)
+        ctx.expect(out[0], x_hat.reshape(shape), dtype, f"{what} [{dtype} input]: y", 2.0)
+        ctx.expect(out[1], mu.reshape(-1), "float32", f"{what} [{dtype} input]: mean", 10.0)
+        inv_got = out[-1]
+        g2 = dy.reshape(-1, c)
+        if stats_per_row:
+            want = inv * (g2 - g2.mean(1, keepdims=True)
+                          - x_hat * (g2 * x_hat).mean(1, keepdims=True))
+        else:
+            n = flat.shape[0]
+            want = inv * (g2 - g2.sum(0) / n - x_hat * (g2 * x_hat).sum(0) / n)
+        dx = backward(ctx.up(dy, dtype), ctx.up(x, dtype), out[1], inv_got, None)[0]
+        ctx.expect(dx, want.reshape(shape), dtype, f"{what}_grad [{dtype} input]: dx", 4.0)
 
 
 def check_layer_norm_kernels(ctx: Context) -> str:
@@ -239,7 +269,8 @@ def check_layer_norm_kernels(ctx: Context) -> str:
         ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
         ctx.expect(dgamma, (g2 * x_hat).sum(0), "float32", f"{what}: dgamma", 20.0)
         ctx.expect(dbeta, g2.sum(0), "float32", f"{what}: dbeta", 20.0)
-    return "forward and gradients within 20x float32's tolerance"
+    _check_16_bit_norm(ctx, forward, backward, "layer_norm", (4, 3, 6), stats_per_row=True)
+    return "forward and gradients within 20x float32's tolerance; 16-bit inputs"
 
 
 def check_gelu_kernels(dtype: str) -> Callable[[Context], str]:

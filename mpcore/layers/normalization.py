@@ -124,15 +124,17 @@ class BatchNormalization(Layer):
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = _stat_dtype(inputs.dtype)
-        x = ops.cast(inputs, dt)
-        gamma, beta = self._read(self.gamma, dt), self._read(self.beta, dt)
-        if training and self.trainable and self._reduction_axes == tuple(range(x.ndim - 1)):
-            # channels last: one op, fused where the backend has the kernels
-            y, mean, variance = ops.batch_norm(x, None if self.gamma is None else
+        if (training and self.trainable
+                and self._reduction_axes == tuple(range(inputs.ndim - 1))):
+            # channels last: one op, fused where the backend has the kernels, which take a
+            # 16-bit input as it is (float32 inside, the output rounded once)
+            y, mean, variance = ops.batch_norm(inputs, None if self.gamma is None else
                                                self.gamma.read_as(dt), None if self.beta is None
                                                else self.beta.read_as(dt), self.epsilon)
             self._update_moving(mean, variance, dt)
             return ops.cast(y, self.compute_dtype)
+        x = ops.cast(inputs, dt)
+        gamma, beta = self._read(self.gamma, dt), self._read(self.beta, dt)
         if training and self.trainable:
             mean = ops.mean(x, self._reduction_axes, keepdims=True)
             centered = ops.subtract(x, mean)
@@ -244,12 +246,13 @@ class LayerNormalization(Layer):
 
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = _stat_dtype(inputs.dtype)
-        x = ops.cast(inputs, dt)
-        if self._axes == (x.ndim - 1,) and not self.rms_scaling:
-            # the last axis (a transformer's): one op, fused where the backend has the kernels
-            y = ops.layer_norm(x, self._read(self.gamma, dt), self._read(self.beta, dt),
+        if self._axes == (inputs.ndim - 1,) and not self.rms_scaling:
+            # the last axis (a transformer's): one op, fused where the backend has the
+            # kernels (a 16-bit input as it is, as batch_norm's)
+            y = ops.layer_norm(inputs, self._read(self.gamma, dt), self._read(self.beta, dt),
                                self.epsilon)
             return ops.cast(y, self.compute_dtype)
+        x = ops.cast(inputs, dt)
         centered = ops.subtract(x, ops.mean(x, self._axes, keepdims=True))
         variance = ops.mean(ops.square(centered), self._axes, keepdims=True)
         if self.rms_scaling:     # Keras' deprecated form: x (not centred) scaled by 1/std

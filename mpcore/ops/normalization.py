@@ -2,10 +2,12 @@
 but the last (BatchNormalization's forward pass and its batch statistics), and ``layer_norm``,
 the normalization of each row over the last axis (LayerNormalization's), with their gradients.
 
-A *deny* op: computed in float32 (16-bit inputs are cast up; float64 stays float64). Where the
-backend has the fused ``batch_norm`` and ``batch_norm_grad`` kernels, the forward pass is one
-kernel (statistics and normalization in a few passes over the input) and the backward pass
-another, with the closed form of the gradient
+A *deny* op: statistics and arithmetic in float32 (float64 stays float64); a 16-bit input goes
+to the fused kernels as it is (they convert as they read, and round the output once to the
+input's dtype: no separate conversion passes), and the result has the input's dtype (other
+inputs: float32). Where the backend has the fused ``batch_norm`` and ``batch_norm_grad``
+kernels, the forward pass is one kernel (statistics and normalization in a few passes over
+the input) and the backward pass another, with the closed form of the gradient
 
     dx = gamma * inv_std * (dy - mean(dy) - x_hat * mean(dy * x_hat))
 
@@ -18,6 +20,7 @@ with the statistics of each row: ``layer_norm`` and ``layer_norm_grad`` kernels,
 
 from __future__ import annotations
 
+from mpcore import dtypes as _dtypes
 from mpcore.ops.creation import stop_gradient
 from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast_to, finish, gradient
 from mpcore.ops.elementwise import add, multiply, rsqrt, square, subtract
@@ -25,6 +28,8 @@ from mpcore.ops.reduction import mean, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import reshape
 from mpcore.tape import Node, recording
 from mpcore.tensor import Tensor
+
+_LOW = _dtypes.LOW_PRECISION
 
 
 def _stat_dtype(dtype: str) -> str:
@@ -37,9 +42,7 @@ def batch_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
     with the batch's mean and biased variance over every axis but the last (shape (C,));
     ``gamma``/``beta`` (C,) or None. The statistics are constants to autodiff (the moving
     averages are state); ``y`` differentiates with respect to ``x``, ``gamma`` and ``beta``."""
-    x = as_tensor(x)
-    dt = _stat_dtype(x.dtype)
-    x = cast_to(x, dt)
+    x, dt = _input(x)
     if x.ndim < 2:
         raise ValueError(f"batch_norm: expected an input of rank >= 2 (channels last), got "
                          f"shape {x.shape}")
@@ -56,14 +59,23 @@ def batch_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
     be = x._backend
     kernel = be.kernels().get("batch_norm")
     if kernel is None or be.kernels().get("batch_norm_grad") is None:
-        return _composite(x, g, b, epsilon)
+        y, mu, var = _composite(cast_to(x, dt), g, b, epsilon)
+        return cast_to(y, x._dtype), mu, var
     y, mu, var, inv = kernel(x._data, None if g is None else g._data,
                              None if b is None else b._data, float(epsilon))
     inputs = tuple(t for t in (x, g, b) if t is not None)
-    out = finish("batch_norm", inputs, y, be, dt,
+    out = finish("batch_norm", inputs, y, be, x._dtype,
                  {"epsilon": float(epsilon), "gamma": g is not None, "beta": b is not None},
                  (mu, inv))
     return out, Tensor(mu, be, dt), Tensor(var, be, dt)
+
+
+def _input(x: TensorLike) -> tuple[Tensor, str]:
+    """The input as the kernels take it (16-bit as it is, anything else in the statistics'
+    dtype) and that dtype (float32, or float64)."""
+    x = as_tensor(x)
+    dt = _stat_dtype(x.dtype)
+    return (x if x.dtype in _LOW else cast_to(x, dt)), dt
 
 
 def _composite(x: Tensor, g: Tensor | None, b: Tensor | None,
@@ -88,15 +100,18 @@ def _batch_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Gra
     be = x.backend
     mu, inv = node.saved
     dy = cast_to(dy, x.dtype)
+    sdt = _stat_dtype(x.dtype)
     if recording():   # an outer tape records this backward pass: differentiable ops
-        return _composite_gradient(x, g, dy, node.attrs["epsilon"], node.attrs["beta"])
+        grads = _composite_gradient(cast_to(x, sdt), g, cast_to(dy, sdt),
+                                    node.attrs["epsilon"], node.attrs["beta"])
+        return (cast_to(grads[0], x.dtype), *grads[1:])  # type: ignore[arg-type]
     dx, dgamma, dbeta = be.kernels()["batch_norm_grad"](dy._data, x._data, mu, inv,
                                                         None if g is None else g._data)
     grads = [Tensor(dx, be, x.dtype)]
     if node.attrs["gamma"]:
-        grads.append(Tensor(dgamma, be, x.dtype))
+        grads.append(Tensor(dgamma, be, sdt))
     if node.attrs["beta"]:
-        grads.append(Tensor(dbeta, be, x.dtype))
+        grads.append(Tensor(dbeta, be, sdt))
     return tuple(grads)
 
 
@@ -122,13 +137,13 @@ def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor, epsilon: float,
     return tuple(grads)
 
 
-def _params(op: str, x: Tensor, gamma: TensorLike | None,
+def _params(op: str, x: Tensor, dt: str, gamma: TensorLike | None,
             beta: TensorLike | None) -> tuple[Tensor | None, Tensor | None]:
     channels = x.shape[-1]
     out = []
     for name, p in (("gamma", gamma), ("beta", beta)):
         if p is not None:
-            p = cast_to(as_tensor(p, x.backend), x.dtype)
+            p = cast_to(as_tensor(p, x.backend), dt)
             if p.shape != (channels,):
                 raise ValueError(f"{op}: {name} of shape {p.shape} does not match the last "
                                  f"axis of {x.shape}")
@@ -141,20 +156,18 @@ def layer_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
     """``(x - mean) / sqrt(variance + epsilon) * gamma + beta`` with each row's mean and
     biased variance over the last axis; ``gamma``/``beta`` of the last axis's size, or None.
     Computed in float32 (float64 stays float64)."""
-    x = as_tensor(x)
-    dt = _stat_dtype(x.dtype)
-    x = cast_to(x, dt)
+    x, dt = _input(x)
     if x.ndim < 1:
         raise ValueError("layer_norm: expected an input of rank >= 1, got a scalar")
-    g, b = _params("layer_norm", x, gamma, beta)
+    g, b = _params("layer_norm", x, dt, gamma, beta)
     be = x._backend
     kernel = be.kernels().get("layer_norm")
     if kernel is None or be.kernels().get("layer_norm_grad") is None:
-        return _composite_layer_norm(x, g, b, epsilon)
+        return cast_to(_composite_layer_norm(cast_to(x, dt), g, b, epsilon), x._dtype)
     y, mu, inv = kernel(x._data, None if g is None else g._data,
                         None if b is None else b._data, float(epsilon))
     inputs = tuple(t for t in (x, g, b) if t is not None)
-    return finish("layer_norm", inputs, y, be, dt,
+    return finish("layer_norm", inputs, y, be, x._dtype,
                   {"epsilon": float(epsilon), "gamma": g is not None, "beta": b is not None},
                   (mu, inv))
 
@@ -175,14 +188,16 @@ def _layer_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Gra
     g = node.inputs[1] if node.attrs["gamma"] else None
     be = x.backend
     dy = cast_to(dy, x.dtype)
+    sdt = _stat_dtype(x.dtype)
     if recording():   # an outer tape records this backward pass: differentiable ops
-        grads = _composite_layer_norm_gradient(x, g, dy, node.attrs["epsilon"])
+        dx32, dgamma_t, dbeta_t = _composite_layer_norm_gradient(
+            cast_to(x, sdt), g, cast_to(dy, sdt), node.attrs["epsilon"])
+        grads = (cast_to(dx32, x.dtype), dgamma_t, dbeta_t)
     else:
         mu, inv = node.saved
         dx, dgamma, dbeta = be.kernels()["layer_norm_grad"](
             dy._data, x._data, mu, inv, None if g is None else g._data)
-        grads = (Tensor(dx, be, x.dtype), Tensor(dgamma, be, x.dtype),
-                 Tensor(dbeta, be, x.dtype))
+        grads = (Tensor(dx, be, x.dtype), Tensor(dgamma, be, sdt), Tensor(dbeta, be, sdt))
     out = [grads[0]]
     if node.attrs["gamma"]:
         out.append(grads[1])
