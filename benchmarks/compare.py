@@ -31,6 +31,13 @@ policy to be fast here, and why).
 ``--peer-steps`` gives the peer fewer steps for chosen policies (torch's CPU float16 autocast is
 ~100x slower), e.g. ``--peer-steps mixed_float16=2``.
 
+``--model resnet`` and ``--model transformer`` compare real models instead of the MLP:
+``benchmarks/model_step.py`` (mpcore's ``Model.fit``; path ``fit``) against
+``benchmarks/peers/torch_resnet.py`` / ``torch_transformer.py``, with the same shape options
+on both sides (``--width``, ``--blocks``, ``--d-model`` ...; see ``compare_models.py``) and
+``OMP_NUM_THREADS=1`` on both by default (``--threads``; the JSON records it). The speed
+targets are the MLP's and are not judged for them.
+
 The last line is one JSON object with every run and the medians. torch is never a dependency of
 mpcore: it lives in its own interpreter (``--torch-python``); without one the peer is skipped.
 """
@@ -46,6 +53,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import compare_models as cm
 
 HERE = Path(__file__).resolve().parent
 TRAIN_STEP = HERE / "train_step.py"
@@ -109,9 +118,12 @@ TARGETS = (
 )
 
 
-def targets_apply(size: tuple[int, int], backends: set[str], peer_device: str) -> str | None:
-    """None where :data:`TARGETS` apply to a run of this size, these mpcore backends and this
-    peer device; else why not."""
+def targets_apply(size: tuple[int, int], backends: set[str], peer_device: str,
+                  model: str = "mlp") -> str | None:
+    """None where :data:`TARGETS` apply to a run of this model and size, these mpcore backends
+    and this peer device; else why not."""
+    if model != "mlp":
+        return "the targets are set for the guide's MLP (--model mlp)"
     if size != TARGET_SIZE:
         return f"the targets are set for units, batch = {TARGET_SIZE}"
     if backends != {"cpu"} or peer_device != "cpu":
@@ -152,17 +164,21 @@ def judge_targets(summary: dict[str, dict[str, Any]],
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", nargs="+", choices=POLICIES, default=list(POLICIES))
-    ap.add_argument("--path", nargs="+", choices=("loop", "fit"), default=["loop", "fit"])
+    ap.add_argument("--path", nargs="+", choices=("loop", "fit"), default=None,
+                    help="mpcore's paths (default: loop and fit; only fit for other models)")
     ap.add_argument("--backend", default=None, help="mpcore backend (default: auto-detected)")
     ap.add_argument("--device", default="cpu", help="torch device for the peer")
     ap.add_argument("--units", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="default: mlp 1024, resnet 128, transformer 32")
+    ap.add_argument("--steps", type=int, default=None, help="default: mlp 20, others 10")
+    ap.add_argument("--warmup", type=int, default=None, help="default: mlp 3, others 2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--torch-python", default=None,
                     help="an interpreter with torch, e.g. /work/torchvenv/bin/python")
-    ap.add_argument("--peer", default=str(DEFAULT_PEER), help="the peer script")
+    ap.add_argument("--peer", default=None,
+                    help="the peer script (default: shared/peers/torch_mlp.py for mlp, "
+                         "benchmarks/peers/torch_<model>.py for the others)")
     ap.add_argument("--peer-policy", nargs="+", choices=POLICIES, default=None,
                     help="policies to run the peer for (default: all; torch's CPU float16 "
                          "autocast is ~100x slower and can take minutes at full size)")
@@ -172,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="mpcore's traced steps (train_step.py --jit: fit with jit_compile=True)")
     ap.add_argument("--onednn", choices=("auto", "force", "off"), default=None,
                     help="MPCORE_ONEDNN for the mpcore runs (default: inherited)")
+    cm.add_arguments(ap)
     a = ap.parse_args(argv)
+    cm.apply_defaults(ap, a)
+    a.peer = a.peer or str(cm.default_peer(a.model, DEFAULT_PEER))
     peer_steps: dict[str, int] = {}
     for item in a.peer_steps:
         policy, _, count = item.partition("=")
@@ -181,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"got {item!r}")
         peer_steps[policy] = int(count)
 
-    shape = ["--units", str(a.units), "--batch", str(a.batch), "--steps", str(a.steps),
-             "--warmup", str(a.warmup)]
-    env = dict(os.environ)
+    shape = cm.shape_args(a)
+    env = cm.thread_env(dict(os.environ), a.threads)
     if a.onednn:
         env["MPCORE_ONEDNN"] = a.onednn
     peer_problem = torch_available(a.torch_python)
@@ -194,11 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         p: {side: [] for side in sides} for p in a.policy}
     def run_mpcore(policy: str, round_no: int) -> None:
         for path in a.path:
-            cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy, *shape,
-                   *(["--jit"] if a.jit else [])]
-            if a.backend:
-                cmd += ["--backend", a.backend]
+            if a.model != "mlp":
+                cmd = cm.mpcore_command(sys.executable, a, policy)
+            else:
+                cmd = [sys.executable, str(TRAIN_STEP), "--path", path, "--policy", policy,
+                       *shape, *(["--jit"] if a.jit else [])]
+                if a.backend:
+                    cmd += ["--backend", a.backend]
             rec = run_json(cmd, env)
+            if "skipped" in rec:
+                raise RuntimeError(f"mpcore's run was skipped: {rec['skipped']}")
             rec["round"] = round_no
             runs[policy][path].append(rec)
 
@@ -212,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             peer_shape[peer_shape.index("--steps") + 1] = str(peer_steps[policy])
             peer_shape[peer_shape.index("--warmup") + 1] = "1"
         rec = run_json([a.torch_python, a.peer, "--device", a.device, "--policy", policy,
-                        *peer_shape])
+                        *peer_shape, *cm.peer_threads(a)], env)
         rec["round"] = round_no
         runs[policy]["torch"].append(rec)
 
@@ -250,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
 
     mpcore_runs = [r for pol in runs.values() for path in a.path for r in pol[path]]
     providers = sorted({p for r in mpcore_runs for p in r.get("providers", [])})
-    print(f"\nunits={a.units} batch={a.batch} rounds={a.rounds} (medians of samples/s; mpcore "
-          f"kernel providers: {providers or 'none'})")
+    shape_text = " ".join(f"{k}={v}" for k, v in cm.shape_record(a).items())
+    print(f"\nmodel={a.model} {shape_text} rounds={a.rounds} threads={a.threads or 'inherited'}"
+          f" (medians of samples/s; mpcore kernel providers: {providers or 'none'})")
     if peer_problem:
         print(f"peer skipped: {peer_problem}")
     if peer_steps:
@@ -276,12 +300,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(e['vs_own_float32'], '12.3f')}{fmt(e['vs_own_float32_paired'], '12.3f')}")
     judged = judge_targets(summary, runs, a.path,
                            targets_apply((a.units, a.batch),
-                                         {r.get("backend") for r in mpcore_runs}, a.device))
+                                         {r.get("backend") for r in mpcore_runs}, a.device,
+                                         a.model))
     print("\ntargets (paired figures):")
     for t in judged:
         print(f"  {t['path']:<6}{t['target']:<50}{fmt(t['measured'], '7.3f')}  {t['status']}")
-    print(json.dumps({"bench": "compare", "units": a.units, "batch": a.batch, "paths": a.path,
-                      "jit": a.jit, "rounds": a.rounds, "peer_skipped": peer_problem,
+    print(json.dumps({"bench": "compare", "model": a.model, **cm.shape_record(a),
+                      "threads": a.threads, "paths": a.path, "jit": a.jit, "rounds": a.rounds,
+                      "peer_skipped": peer_problem,
                       "summary": summary, "targets": judged, "runs": runs}))
     return 0
 
