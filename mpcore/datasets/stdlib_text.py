@@ -8,7 +8,8 @@ The text is the ``*.py`` files under ``sysconfig.get_paths()["stdlib"]`` (or ``r
 fixed order (a checksum of each path relative to it, so a sample mixes the packages),
 skipping ``site-packages``/``dist-packages`` (third party code, which differs from one
 machine to the next) and ``__pycache__``. Files are read as UTF-8 with newlines normalised
-to ``\\n``; reading stops at ``max_chars`` characters (the last file cut short), so the same
+to ``\\n``; reading stops at ``max_chars`` characters (the last file cut short; no file gives
+more than a tenth of them, its beginning, so a sample spans ten files at least), so the same
 interpreter always gives the same data.
 
 The split is by file, not by window: a file's text is all in training or all in validation, so
@@ -42,6 +43,9 @@ VOCABULARY = "\t\n" + "".join(chr(c) for c in range(32, 127))
 #: folders under the standard library's that are not the standard library
 SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 DEFAULT_MAX_CHARS = 2_000_000
+#: the most of ``max_chars`` that one file gives (its beginning): a sample spans at least ten
+#: files, so a small one still has files to hold out (the library has files of 200k characters)
+PER_FILE = 0.1
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ def _order(relative: str) -> tuple[int, str]:
 
 
 def _texts(files: list[Path], max_chars: int | None) -> Iterator[tuple[Path, str]]:
-    """Each file's text, until ``max_chars`` characters in all (the last one cut short)."""
+    """Each file's text, until ``max_chars`` characters in all (the last one cut short), each
+    file's at most ``PER_FILE`` of ``max_chars``."""
     left = max_chars
+    most = None if max_chars is None else max(1, int(max_chars * PER_FILE))
     for path in files:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -141,7 +147,7 @@ def _texts(files: list[Path], max_chars: int | None) -> Iterator[tuple[Path, str
         if not text:
             continue
         if left is not None:
-            text = text[:left]
+            text = text[:min(left, most or left)]
             left -= len(text)
         yield path, text
         if left == 0:

@@ -111,3 +111,10 @@ def test_import_stays_free_of_numpy() -> None:
     code = ("import sys, mpcore, mpcore.datasets.stdlib_text as st; st.decode([1, 2]); "
             "assert 'numpy' not in sys.modules, 'numpy imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_big_file_does_not_fill_a_small_sample(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, files=12, size=300)
+    (root / "aaa_big.py").write_text("x = 1\n" * 10_000)
+    data = st.load(max_chars=3000, seq_len=8, root=root)
+    assert len(data.train_files) + len(data.val_files) >= 10 and data.val_files
