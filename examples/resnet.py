@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-limit", type=int, default=None, help="use this many training images")
     ap.add_argument("--test-limit", type=int, default=None, help="use this many test images")
     ap.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="fit's")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="mp.random.set_seed: the initial weights and fit's shuffling")
     a = ap.parse_args(argv)
     for name in ("epochs", "width", "blocks", "batch_size"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
 
     print(mp.check_policy(a.policy))
+    mp.random.set_seed(a.seed)
     mp.set_global_policy(a.policy)
     x_train, y_train, x_test, y_test = load_mnist(a.pad, a.train_limit, a.test_limit)
     model = build_resnet(x_train.shape[1:], a.width, a.blocks)

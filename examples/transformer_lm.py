@@ -14,8 +14,11 @@ Mixed precision, as the guide says: the Dense layers and attention's products co
 policy's 16-bit type with float32 variables; LayerNormalization and the attention softmax in
 float32; the logits are cast to float32 for the loss. ``mixed_float16`` adds loss scaling.
 
-Target: validation loss <= 1.90 nats per character (the text's unigram entropy is about 3.4)
-in a few minutes on 2 CPU cores, mixed_bfloat16 within 2% of float32. At the end it prints the
+Target: validation loss <= 1.90 nats per character in a few minutes on 2 CPU cores (one
+epoch over 2 million characters), mixed_bfloat16 within 2% of float32. For scale, on the same
+split: character frequencies alone give 3.28, counted n-gram models (add-0.1 smoothing) 2.52
+(bigram), 1.99 (trigram) and 1.74 (4-gram): a few minutes of training beat the trigram, not
+yet the 4-gram (more epochs do). At the end it prints the
 validation loss, a sample generated from a validation prompt, and one JSON line.
 """
 
@@ -80,6 +83,15 @@ def build_lm(vocab: int, seq_len: int, d_model: int, heads: int, n_layers: int,
     return mp.Model(inputs=inputs, outputs=outputs, name="char_lm")
 
 
+def cosine_decay(base: float, total_steps: int) -> Any:
+    """``schedule(step) -> rate``: from ``base`` down to 0 over ``total_steps`` (a cosine):
+    the last steps, with small rates, take the loss a good way further down than a constant
+    rate (about 0.1 nats per character here)."""
+    def schedule(step: int) -> float:
+        return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+    return schedule
+
+
 def generate(model: Any, prompt: Any, length: int, temperature: float, seed: int = 0) -> str:
     """``length`` characters after ``prompt`` (a seq_len window of ids): each step feeds the last
     seq_len characters and samples the next one from the last position's logits."""
@@ -101,19 +113,22 @@ def generate(model: Any, prompt: Any, length: int, temperature: float, seed: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", choices=POLICIES, default="mixed_bfloat16")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                     help="traced train steps (compile(jit_compile=True)); --no-jit: eager")
-    ap.add_argument("--max-chars", type=int, default=1_000_000, help="characters of text")
+    ap.add_argument("--max-chars", type=int, default=2_000_000, help="characters of text")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--learning-rate", type=float, default=2e-3, help="Adam's")
+    ap.add_argument("--learning-rate", type=float, default=3e-3,
+                    help="Adam's first rate, decayed to 0 over the training (a cosine)")
     ap.add_argument("--generate", type=int, default=200, help="characters to sample at the end")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1, help="fit's")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="mp.random.set_seed: the initial weights and fit's shuffling")
     a = ap.parse_args(argv)
     for name in ("epochs", "seq_len", "d_model", "heads", "layers", "batch_size"):
         if getattr(a, name) < 1:
@@ -122,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--d-model ({a.d_model}) must be a multiple of --heads ({a.heads})")
 
     print(mp.check_policy(a.policy))
+    mp.random.set_seed(a.seed)
     mp.set_global_policy(a.policy)
     data = stdlib_text.load(max_chars=a.max_chars, seq_len=a.seq_len)
     print(f"text: {data.train_chars:,} training characters from {len(data.train_files)} files, "
           f"{data.val_chars:,} validation characters from {len(data.val_files)} other files; "
           f"{len(data.x_train)} windows of {a.seq_len}, vocabulary {data.vocab_size}")
     model = build_lm(data.vocab_size, a.seq_len, a.d_model, a.heads, a.layers)
-    model.compile(optimizer=mp.optimizers.Adam(learning_rate=a.learning_rate),
+    steps = a.epochs * math.ceil(len(data.x_train) / a.batch_size)
+    model.compile(optimizer=mp.optimizers.Adam(cosine_decay(a.learning_rate, steps)),
                   loss=mp.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=a.jit)
     print(f"{model.name}: {a.layers} blocks, d_model {a.d_model}, {a.heads} heads, "
