@@ -102,7 +102,8 @@ def measure(a: argparse.Namespace, policy: str) -> dict[str, Any]:
         return {**record, "skipped": f"mp.layers lacks {', '.join(missing)} (issue 32)"}
     try:
         verdict = mp.check_policy(policy, backend)
-        record.update(device=backend.device().name, fast=verdict.fast, why=verdict.reason)
+        record.update(device=backend.device().name, fast=verdict.fast, why=verdict.reason,
+                      providers=[k.provider for k in backend.kernel_sets])
     except Exception as exc:
         return {**record, "skipped": f"{type(exc).__name__}: {exc}"}
     mp.set_backend(backend.name)
