@@ -70,15 +70,6 @@ def build_resnet(input_shape: tuple[int, int, int], width: int = 1, blocks: int 
     return mp.Model(inputs=inputs, outputs=outputs, name="resnet")
 
 
-def cosine_decay(base: float, total_steps: int) -> Any:
-    """``schedule(step) -> rate``: from ``base`` down to 0 over ``total_steps`` (a cosine):
-    large steps early, and small ones at the end, where the weights (and with them the
-    BatchNormalization layers' moving statistics) settle."""
-    def schedule(step: int) -> float:
-        return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    return schedule
-
-
 def load_mnist(pad: bool, train_limit: int | None,
                test_limit: int | None) -> tuple[Any, Any, Any, Any]:
     (x_train, y_train), (x_test, y_test) = mp.datasets.mnist.load_data()
@@ -121,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     mp.set_global_policy(a.policy)
     x_train, y_train, x_test, y_test = load_mnist(a.pad, a.train_limit, a.test_limit)
     model = build_resnet(x_train.shape[1:], a.width, a.blocks)
+    # Keras 3's CosineDecay, from the rate down to 0: large steps early, small ones at the end,
+    # where the weights (and with them BatchNormalization's moving statistics) settle
     steps = a.epochs * math.ceil(len(x_train) / a.batch_size)
-    model.compile(optimizer=mp.optimizers.Adam(cosine_decay(a.learning_rate, steps)),
+    model.compile(optimizer=mp.optimizers.Adam(
+        mp.optimizers.schedules.CosineDecay(a.learning_rate, decay_steps=steps)),
                   loss=mp.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=a.jit)
     print(f"{model.name}: {a.blocks} block(s) per stage, width {a.width}, "

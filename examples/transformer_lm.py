@@ -83,15 +83,6 @@ def build_lm(vocab: int, seq_len: int, d_model: int, heads: int, n_layers: int,
     return mp.Model(inputs=inputs, outputs=outputs, name="char_lm")
 
 
-def cosine_decay(base: float, total_steps: int) -> Any:
-    """``schedule(step) -> rate``: from ``base`` down to 0 over ``total_steps`` (a cosine):
-    the last steps, with small rates, take the loss a good way further down than a constant
-    rate (about 0.1 nats per character here)."""
-    def schedule(step: int) -> float:
-        return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    return schedule
-
-
 def generate(model: Any, prompt: Any, length: int, temperature: float, seed: int = 0) -> str:
     """``length`` characters after ``prompt`` (a seq_len window of ids): each step feeds the last
     seq_len characters and samples the next one from the last position's logits."""
@@ -144,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{data.val_chars:,} validation characters from {len(data.val_files)} other files; "
           f"{len(data.x_train)} windows of {a.seq_len}, vocabulary {data.vocab_size}")
     model = build_lm(data.vocab_size, a.seq_len, a.d_model, a.heads, a.layers)
+    # Keras 3's CosineDecay, from the rate down to 0: large steps early, small ones at the end
     steps = a.epochs * math.ceil(len(data.x_train) / a.batch_size)
-    model.compile(optimizer=mp.optimizers.Adam(cosine_decay(a.learning_rate, steps)),
+    model.compile(optimizer=mp.optimizers.Adam(
+        mp.optimizers.schedules.CosineDecay(a.learning_rate, decay_steps=steps)),
                   loss=mp.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=a.jit)
     print(f"{model.name}: {a.layers} blocks, d_model {a.d_model}, {a.heads} heads, "
