@@ -43,7 +43,7 @@ def run_example(script: str, *args: str, timeout: int = 120) -> tuple[dict[str, 
 def test_resnet_example_runs(policy: str, jit: str) -> None:
     result, out = run_example("resnet.py", "--policy", policy, jit, "--epochs", "1",
                               "--train-limit", "128", "--test-limit", "64", "--batch-size", "32",
-                              "--verbose", "0")
+                              "--blocks", "1", "--verbose", "0")
     assert result["example"] == "resnet" and result["policy"] == policy
     assert result["jit"] is (jit == "--jit")
     assert 0.0 <= result["test_accuracy"] <= 1.0
@@ -61,7 +61,7 @@ def test_transformer_example_runs(policy: str) -> None:
     result, out = run_example("transformer_lm.py", "--policy", policy, "--epochs", "1",
                               "--max-chars", "20000", "--seq-len", "16", "--d-model", "16",
                               "--heads", "2", "--layers", "1", "--generate", "12",
-                              "--verbose", "0")
+                              "--blocks", "1", "--verbose", "0")
     assert result["example"] == "transformer_lm" and result["policy"] == policy
     assert 0.0 < result["val_loss"] < 10.0
     assert "Validation loss:" in out
