@@ -61,7 +61,7 @@ def test_transformer_example_runs(policy: str) -> None:
     result, out = run_example("transformer_lm.py", "--policy", policy, "--epochs", "1",
                               "--max-chars", "20000", "--seq-len", "16", "--d-model", "16",
                               "--heads", "2", "--layers", "1", "--generate", "12",
-                              "--blocks", "1", "--verbose", "0")
+                              "--verbose", "0")
     assert result["example"] == "transformer_lm" and result["policy"] == policy
     assert 0.0 < result["val_loss"] < 10.0
     assert "Validation loss:" in out
