@@ -32,6 +32,7 @@ from .conv import BACKWARD_DATA, BACKWARD_WEIGHTS, FORWARD, Alloc, ConvCache, Pa
 from .dnnl import DnnlError, kernel_table
 
 logger = logging.getLogger("mpcore")
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 Kernel = Callable[..., Any]
 
@@ -74,9 +75,19 @@ class ConvKernels:
                            "im2col composite instead", kind, key[1:], exc)
             return None
 
+    def _via_float32(self, dtype: np.dtype) -> bool:
+        """Whether a float16 problem runs as float32 on oneDNN (no float16 convolution on a
+        CPU without avx512_fp16): its operands widened, its result rounded once to float16,
+        as the GEMMs treat float16; the im2col composite would round its col2im sums in
+        float16 and runs 5x slower."""
+        return dtype == _F16 and _F32 in self.dtypes
+
     def conv2d(self, x: np.ndarray, kernel: np.ndarray, sh: int, sw: int,
                pads: Pads) -> np.ndarray:
         """(N, OH, OW, filters): ``x`` (NHWC) convolved with ``kernel`` (kh, kw, C, filters)."""
+        if self._via_float32(x.dtype) and kernel.dtype == _F16:
+            return self.conv2d(x.astype(_F32), kernel.astype(_F32), sh, sw,
+                               pads).astype(_F16)
         out = self._onednn(FORWARD, x.dtype, (x.shape, kernel.shape, sh, sw, pads),
                            lambda: self.cache.forward(x, kernel, sh, sw, pads, self.alloc))
         if out is not None:
@@ -92,6 +103,9 @@ class ConvKernels:
                               pads: Pads) -> np.ndarray:
         """The gradient of :meth:`conv2d` with respect to its image (of shape ``x_shape``)."""
         x_shape = tuple(x_shape)
+        if self._via_float32(dy.dtype) and kernel.dtype == _F16:
+            return self.conv2d_backprop_input(dy.astype(_F32), kernel.astype(_F32), x_shape, sh,
+                                              sw, pads).astype(_F16)
         out = self._onednn(BACKWARD_DATA, dy.dtype, (x_shape, kernel.shape, sh, sw, pads),
                            lambda: self.cache.backward_data(dy, kernel, x_shape, sh, sw, pads,
                                                             self.alloc))
@@ -108,6 +122,9 @@ class ConvKernels:
                                pads: Pads) -> np.ndarray:
         """The gradient of :meth:`conv2d` with respect to its kernel (of ``kernel_shape``)."""
         kernel_shape = tuple(kernel_shape)
+        if self._via_float32(x.dtype) and dy.dtype == _F16:
+            return self.conv2d_backprop_filter(x.astype(_F32), dy.astype(_F32), kernel_shape,
+                                               sh, sw, pads).astype(_F16)
         out = self._onednn(BACKWARD_WEIGHTS, x.dtype, (x.shape, kernel_shape, sh, sw, pads),
                            lambda: self.cache.backward_weights(x, dy, kernel_shape, sh, sw,
                                                                pads, self.alloc))

@@ -116,17 +116,36 @@ def test_float32_primitives_are_not_the_reference_ones(monkeypatch: pytest.Monke
             assert "gemm" not in impl, impl
 
 
-def test_float16_and_float64_take_the_composite(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float64_takes_the_composite(monkeypatch: pytest.MonkeyPatch) -> None:
     backend, conv = _kernels(monkeypatch)
-    for dtype in (np.dtype(np.float16), np.dtype(np.float64)):
-        x, w, dy = _operands((2, 5, 6, 3), (3, 3, 3, 4), 1, (1, 1, 1, 1), dtype)
-        got = conv.conv2d(x, w, 1, 1, (1, 1, 1, 1))
-        cols = backend.extract_patches(x, 3, 3, 1, 1, (1, 1, 1, 1)).reshape(-1, 27)
-        want = backend.kernels()["matmul"](cols, w.reshape(27, 4), False, False)
-        np.testing.assert_array_equal(got, want.reshape(got.shape))
-        assert conv.conv2d_backprop_input(dy, w, x.shape, 1, 1, (1, 1, 1, 1)).dtype == dtype
-        assert conv.conv2d_backprop_filter(x, dy, w.shape, 1, 1, (1, 1, 1, 1)).shape == w.shape
+    dtype = np.dtype(np.float64)
+    x, w, dy = _operands((2, 5, 6, 3), (3, 3, 3, 4), 1, (1, 1, 1, 1), dtype)
+    got = conv.conv2d(x, w, 1, 1, (1, 1, 1, 1))
+    cols = backend.extract_patches(x, 3, 3, 1, 1, (1, 1, 1, 1)).reshape(-1, 27)
+    want = backend.kernels()["matmul"](cols, w.reshape(27, 4), False, False)
+    np.testing.assert_array_equal(got, want.reshape(got.shape))
+    assert conv.conv2d_backprop_input(dy, w, x.shape, 1, 1, (1, 1, 1, 1)).dtype == dtype
+    assert conv.conv2d_backprop_filter(x, dy, w.shape, 1, 1, (1, 1, 1, 1)).shape == w.shape
     assert len(conv.cache) == 0
+
+
+def test_float16_runs_as_float32_rounded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no float16 convolution without avx512_fp16: widened operands, the float32 primitive,
+    # the result rounded once to float16 (as the GEMMs treat float16)
+    _, conv = _kernels(monkeypatch)
+    f16 = np.dtype(np.float16)
+    x, w, dy = _operands((2, 5, 6, 3), (3, 3, 3, 4), 1, (1, 1, 1, 1), f16)
+    pads = (1, 1, 1, 1)
+    cases = [(conv.conv2d(x, w, 1, 1, pads), conv.conv2d(x.astype(F32), w.astype(F32), 1, 1,
+                                                          pads)),
+             (conv.conv2d_backprop_input(dy, w, x.shape, 1, 1, pads),
+              conv.conv2d_backprop_input(dy.astype(F32), w.astype(F32), x.shape, 1, 1, pads)),
+             (conv.conv2d_backprop_filter(x, dy, w.shape, 1, 1, pads),
+              conv.conv2d_backprop_filter(x.astype(F32), dy.astype(F32), w.shape, 1, 1, pads))]
+    for got, wide in cases:
+        assert got.dtype == f16
+        np.testing.assert_array_equal(got, wide.astype(f16))
+    assert len(conv.cache) > 0
 
 
 def test_a_failing_primitive_falls_back_logged_and_is_not_retried(
