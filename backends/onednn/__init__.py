@@ -136,7 +136,8 @@ def _conv_kernels(backend: Backend, lib: Library, dtypes: frozenset[str], matmul
     patches_grad = getattr(backend, "extract_patches_grad", None)
     if patches is None or patches_grad is None:
         return None
-    return ConvKernels(ConvCache(lib), dtypes, patches, patches_grad, matmul, alloc)
+    return ConvKernels(ConvCache(lib), dtypes, patches, patches_grad, matmul, alloc,
+                       getattr(backend, "cast", None))
 
 
 def _norm_kernels(backend: Backend, lib: Library, dtypes: frozenset[str],

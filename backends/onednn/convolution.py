@@ -43,8 +43,11 @@ class ConvKernels:
     CPU backend's kernels the composite is built of; ``alloc`` gives the result arrays."""
 
     def __init__(self, cache: ConvCache, dtypes: frozenset[str], patches: Kernel,
-                 patches_grad: Kernel, matmul: Kernel, alloc: Alloc | None = None) -> None:
+                 patches_grad: Kernel, matmul: Kernel, alloc: Alloc | None = None,
+                 cast: Kernel | None = None) -> None:
         self.cache = cache
+        #: the backend's cast (its float16 conversions are vectorised where NumPy's are not)
+        self.cast = cast or (lambda x, dtype: x.astype(dtype))
         self.dtypes = {DTYPES[d]: d for d in dtypes}
         self.patches = patches
         self.patches_grad = patches_grad
@@ -86,8 +89,9 @@ class ConvKernels:
                pads: Pads) -> np.ndarray:
         """(N, OH, OW, filters): ``x`` (NHWC) convolved with ``kernel`` (kh, kw, C, filters)."""
         if self._via_float32(x.dtype) and kernel.dtype == _F16:
-            return self.conv2d(x.astype(_F32), kernel.astype(_F32), sh, sw,
-                               pads).astype(_F16)
+            wide = self.cast
+            return wide(self.conv2d(wide(x, "float32"), wide(kernel, "float32"), sh, sw, pads),
+                        "float16")
         out = self._onednn(FORWARD, x.dtype, (x.shape, kernel.shape, sh, sw, pads),
                            lambda: self.cache.forward(x, kernel, sh, sw, pads, self.alloc))
         if out is not None:
@@ -104,8 +108,9 @@ class ConvKernels:
         """The gradient of :meth:`conv2d` with respect to its image (of shape ``x_shape``)."""
         x_shape = tuple(x_shape)
         if self._via_float32(dy.dtype) and kernel.dtype == _F16:
-            return self.conv2d_backprop_input(dy.astype(_F32), kernel.astype(_F32), x_shape, sh,
-                                              sw, pads).astype(_F16)
+            wide = self.cast
+            return wide(self.conv2d_backprop_input(wide(dy, "float32"), wide(kernel, "float32"),
+                                                   x_shape, sh, sw, pads), "float16")
         out = self._onednn(BACKWARD_DATA, dy.dtype, (x_shape, kernel.shape, sh, sw, pads),
                            lambda: self.cache.backward_data(dy, kernel, x_shape, sh, sw, pads,
                                                             self.alloc))
@@ -123,8 +128,9 @@ class ConvKernels:
         """The gradient of :meth:`conv2d` with respect to its kernel (of ``kernel_shape``)."""
         kernel_shape = tuple(kernel_shape)
         if self._via_float32(x.dtype) and dy.dtype == _F16:
-            return self.conv2d_backprop_filter(x.astype(_F32), dy.astype(_F32), kernel_shape,
-                                               sh, sw, pads).astype(_F16)
+            wide = self.cast
+            return wide(self.conv2d_backprop_filter(wide(x, "float32"), wide(dy, "float32"),
+                                                    kernel_shape, sh, sw, pads), "float16")
         out = self._onednn(BACKWARD_WEIGHTS, x.dtype, (x.shape, kernel_shape, sh, sw, pads),
                            lambda: self.cache.backward_weights(x, dy, kernel_shape, sh, sw,
                                                                pads, self.alloc))

@@ -22,9 +22,14 @@ class NormalizationKernels:
     errstate: Any
 
     def _wide(self, x: Any) -> Any:
-        """``x`` in the statistics' dtype: float32 for 16-bit (and float32) data."""
+        """``x`` in the statistics' dtype: float32 for 16-bit (and float32) data, through the
+        backend's own ``cast`` (the CPU's converts float16 in a vectorised pass where a
+        provider offers one; NumPy's astype converts it in software)."""
         xp = self.xp
-        return x if x.dtype in (xp.float32, xp.float64) else x.astype(xp.float32)
+        return x if x.dtype in (xp.float32, xp.float64) else self.cast(x, "float32")  # type: ignore[attr-defined]
+
+    def _narrow(self, y: Any, dtype: Any) -> Any:
+        return y if y.dtype == dtype else self.cast(y, dtype.name)  # type: ignore[attr-defined]
 
     def batch_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any, Any]:
@@ -43,7 +48,7 @@ class NormalizationKernels:
             xp.multiply(y, scale, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return (y.reshape(x.shape).astype(out_dtype, copy=False), mu.astype(dt, copy=False),
+        return (self._narrow(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False),
                 var.astype(dt, copy=False), inv)
 
     def _rows(self, dy: Any, x: Any) -> tuple[Any, Any, Any]:
@@ -72,8 +77,8 @@ class NormalizationKernels:
             xp.subtract(x_hat, dbeta / n, out=x_hat)
             scale = inv_std if gamma is None else inv_std * gamma
             xp.multiply(x_hat, scale, out=x_hat)
-        return (x_hat.reshape(x.shape).astype(x.dtype, copy=False),
-                dgamma.astype(dt, copy=False), dbeta)
+        return (self._narrow(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
+                dbeta)
 
     def layer_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any]:
@@ -93,7 +98,7 @@ class NormalizationKernels:
                 xp.multiply(y, gamma, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return y.reshape(x.shape).astype(out_dtype, copy=False), mu.astype(dt, copy=False), inv
+        return self._narrow(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False), inv
 
     def layer_norm_grad(self, dy: Any, x: Any, mean: Any,
                         inv_std: Any, gamma: Any | None
@@ -114,5 +119,5 @@ class NormalizationKernels:
             xp.subtract(dyg, x_hat, out=x_hat)
             xp.subtract(x_hat, a[:, None], out=x_hat)
             xp.multiply(x_hat, inv_std[:, None], out=x_hat)
-        return (x_hat.reshape(x.shape).astype(x.dtype, copy=False),
-                dgamma.astype(dt, copy=False), dbeta)
+        return (self._narrow(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
+                dbeta)
