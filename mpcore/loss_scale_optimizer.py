@@ -29,8 +29,8 @@ from mpcore import ops
 from mpcore import user_frames as _user_frames
 from mpcore.distribution import gradients as _distributed
 from mpcore.function import in_traced_step, kept_whole
-from mpcore.optimizer_gradients import VarList
-from mpcore.optimizers import Optimizer, split_grads_and_vars
+from mpcore.optimizer_gradients import VarList, split_grads_and_vars
+from mpcore.optimizers import Optimizer
 from mpcore.tensor import Tensor, Variable
 
 #: The LossScaleOptimizer wrapping each optimizer (weakly: an optimizer whose wrapper is gone
