@@ -20,7 +20,6 @@ gradient that the composite, which never reads such a pixel, does not.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -29,9 +28,8 @@ import numpy as np
 from mpcore_xp import DTYPES
 
 from .conv import BACKWARD_DATA, BACKWARD_WEIGHTS, FORWARD, Alloc, ConvCache, Pads, output_shape
-from .dnnl import DnnlError, kernel_table
+from .dnnl import kernel_table, run_or_remember
 
-logger = logging.getLogger("mpcore")
 _F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 Kernel = Callable[..., Any]
@@ -67,16 +65,8 @@ class ConvKernels:
         """``run()`` where oneDNN takes this problem, else None (the caller's composite)."""
         if dtype not in self.dtypes or 0 in problem[0] or 0 in problem[1]:
             return None
-        key = (kind, *problem, dtype.name)
-        if key in self.failures:
-            return None
-        try:
-            return run()
-        except DnnlError as exc:
-            self.failures[key] = str(exc)
-            logger.warning("oneDNN convolution %s failed for %s (%s); that problem uses the "
-                           "im2col composite instead", kind, key[1:], exc)
-            return None
+        return run_or_remember(self.failures, (kind, *problem, dtype.name), run,
+                               f"convolution {kind}", "im2col composite")  # type: ignore[no-any-return]
 
     def _via_float32(self, dtype: np.dtype) -> bool:
         """Whether a float16 problem runs as float32 on oneDNN (no float16 convolution on a

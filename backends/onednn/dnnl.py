@@ -11,6 +11,7 @@ matmul.py, the binary passes' in elementwise.py, the reorders' in creation.py).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 import weakref
@@ -440,3 +441,21 @@ def kernel_table(owner: Any, names: tuple[str, ...], role: str) -> dict[str, Cal
         setattr(kernel, role, owner)
         out[name] = kernel
     return out
+
+
+def run_or_remember(failures: dict[tuple[Any, ...], str], key: tuple[Any, ...],
+                    run: Callable[[], Any], what: str, instead: str) -> Any:
+    """``run()`` for the problem ``key`` (its first entry names the kernel), or None where
+    oneDNN failed on that problem before: a DnnlError is logged once to the ``mpcore`` logger
+    (``what`` failed, the problem takes ``instead``) and kept in ``failures``, never retried,
+    never fatal."""
+    if key in failures:
+        return None
+    try:
+        return run()
+    except DnnlError as exc:
+        failures[key] = str(exc)
+        logging.getLogger("mpcore").warning(
+            "oneDNN %s failed for %s (%s); that problem uses the %s instead", what, key[1:],
+            exc, instead)
+        return None

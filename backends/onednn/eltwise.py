@@ -15,7 +15,6 @@ step all the same.
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,9 +38,8 @@ from .dnnl import (
     _ExecArg,
     _vp,
     kernel_table,
+    run_or_remember,
 )
-
-logger = logging.getLogger("mpcore")
 
 # dnnl_alg_kind_t of oneDNN v3 (dnnl_types.h: the eltwise kinds count up from relu = 0x20;
 # v2's 0xcf and 0x30 are other kinds there)
@@ -125,16 +123,10 @@ class GeluKernels:
 
     def _onednn(self, name: str, x: np.ndarray, approximate: bool,
                 run: Callable[[], np.ndarray]) -> np.ndarray | None:
-        key = (name, approximate, x.size, x.dtype.name)
-        if x.dtype not in self.dtypes or x.size == 0 or key in self.failures:
+        if x.dtype not in self.dtypes or x.size == 0:
             return None
-        try:
-            return run()
-        except DnnlError as exc:
-            self.failures[key] = str(exc)
-            logger.warning("oneDNN %s failed for %s (%s); that problem uses the NumPy kernel "
-                           "instead", name, key[1:], exc)
-            return None
+        return run_or_remember(self.failures, (name, approximate, x.size, x.dtype.name), run,
+                               name, "NumPy kernel")  # type: ignore[no-any-return]
 
     def gelu(self, x: np.ndarray, approximate: bool) -> tuple[np.ndarray, Any]:
         """(gelu(x), x): oneDNN's backward pass reads the input, so that is what is kept."""

@@ -20,17 +20,14 @@ value whichever kernel ran.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpcore_xp import DTYPES
 
-from .dnnl import DnnlError, kernel_table
+from .dnnl import kernel_table, run_or_remember
 from .norm import BATCH, LAYER, Alloc, NormCache
-
-logger = logging.getLogger("mpcore")
 
 Kernel = Callable[..., Any]
 NAMES = ("batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad")
@@ -60,15 +57,7 @@ class NormKernels:
         if x.dtype not in self.dtypes or x.ndim < 1 or x.size == 0:
             return None
         key = (name, x.shape[-1], x.size // x.shape[-1], x.dtype.name, epsilon)
-        if key in self.failures:
-            return None
-        try:
-            return run()
-        except DnnlError as exc:
-            self.failures[key] = str(exc)
-            logger.warning("oneDNN %s failed for %s (%s); that problem uses the NumPy kernel "
-                           "instead", name, key[1:], exc)
-            return None
+        return run_or_remember(self.failures, key, run, name, "NumPy kernel")
 
     def batch_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
                    epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
