@@ -20,6 +20,9 @@ with the statistics of each row: ``layer_norm`` and ``layer_norm_grad`` kernels,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from mpcore import dtypes as _dtypes
 from mpcore.ops.creation import stop_gradient
 from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast_to, finish, gradient
@@ -46,16 +49,8 @@ def batch_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
     if x.ndim < 2:
         raise ValueError(f"batch_norm: expected an input of rank >= 2 (channels last), got "
                          f"shape {x.shape}")
-    channels = x.shape[-1]
-    params = []
-    for name, p in (("gamma", gamma), ("beta", beta)):
-        if p is not None:
-            p = cast_to(as_tensor(p, x.backend), dt)
-            if p.shape != (channels,):
-                raise ValueError(f"batch_norm: {name} of shape {p.shape} does not match the "
-                                 f"{channels} channels of {x.shape}")
-        params.append(p)
-    g, b = params
+    g, b = _params("batch_norm", x, dt, gamma, beta,
+                   f"the {x.shape[-1]} channels of {x.shape}")
     be = x._backend
     kernel = be.kernels().get("batch_norm")
     if kernel is None or be.kernels().get("batch_norm_grad") is None:
@@ -93,30 +88,8 @@ def _composite(x: Tensor, g: Tensor | None, b: Tensor | None,
     return y, stop_gradient(reshape(mu, channels)), stop_gradient(reshape(var, channels))
 
 
-@gradient("batch_norm")
-def _batch_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Grads:
-    x = node.inputs[0]
-    g = node.inputs[1] if node.attrs["gamma"] else None
-    be = x.backend
-    mu, inv = node.saved
-    dy = cast_to(dy, x.dtype)
-    sdt = _stat_dtype(x.dtype)
-    if recording():   # an outer tape records this backward pass: differentiable ops
-        grads = _composite_gradient(cast_to(x, sdt), g, cast_to(dy, sdt),
-                                    node.attrs["epsilon"], node.attrs["beta"])
-        return (cast_to(grads[0], x.dtype), *grads[1:])  # type: ignore[arg-type]
-    dx, dgamma, dbeta = be.kernels()["batch_norm_grad"](dy._data, x._data, mu, inv,
-                                                        None if g is None else g._data)
-    grads = [Tensor(dx, be, x.dtype)]
-    if node.attrs["gamma"]:
-        grads.append(Tensor(dgamma, be, sdt))
-    if node.attrs["beta"]:
-        grads.append(Tensor(dbeta, be, sdt))
-    return tuple(grads)
-
-
-def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor, epsilon: float,
-                        with_beta: bool) -> Grads:
+def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor,
+                        epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
     """The closed-form gradient in recorded ops, the statistics recomputed from ``x`` so
     that they are functions of it too (for gradients of gradients)."""
     axes = tuple(range(x.ndim - 1))
@@ -129,24 +102,19 @@ def _composite_gradient(x: Tensor, g: Tensor | None, dy: Tensor, epsilon: float,
     scale = inv if g is None else multiply(inv, g)
     inner = subtract(subtract(dy, multiply(dbeta, 1.0 / n)), multiply(x_hat,
                                                                       multiply(dgamma, 1.0 / n)))
-    grads: list[Tensor] = [multiply(inner, scale)]
-    if g is not None:
-        grads.append(dgamma)
-    if with_beta:
-        grads.append(dbeta)
-    return tuple(grads)
+    return multiply(inner, scale), dgamma, dbeta
 
 
-def _params(op: str, x: Tensor, dt: str, gamma: TensorLike | None,
-            beta: TensorLike | None) -> tuple[Tensor | None, Tensor | None]:
-    channels = x.shape[-1]
+def _params(op: str, x: Tensor, dt: str, gamma: TensorLike | None, beta: TensorLike | None,
+            axis: str) -> tuple[Tensor | None, Tensor | None]:
+    """``gamma`` and ``beta`` (or None) in the statistics' dtype, each the size of the last
+    axis of ``x`` (``axis`` says what that axis is, for the error)."""
     out = []
     for name, p in (("gamma", gamma), ("beta", beta)):
         if p is not None:
             p = cast_to(as_tensor(p, x.backend), dt)
-            if p.shape != (channels,):
-                raise ValueError(f"{op}: {name} of shape {p.shape} does not match the last "
-                                 f"axis of {x.shape}")
+            if p.shape != (x.shape[-1],):
+                raise ValueError(f"{op}: {name} of shape {p.shape} does not match {axis}")
         out.append(p)
     return out[0], out[1]
 
@@ -159,7 +127,7 @@ def layer_norm(x: TensorLike, gamma: TensorLike | None, beta: TensorLike | None,
     x, dt = _input(x)
     if x.ndim < 1:
         raise ValueError("layer_norm: expected an input of rank >= 1, got a scalar")
-    g, b = _params("layer_norm", x, dt, gamma, beta)
+    g, b = _params("layer_norm", x, dt, gamma, beta, f"the last axis of {x.shape}")
     be = x._backend
     kernel = be.kernels().get("layer_norm")
     if kernel is None or be.kernels().get("layer_norm_grad") is None:
@@ -182,30 +150,6 @@ def _composite_layer_norm(x: Tensor, g: Tensor | None, b: Tensor | None,
     return y if b is None else add(y, b)
 
 
-@gradient("layer_norm")
-def _layer_norm_gradient(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Grads:
-    x = node.inputs[0]
-    g = node.inputs[1] if node.attrs["gamma"] else None
-    be = x.backend
-    dy = cast_to(dy, x.dtype)
-    sdt = _stat_dtype(x.dtype)
-    if recording():   # an outer tape records this backward pass: differentiable ops
-        dx32, dgamma_t, dbeta_t = _composite_layer_norm_gradient(
-            cast_to(x, sdt), g, cast_to(dy, sdt), node.attrs["epsilon"])
-        grads = (cast_to(dx32, x.dtype), dgamma_t, dbeta_t)
-    else:
-        mu, inv = node.saved
-        dx, dgamma, dbeta = be.kernels()["layer_norm_grad"](
-            dy._data, x._data, mu, inv, None if g is None else g._data)
-        grads = (Tensor(dx, be, x.dtype), Tensor(dgamma, be, sdt), Tensor(dbeta, be, sdt))
-    out = [grads[0]]
-    if node.attrs["gamma"]:
-        out.append(grads[1])
-    if node.attrs["beta"]:
-        out.append(grads[2])
-    return tuple(out)
-
-
 def _composite_layer_norm_gradient(x: Tensor, g: Tensor | None, dy: Tensor,
                                    epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
     axis = x.ndim - 1
@@ -217,3 +161,34 @@ def _composite_layer_norm_gradient(x: Tensor, g: Tensor | None, dy: Tensor,
     inner = subtract(subtract(dyg, mean(dyg, axis, keepdims=True)),
                      multiply(x_hat, mean(multiply(dyg, x_hat), axis, keepdims=True)))
     return multiply(inner, inv), sum(multiply(dy, x_hat), rows), sum(dy, rows)
+
+
+def _norm_gradient(kind: str, composite: Callable[[Tensor, Tensor | None, Tensor, float],
+                                                  tuple[Tensor, Tensor, Tensor]]) -> Any:
+    """The gradient of ``kind`` (batch_norm, layer_norm): its ``<kind>_grad`` kernel from the
+    saved statistics, or, under a recording outer tape, ``composite`` in recorded ops; dx in
+    the input's dtype, dgamma and dbeta in the statistics', each where the op took one."""
+    def grad(node: Node, dy: Tensor, needs: tuple[bool, ...]) -> Grads:
+        x = node.inputs[0]
+        g = node.inputs[1] if node.attrs["gamma"] else None
+        be = x.backend
+        dy = cast_to(dy, x.dtype)
+        sdt = _stat_dtype(x.dtype)
+        if recording():   # an outer tape records this backward pass: differentiable ops
+            dx, dgamma, dbeta = composite(cast_to(x, sdt), g, cast_to(dy, sdt),
+                                          node.attrs["epsilon"])
+            dx = cast_to(dx, x.dtype)
+        else:
+            mu, inv = node.saved
+            data = be.kernels()[f"{kind}_grad"](dy._data, x._data, mu, inv,
+                                                None if g is None else g._data)
+            dx, dgamma, dbeta = (Tensor(data[0], be, x.dtype), Tensor(data[1], be, sdt),
+                                 Tensor(data[2], be, sdt))
+        return (dx, *([dgamma] if node.attrs["gamma"] else []),
+                *([dbeta] if node.attrs["beta"] else []))
+
+    return grad
+
+
+gradient("batch_norm")(_norm_gradient("batch_norm", _composite_gradient))
+gradient("layer_norm")(_norm_gradient("layer_norm", _composite_layer_norm_gradient))
