@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's own spelling
+from amp_step import POLICIES, time_steps
 from torch import nn
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def same_pads(size: int, window: int, stride: int) -> tuple[int, int]:
@@ -122,39 +120,15 @@ def main() -> None:
     # NHWC data viewed as NCHW with channels-last strides: the same memory as mpcore's input
     x = torch.rand(a.batch, a.size, a.size, 1, device=dev).permute(0, 3, 1, 2)
     y = torch.randint(0, 10, (a.batch,), device=dev)
-    low = {"mixed_float16": torch.float16, "mixed_bfloat16": torch.bfloat16}.get(a.policy)
-    scaler = torch.amp.GradScaler(dev.type, enabled=(a.policy == "mixed_float16"))
-    model.train()
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss.detach()
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    sync()
-    dt = (time.perf_counter() - t0) / a.steps
+    dt, loss = time_steps(model, opt, x, lambda logits: F.cross_entropy(logits, y),
+                          a.policy, dev, a.warmup, a.steps)
     print(json.dumps({
         "peer": "torch " + torch.__version__, "model": "resnet", "device": a.device,
         "policy": a.policy, "batch": a.batch, "size": a.size, "width": a.width,
         "blocks": a.blocks, "optimizer": a.optimizer, "threads": torch.get_num_threads(),
         "params": sum(p.numel() for p in model.parameters()),
         "ms_per_step": round(dt * 1e3, 3), "samples_per_s": round(a.batch / dt, 1),
-        "steps": a.steps, "loss": round(loss.item(), 5)}))
+        "steps": a.steps, "loss": round(loss, 5)}))
 
 
 if __name__ == "__main__":

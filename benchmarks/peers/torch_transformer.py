@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's own spelling
+from amp_step import POLICIES, time_steps
 from torch import nn
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def dense(cin: int, cout: int) -> nn.Linear:
@@ -107,32 +105,11 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
     x = torch.randint(0, a.vocab, (a.batch, a.seq_len), device=dev)
     y = torch.randint(0, a.vocab, (a.batch, a.seq_len), device=dev)
-    low = {"mixed_float16": torch.float16, "mixed_bfloat16": torch.bfloat16}.get(a.policy)
-    scaler = torch.amp.GradScaler(dev.type, enabled=(a.policy == "mixed_float16"))
-    model.train()
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), y.reshape(-1))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss.detach()
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(a.warmup):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    sync()
-    dt = (time.perf_counter() - t0) / a.steps
+    # softmax cross-entropy in float32 over every position
+    dt, loss = time_steps(model, opt, x,
+                          lambda logits: F.cross_entropy(logits.reshape(-1, a.vocab),
+                                                         y.reshape(-1)),
+                          a.policy, dev, a.warmup, a.steps)
     print(json.dumps({
         "peer": "torch " + torch.__version__, "model": "transformer", "device": a.device,
         "policy": a.policy, "batch": a.batch, "vocab": a.vocab, "seq_len": a.seq_len,
@@ -141,7 +118,7 @@ def main() -> None:
         "params": sum(p.numel() for p in model.parameters()),
         "ms_per_step": round(dt * 1e3, 3), "samples_per_s": round(a.batch / dt, 1),
         "tokens_per_s": round(a.batch * a.seq_len / dt, 1), "steps": a.steps,
-        "loss": round(loss.item(), 5)}))
+        "loss": round(loss, 5)}))
 
 
 if __name__ == "__main__":
