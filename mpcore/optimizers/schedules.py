@@ -63,12 +63,12 @@ def _decay_steps(name: str, value: Any) -> Any:
     return value
 
 
-class ExponentialDecay(LearningRateSchedule):
-    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (the exponent an integer,
-    ``floor(step / decay_steps)``, with ``staircase=True``)."""
+class _StepDecay(LearningRateSchedule):
+    """What ExponentialDecay and InverseTimeDecay share (Keras 3's arguments, checks and config
+    keys): the progress ``step / decay_steps``, floored with ``staircase=True``."""
 
     def __init__(self, initial_learning_rate: float, decay_steps: float, decay_rate: float,
-                 staircase: bool = False, name: str = "ExponentialDecay") -> None:
+                 staircase: bool = False, name: str = "") -> None:
         _args.number("initial_learning_rate", initial_learning_rate)
         _args.number("decay_rate", decay_rate)
         self.initial_learning_rate = initial_learning_rate
@@ -77,17 +77,26 @@ class ExponentialDecay(LearningRateSchedule):
         self.staircase = _args.flag("staircase", staircase)
         self.name = name
 
-    def __call__(self, step: int) -> float:
+    def _progress(self, step: int) -> float:
         p = _step(step) / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return float(self.initial_learning_rate) * float(self.decay_rate) ** p
+        return math.floor(p) if self.staircase else p
 
     def get_config(self) -> dict[str, Any]:
         return {"initial_learning_rate": self.initial_learning_rate,
                 "decay_steps": self.decay_steps, "decay_rate": self.decay_rate,
                 "staircase": self.staircase, "name": self.name}
 
+
+class ExponentialDecay(_StepDecay):
+    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (the exponent an integer,
+    ``floor(step / decay_steps)``, with ``staircase=True``)."""
+
+    def __init__(self, initial_learning_rate: float, decay_steps: float, decay_rate: float,
+                 staircase: bool = False, name: str = "ExponentialDecay") -> None:
+        super().__init__(initial_learning_rate, decay_steps, decay_rate, staircase, name)
+
+    def __call__(self, step: int) -> float:
+        return float(self.initial_learning_rate) * float(self.decay_rate) ** self._progress(step)
 
 class PiecewiseConstantDecay(LearningRateSchedule):
     """``values[0]`` while ``step <= boundaries[0]``, ``values[i]`` while
@@ -158,30 +167,17 @@ class PolynomialDecay(LearningRateSchedule):
                 "power": self.power, "cycle": self.cycle, "name": self.name}
 
 
-class InverseTimeDecay(LearningRateSchedule):
+class InverseTimeDecay(_StepDecay):
     """``initial_learning_rate / (1 + decay_rate * step / decay_steps)`` (``floor`` of the
     ratio with ``staircase=True``)."""
 
     def __init__(self, initial_learning_rate: float, decay_steps: float, decay_rate: float,
                  staircase: bool = False, name: str = "InverseTimeDecay") -> None:
-        _args.number("initial_learning_rate", initial_learning_rate)
-        _args.number("decay_rate", decay_rate)
-        self.initial_learning_rate = initial_learning_rate
-        self.decay_steps = _decay_steps("decay_steps", decay_steps)
-        self.decay_rate = decay_rate
-        self.staircase = _args.flag("staircase", staircase)
-        self.name = name
+        super().__init__(initial_learning_rate, decay_steps, decay_rate, staircase, name)
 
     def __call__(self, step: int) -> float:
-        p = _step(step) / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return float(self.initial_learning_rate) / (1.0 + float(self.decay_rate) * p)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate,
-                "decay_steps": self.decay_steps, "decay_rate": self.decay_rate,
-                "staircase": self.staircase, "name": self.name}
+        return float(self.initial_learning_rate) / (
+            1.0 + float(self.decay_rate) * self._progress(step))
 
 
 def _cosine(fraction: float, alpha: float) -> float:
