@@ -178,98 +178,73 @@ def check_batch_norm_kernels(ctx: Context) -> str:
     """The optional ``batch_norm`` and ``batch_norm_grad`` kernels against NumPy in float64:
     the normalized output, the batch mean and biased variance, 1/sqrt(var + eps), and the
     closed-form gradients, with and without gamma and beta (float32); and 16-bit inputs."""
-    np = ctx.np
-    forward, backward = ctx.kernel("batch_norm"), ctx.kernel("batch_norm_grad")
-    x = ctx.data((6, 3, 5), key="bn x") * 3.0 + 1.0
-    dy = ctx.data((6, 3, 5), key="bn dy")
-    gamma, beta = ctx.data((5,), key="bn gamma"), ctx.data((5,), key="bn beta")
-    flat = ctx.rounded(x, "float32").reshape(-1, 5)
-    mu, var = flat.mean(0), flat.var(0)
-    inv = 1.0 / np.sqrt(var + 1e-3)
-    x_hat = (flat - mu) * inv
-    g2 = ctx.rounded(dy, "float32").reshape(-1, 5)
-    for with_params in (True, False):
-        g = ctx.up(gamma, "float32") if with_params else None
-        b = ctx.up(beta, "float32") if with_params else None
-        gh = ctx.rounded(gamma, "float32") if with_params else np.ones(5)
-        bh = ctx.rounded(beta, "float32") if with_params else np.zeros(5)
-        y, m, v, i = forward(ctx.up(x, "float32"), g, b, 1e-3)
-        what = "batch_norm" + ("" if with_params else " without gamma and beta")
-        ctx.expect(y, (x_hat * gh + bh).reshape(x.shape), "float32", f"{what}: y", 10.0)
-        ctx.expect(m, mu, "float32", f"{what}: mean", 10.0)
-        ctx.expect(v, var, "float32", f"{what}: variance", 10.0)
-        ctx.expect(i, inv, "float32", f"{what}: inv_std", 10.0)
-        dx, dgamma, dbeta = backward(ctx.up(dy, "float32"), ctx.up(x, "float32"), m, i, g)
-        n = flat.shape[0]
-        want_db, want_dg = g2.sum(0), (g2 * x_hat).sum(0)
-        want_dx = gh * inv * (g2 - want_db / n - x_hat * want_dg / n)
-        ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
-        ctx.expect(dgamma, want_dg, "float32", f"{what}: dgamma", 20.0)
-        ctx.expect(dbeta, want_db, "float32", f"{what}: dbeta", 20.0)
-    _check_16_bit_norm(ctx, forward, backward, "batch_norm", (6, 3, 5), stats_per_row=False)
-    return "forward and gradients within 20x float32's tolerance; 16-bit inputs"
-
-
-def _check_16_bit_norm(ctx: Context, forward: Any, backward: Any, what: str,
-                       shape: tuple[int, ...], stats_per_row: bool) -> None:
-    """A 16-bit input: float32 statistics, the output and the input gradient in the input's
-    dtype, rounded once from float32 (within two of its ulps of the float64 result)."""
-    np = ctx.np
-    for dtype in ("float16", "bfloat16"):
-        x = ctx.rounded(ctx.data(shape, key=(what, dtype)) * 2.0 + 0.5, dtype)
-        dy = ctx.rounded(ctx.data(shape, key=(what, dtype, "dy")), dtype)
-        c = shape[-1]
-        flat = x.reshape(-1, c)
-        axis = 1 if stats_per_row else 0
-        mu = flat.mean(axis, keepdims=True)
-        inv = 1.0 / np.sqrt(flat.var(axis, keepdims=True) + 1e-3)
-        x_hat = (flat - mu) * inv
-        out = forward(ctx.up(x, dtype), None, None, 1e-3)
-        ctx.expect(out[0], x_hat.reshape(shape), dtype, f"{what} [{dtype} input]: y", 2.0)
-        ctx.expect(out[1], mu.reshape(-1), "float32", f"{what} [{dtype} input]: mean", 10.0)
-        inv_got = out[-1]
-        g2 = dy.reshape(-1, c)
-        if stats_per_row:
-            want = inv * (g2 - g2.mean(1, keepdims=True)
-                          - x_hat * (g2 * x_hat).mean(1, keepdims=True))
-        else:
-            n = flat.shape[0]
-            want = inv * (g2 - g2.sum(0) / n - x_hat * (g2 * x_hat).sum(0) / n)
-        dx = backward(ctx.up(dy, dtype), ctx.up(x, dtype), out[1], inv_got, None)[0]
-        ctx.expect(dx, want.reshape(shape), dtype, f"{what}_grad [{dtype} input]: dx", 4.0)
+    return _check_norm_kernels(ctx, "batch_norm", (6, 3, 5), "bn", per_row=False)
 
 
 def check_layer_norm_kernels(ctx: Context) -> str:
     """The optional ``layer_norm`` and ``layer_norm_grad`` kernels against NumPy in float64:
-    each row normalized over the last axis, and the closed-form gradients (float32)."""
+    each row normalized over the last axis, and the closed-form gradients (float32); and
+    16-bit inputs."""
+    return _check_norm_kernels(ctx, "layer_norm", (4, 3, 6), "ln", per_row=True)
+
+
+def _norm_reference(ctx: Context, flat: Any, dy: Any, gamma: Any, per_row: bool
+                    ) -> tuple[Any, Any, Any, Any, Any]:
+    """(mean, biased variance, inv_std, x_hat, dx) of a (rows, channels) array in float64,
+    statistics per channel (batch normalization) or per row (layer normalization). Both
+    gradients have one form: dx = inv * (dy*gamma - m(dy*gamma) - x_hat * m(dy*gamma * x_hat))
+    with m the mean over the statistics' axis (gamma is per channel, constant over rows)."""
     np = ctx.np
-    forward, backward = ctx.kernel("layer_norm"), ctx.kernel("layer_norm_grad")
-    x = ctx.data((4, 3, 6), key="ln x") * 3.0 + 1.0
-    dy = ctx.data((4, 3, 6), key="ln dy")
-    gamma, beta = ctx.data((6,), key="ln gamma"), ctx.data((6,), key="ln beta")
-    flat = ctx.rounded(x, "float32").reshape(-1, 6)
-    mu, var = flat.mean(1, keepdims=True), flat.var(1, keepdims=True)
+    axis = 1 if per_row else 0
+    mu, var = flat.mean(axis, keepdims=True), flat.var(axis, keepdims=True)
     inv = 1.0 / np.sqrt(var + 1e-3)
     x_hat = (flat - mu) * inv
-    g2 = ctx.rounded(dy, "float32").reshape(-1, 6)
+    dyg = dy * gamma
+    dx = inv * (dyg - dyg.mean(axis, keepdims=True)
+                - x_hat * (dyg * x_hat).mean(axis, keepdims=True))
+    return mu.reshape(-1), var.reshape(-1), inv.reshape(-1), x_hat, dx
+
+
+def _check_norm_kernels(ctx: Context, kind: str, shape: tuple[int, ...], key: str,
+                        per_row: bool) -> str:
+    np = ctx.np
+    forward, backward = ctx.kernel(kind), ctx.kernel(f"{kind}_grad")
+    c = shape[-1]
+    x = ctx.data(shape, key=f"{key} x") * 3.0 + 1.0
+    dy = ctx.data(shape, key=f"{key} dy")
+    gamma, beta = ctx.data((c,), key=f"{key} gamma"), ctx.data((c,), key=f"{key} beta")
+    flat = ctx.rounded(x, "float32").reshape(-1, c)
+    g2 = ctx.rounded(dy, "float32").reshape(-1, c)
     for with_params in (True, False):
         g = ctx.up(gamma, "float32") if with_params else None
         b = ctx.up(beta, "float32") if with_params else None
-        gh = ctx.rounded(gamma, "float32") if with_params else np.ones(6)
-        bh = ctx.rounded(beta, "float32") if with_params else np.zeros(6)
-        what = "layer_norm" + ("" if with_params else " without gamma and beta")
-        y, m, i = forward(ctx.up(x, "float32"), g, b, 1e-3)
-        ctx.expect(y, (x_hat * gh + bh).reshape(x.shape), "float32", f"{what}: y", 10.0)
-        ctx.expect(m, mu[:, 0], "float32", f"{what}: mean", 10.0)
-        ctx.expect(i, inv[:, 0], "float32", f"{what}: inv_std", 10.0)
-        dx, dgamma, dbeta = backward(ctx.up(dy, "float32"), ctx.up(x, "float32"), m, i, g)
-        dyg = g2 * gh
-        want_dx = inv * (dyg - dyg.mean(1, keepdims=True)
-                         - x_hat * (dyg * x_hat).mean(1, keepdims=True))
-        ctx.expect(dx, want_dx.reshape(x.shape), "float32", f"{what}: dx", 20.0)
+        gh = ctx.rounded(gamma, "float32") if with_params else np.ones(c)
+        bh = ctx.rounded(beta, "float32") if with_params else np.zeros(c)
+        mu, var, inv, x_hat, want_dx = _norm_reference(ctx, flat, g2, gh, per_row)
+        what = kind + ("" if with_params else " without gamma and beta")
+        out = forward(ctx.up(x, "float32"), g, b, 1e-3)
+        ctx.expect(out[0], (x_hat * gh + bh).reshape(shape), "float32", f"{what}: y", 10.0)
+        ctx.expect(out[1], mu, "float32", f"{what}: mean", 10.0)
+        if not per_row:   # batch_norm also returns the variance (the moving averages')
+            ctx.expect(out[2], var, "float32", f"{what}: variance", 10.0)
+        ctx.expect(out[-1], inv, "float32", f"{what}: inv_std", 10.0)
+        dx, dgamma, dbeta = backward(ctx.up(dy, "float32"), ctx.up(x, "float32"), out[1],
+                                     out[-1], g)
+        ctx.expect(dx, want_dx.reshape(shape), "float32", f"{what}: dx", 20.0)
         ctx.expect(dgamma, (g2 * x_hat).sum(0), "float32", f"{what}: dgamma", 20.0)
         ctx.expect(dbeta, g2.sum(0), "float32", f"{what}: dbeta", 20.0)
-    _check_16_bit_norm(ctx, forward, backward, "layer_norm", (4, 3, 6), stats_per_row=True)
+    # a 16-bit input: float32 statistics, the output and the input gradient in the input's
+    # dtype, rounded once from float32 (within two of its ulps of the float64 result)
+    for dtype in ("float16", "bfloat16"):
+        x = ctx.rounded(ctx.data(shape, key=(kind, dtype)) * 2.0 + 0.5, dtype)
+        dy = ctx.rounded(ctx.data(shape, key=(kind, dtype, "dy")), dtype)
+        mu, _, _, x_hat, want_dx = _norm_reference(ctx, x.reshape(-1, c), dy.reshape(-1, c),
+                                                   np.ones(c), per_row)
+        out = forward(ctx.up(x, dtype), None, None, 1e-3)
+        ctx.expect(out[0], x_hat.reshape(shape), dtype, f"{kind} [{dtype} input]: y", 2.0)
+        ctx.expect(out[1], mu, "float32", f"{kind} [{dtype} input]: mean", 10.0)
+        dx = backward(ctx.up(dy, dtype), ctx.up(x, dtype), out[1], out[-1], None)[0]
+        ctx.expect(dx, want_dx.reshape(shape), dtype, f"{kind}_grad [{dtype} input]: dx", 4.0)
     return "forward and gradients within 20x float32's tolerance; 16-bit inputs"
 
 
