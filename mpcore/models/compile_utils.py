@@ -112,7 +112,7 @@ class CompileLoss:
         return f"<CompileLoss outputs={self.names}>"
 
 
-def compile_metrics(metrics: Any, loss: CompileLoss, names: list[str]) -> list[Any]:
+def compile_metrics(metrics: Any, loss: CompileLoss | None, names: list[str]) -> list[Any]:
     """The compiled metrics, each with ``output`` (its output's index) and, with several
     outputs, named ``<output>_<metric>``."""
     if metrics is None:
@@ -124,26 +124,28 @@ def compile_metrics(metrics: Any, loss: CompileLoss, names: list[str]) -> list[A
                          f"function), a list of them, or a dict by output name; got {metrics!r}")
     n = len(names)
     per_output: list[Sequence[Any]]
-    if isinstance(metrics, dict) or (n > 1 and isinstance(metrics, (list, tuple)) and len(
-            metrics) == n and all(isinstance(m, (list, tuple)) or m is None for m in metrics)):
+    # one list per output (a dict, or a list of lists), else every metric on every output
+    shared = not (isinstance(metrics, dict) or (n > 1 and len(metrics) == n and all(
+        isinstance(m, (list, tuple)) or m is None for m in metrics)))
+    if shared:
+        per_output = [list(metrics)] * n
+    else:
         per_output = [[] if m is None else (list(m) if isinstance(m, (list, tuple)) else [m])
                       for m in _by_output("metrics", metrics, names, single_ok=False)]
-    else:
-        per_output = [list(metrics)] * n
     out: list[Any] = []
     for i, (name, specs) in enumerate(zip(names, per_output)):
         for spec in specs:
-            if n > 1 and isinstance(spec, _metrics.Metric) and len(per_output[0]) and \
-                    per_output.count(per_output[i]) > 1:
+            if shared and n > 1 and isinstance(spec, _metrics.Metric):
                 raise ValueError(f"metric {spec.name!r} is one object for every output: give "
                                  "names, or a list of metrics per output")
-            metric = _metrics.get(spec, loss.losses[i])
+            # "accuracy" picks the accuracy its output's loss calls for, as Keras does
+            metric = _metrics.get(spec, None if loss is None else loss.losses[i])
             if n > 1:
                 metric.name = f"{name}_{metric.name}"
             metric.output = i
             out.append(metric)
     seen = [m.name for m in out]
-    if len(set(seen)) != len(seen) or "loss" in seen or set(seen) & set(
-            loss.output_loss_names):
+    loss_names = [] if loss is None else loss.output_loss_names
+    if len(set(seen)) != len(seen) or "loss" in seen or set(seen) & set(loss_names):
         raise ValueError(f"metric names must be unique and not 'loss', got {seen}")
     return out

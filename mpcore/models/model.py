@@ -160,8 +160,7 @@ class Model(Trainer, Layer):
         compile_loss = None if loss is None else _compile.CompileLoss(loss, loss_weights, names)
         if compile_loss is None and loss_weights is not None:
             raise ValueError("loss_weights needs a loss")
-        compiled = _compile.compile_metrics(
-            metrics, compile_loss or _compile.CompileLoss("mse", None, names), names)
+        compiled = _compile.compile_metrics(metrics, compile_loss, names)
         # Only a compile that fully succeeded replaces the previous one.
         self.optimizer, self.compiled_metrics = opt, compiled
         self._compile_loss = compile_loss

@@ -90,3 +90,11 @@ def test_structures_that_do_not_match_the_outputs_are_errors() -> None:
         model.fit(X, {"cls": Y_CLASS}, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="one array per output"):
         model.fit(X, Y_CLASS, epochs=1, verbose=0)
+
+
+def test_one_metric_object_for_every_output_is_refused() -> None:
+    model = _two_headed()
+    with pytest.raises(ValueError, match="is one object for every output"):
+        model.compile(loss=[SPARSE, "mse"], metrics=[mp.metrics.Mean()])
+    model.compile(loss=[SPARSE, "mse"], metrics={"reg": [mp.metrics.Mean()]})
+    assert model.metrics_names == ["loss", "cls_loss", "reg_loss", "reg_mean"]
