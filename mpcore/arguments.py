@@ -18,14 +18,15 @@ from typing import Any
 VERBOSE_CHOICES = (0, 1, 2, "auto")
 
 
-def _is_integer(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
+    """An integer (Python's or NumPy's), not a bool."""
     # bool is an int to Python but never a count: verbose=True, batch_size=True are mistakes.
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def integer(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int, if it is an integer >= ``minimum``."""
-    if not _is_integer(value) or value < minimum:
+    if not is_integer(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -75,7 +76,7 @@ def verbose(value: Any) -> int:
     """``verbose``: 0 (silent), 1 (progress bar), 2 (one line) or "auto" (1)."""
     if isinstance(value, str) and value == "auto":
         return 1
-    if not _is_integer(value) or value not in (0, 1, 2):
+    if not is_integer(value) or value not in (0, 1, 2):
         raise ValueError(f"verbose must be 0 (silent), 1 (progress bar), 2 (one line) or "
                          f"'auto', got {value!r}")
     return int(value)

@@ -19,6 +19,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from mpcore import arguments as _args
 from mpcore import ops
 from mpcore.layers import initializers
 from mpcore.layers.activation_layers import large_negative
@@ -31,7 +32,7 @@ _UNSUPPORTED = ("kernel_regularizer", "bias_regularizer", "activity_regularizer"
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+    return _args.is_integer(value) and value > 0
 
 
 class _EinsumProjection(Layer):
@@ -107,13 +108,11 @@ class MultiHeadAttention(Layer):
                 raise ValueError(f"{where}: Invalid `output_shape`: {output_shape!r}; expected "
                                  "a positive int or a tuple or list of them (or None)")
             output_shape = tuple(int(d) for d in shape)
-        if isinstance(attention_axes, numbers.Integral) and not isinstance(attention_axes,
-                                                                            bool):
+        if _args.is_integer(attention_axes):
             attention_axes = (int(attention_axes),)
         elif attention_axes is not None:
             if not isinstance(attention_axes, (list, tuple)) or not all(
-                    isinstance(a, numbers.Integral) and not isinstance(a, bool)
-                    for a in attention_axes):
+                    _args.is_integer(a) for a in attention_axes):
                 raise ValueError(f"{where}: attention_axes must be an int, a list or tuple "
                                  f"of ints, or None, got {attention_axes!r}")
             attention_axes = tuple(int(a) for a in attention_axes)
