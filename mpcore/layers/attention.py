@@ -221,16 +221,6 @@ class MultiHeadAttention(Layer):
         return self._output_dense
 
     # --- calling --------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Keras 3 takes the query by name too (mha(query=q, value=v)); Layer.__call__ calls
-        # its first argument ``inputs``
-        if "query" in kwargs:
-            if args:
-                raise TypeError(f"MultiHeadAttention {self.name!r} got the query twice: "
-                                "positionally and as query=")
-            args = (kwargs.pop("query"),)
-        return super().__call__(*args, **kwargs)
-
     def call(self, query: Tensor, value: Tensor, key: Tensor | None = None,
              query_mask: Any = None, value_mask: Any = None, key_mask: Any = None,
              attention_mask: Any = None, return_attention_scores: bool = False,

@@ -105,7 +105,10 @@ class Layer:
             input_shape = (input_dim,)
         self._input_shape_arg: Shape | None = (None if input_shape is None
                                                else tuple(input_shape))
-        self._call_takes_training = "training" in inspect.signature(self.call).parameters
+        call_params = inspect.signature(self.call).parameters
+        self._call_takes_training = "training" in call_params
+        #: the name of call's first argument, by which __call__ also takes it (Keras 3's)
+        self._first_arg = next(iter(call_params), "inputs")
         self._inbound_nodes: list[Node] = []
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -315,11 +318,22 @@ class Layer:
 
         return map_structure(convert, inputs)
 
-    def __call__(self, inputs: Any, *args: Any, training: bool | None = None,
-                 **kwargs: Any) -> Any:
-        """Call the layer: ``layer(x)``, ``merge([a, b])``, ``mha(query, value, ...)``.
-        ``training`` reaches ``call`` where its signature takes it. A KerasTensor anywhere in
-        the arguments makes a node of the functional graph instead."""
+    def __call__(self, *args: Any, training: bool | None = None, **kwargs: Any) -> Any:
+        """Call the layer: ``layer(x)``, ``merge([a, b])``, ``mha(query, value, ...)``; the
+        first argument also by the name ``call`` gives it (``mha(query=q, value=v)``), as
+        Keras 3. ``training`` reaches ``call`` where its signature takes it. A KerasTensor
+        anywhere in the arguments makes a node of the functional graph instead."""
+        first = self._first_arg
+        if args:
+            if first in kwargs:
+                raise TypeError(f"layer {self.name!r} ({type(self).__name__}) got its first "
+                                f"argument, {first!r}, twice: positionally and by name")
+            inputs, args = args[0], args[1:]
+        elif first in kwargs:
+            inputs = kwargs.pop(first)
+        else:
+            raise TypeError(f"layer {self.name!r} ({type(self).__name__}) was called without "
+                            f"its first argument, {first!r}")
         if is_symbolic([inputs, list(args), kwargs]):
             return self._symbolic_call(inputs, args, kwargs)
         if _scopes.watching():    # the layer's input casts count as the layer's ops too

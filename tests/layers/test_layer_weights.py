@@ -109,3 +109,16 @@ def test_from_config_round_trip(make: object) -> None:
     assert again.get_config() == config
     assert again.dtype_policy == layer.dtype_policy
     assert type(layer)(**config).get_config() == config    # Dense(**layer.get_config())
+
+
+def test_the_first_argument_by_its_name() -> None:
+    # Keras 3: a layer takes call's first argument by name too (mha(query=q, value=v))
+    x = np.ones((2, 3), np.float32)
+    assert layers.Dense(2)(inputs=x).shape == (2, 2)
+    mha = layers.MultiHeadAttention(2, 4)
+    q = np.ones((1, 3, 8), np.float32)
+    assert mha(query=q, value=q).shape == (1, 3, 8)
+    with pytest.raises(TypeError, match="got its first argument, 'query', twice"):
+        mha(q, query=q, value=q)
+    with pytest.raises(TypeError, match="called without its first argument, 'inputs'"):
+        layers.Dense(2)()
