@@ -68,26 +68,6 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return poly.astype(x.dtype, copy=False)
 
 
-def _gelu_parts(x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(Phi(x) = 0.5 * (1 + erf(x / sqrt 2)), or the tanh form's 0.5 * (1 + t); and t, the
-    tanh form's tanh value, else None) for float32 or float64 ``x``, in few buffers."""
-    ft = x.dtype.type
-    if approximate:
-        inner = np.multiply(x, x)
-        inner *= ft(0.044715)
-        inner += ft(1.0)
-        inner *= x
-        inner *= ft(math.sqrt(2.0 / math.pi))
-        t = np.tanh(inner, out=inner)
-        half = np.add(t, ft(1.0))
-        half *= ft(0.5)
-        return half, t
-    half = _erf(np.multiply(x, ft(1.0 / math.sqrt(2.0))))
-    half += ft(1.0)
-    half *= ft(0.5)
-    return half, None  # type: ignore[return-value]
-
-
 class CpuElementwise:
     """Mixed into CpuBackend, whose ``buffer`` gives the outputs."""
 
@@ -96,46 +76,6 @@ class CpuElementwise:
     def erf(self, x: np.ndarray) -> np.ndarray:
         with quiet():
             return _erf(x)
-
-    def gelu(self, x: np.ndarray, approximate: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(x * Phi(x) in float32 (float64 stays float64), rounded once to x's dtype; and
-        what gelu_grad reuses: Phi(x), or the tanh form's tanh value)."""
-        x32 = x if x.dtype == np.float64 else x.astype(np.float32, copy=False)
-        with quiet():
-            half, t = _gelu_parts(x32, approximate)
-            y = np.multiply(half, x32)
-        return y.astype(x.dtype, copy=False), (t if approximate else half)
-
-    def gelu_grad(self, g: np.ndarray, x: np.ndarray, saved: np.ndarray,
-                  approximate: bool) -> np.ndarray:
-        """g * d gelu/dx: Phi(x) + x * phi(x) (exact), or the tanh form's derivative, from
-        what gelu saved (no second erf)."""
-        x32 = x if x.dtype == np.float64 else x.astype(np.float32, copy=False)
-        ft = x32.dtype.type
-        with quiet():
-            if approximate:
-                t = saved
-                d = np.add(t, ft(1.0))
-                d *= ft(0.5)
-                # + 0.5 * x * (1 - t^2) * c * (1 + 3k x^2)
-                rest = np.square(t)
-                np.subtract(ft(1.0), rest, out=rest)
-                rest *= x32
-                rest *= ft(0.5 * math.sqrt(2.0 / math.pi))
-                sq = np.multiply(x32, x32)
-                sq *= ft(3.0 * 0.044715)
-                sq += ft(1.0)
-                rest *= sq
-                d += rest
-            else:
-                d = np.multiply(x32, x32)
-                d *= ft(-0.5)
-                np.exp(d, out=d)
-                d *= ft(1.0 / math.sqrt(2.0 * math.pi))
-                d *= x32
-                d += saved
-            d *= g.astype(x32.dtype, copy=False)
-        return d.astype(x.dtype, copy=False)
 
     def relu(self, x: np.ndarray) -> np.ndarray:
         zero = np.zeros((), dtype=x.dtype)

@@ -69,31 +69,70 @@ class NnKernels:
             return x + bias
 
     # --- GELU: one kernel each way, computed in float32 (float64 stays float64) -----------
-    def gelu(self, x: Any, approximate: bool) -> tuple[Any, Any]:
-        """(x * Phi(x) in x's dtype, and what gelu_grad reuses: Phi(x) or tanh's value);
-        erf through the backend's own ``erf`` kernel."""
+    def _gelu_wide(self, x: Any) -> Any:
+        # 16-bit through the backend's cast: the CPU's converts float16 in a vectorised pass
+        return x if x.dtype in (self.xp.float32, self.xp.float64) else self.cast(  # type: ignore[attr-defined]
+            x, "float32")
+
+    def _gelu_parts(self, x: Any, approximate: bool) -> tuple[Any, Any]:
+        """(Phi(x) = 0.5 * (1 + erf(x / sqrt 2)), or the tanh form's 0.5 * (1 + t); and t,
+        the tanh form's tanh value, else None) for float32 or float64 ``x``, in a few buffers
+        (a transformer's GELU activations are its largest arrays); erf through the backend's
+        own ``erf`` kernel."""
         xp = self.xp
-        x32 = x if x.dtype == xp.float64 else x.astype(xp.float32)
+        ft = x.dtype.type
+        if approximate:
+            inner = xp.multiply(x, x)
+            inner *= ft(0.044715)
+            inner += ft(1.0)
+            inner *= x
+            inner *= ft(math.sqrt(2.0 / math.pi))
+            t = xp.tanh(inner, out=inner)
+            half = xp.add(t, ft(1.0))
+            half *= ft(0.5)
+            return half, t
+        half = self.erf(xp.multiply(x, ft(1.0 / math.sqrt(2.0))))  # type: ignore[attr-defined]
+        half += ft(1.0)
+        half *= ft(0.5)
+        return half, None
+
+    def gelu(self, x: Any, approximate: bool) -> tuple[Any, Any]:
+        """(x * Phi(x) in float32 (float64 stays float64), rounded once to x's dtype; and
+        what gelu_grad reuses: Phi(x), or the tanh form's tanh value)."""
+        x32 = self._gelu_wide(x)
         with self.errstate():
-            if approximate:
-                t = xp.tanh(x32 * math.sqrt(2.0 / math.pi) * (1.0 + 0.044715 * x32 * x32))
-                half, saved = 0.5 * (1.0 + t), t
-            else:
-                half = 0.5 * (1.0 + self.erf(x32 * (1.0 / math.sqrt(2.0))))  # type: ignore[attr-defined]
-                saved = half
-            y = half * x32
-        return y.astype(x.dtype), saved
+            half, t = self._gelu_parts(x32, approximate)
+            y = self.xp.multiply(half, x32)
+        return (y if y.dtype == x.dtype else self.cast(y, x.dtype.name),  # type: ignore[attr-defined]
+                t if approximate else half)
 
     def gelu_grad(self, g: Any, x: Any, saved: Any, approximate: bool) -> Any:
-        """g times gelu's derivative, from what :meth:`gelu` saved."""
+        """g * d gelu/dx: Phi(x) + x * phi(x) (exact), or the tanh form's derivative, from
+        what gelu saved (no second erf)."""
         xp = self.xp
-        x32 = x if x.dtype == xp.float64 else x.astype(xp.float32)
+        x32 = self._gelu_wide(x)
+        ft = x32.dtype.type
         with self.errstate():
             if approximate:
                 t = saved
-                d = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * math.sqrt(2.0 / math.pi) * (
-                    1.0 + 3 * 0.044715 * x32 * x32)
+                d = xp.add(t, ft(1.0))
+                d *= ft(0.5)
+                # + 0.5 * x * (1 - t^2) * c * (1 + 3k x^2)
+                rest = xp.square(t)
+                xp.subtract(ft(1.0), rest, out=rest)
+                rest *= x32
+                rest *= ft(0.5 * math.sqrt(2.0 / math.pi))
+                sq = xp.multiply(x32, x32)
+                sq *= ft(3.0 * 0.044715)
+                sq += ft(1.0)
+                rest *= sq
+                d += rest
             else:
-                d = saved + x32 * xp.exp(-0.5 * x32 * x32) * (1.0 / math.sqrt(2.0 * math.pi))
-            out = d * g.astype(x32.dtype)
-        return out.astype(x.dtype)
+                d = xp.multiply(x32, x32)
+                d *= ft(-0.5)
+                xp.exp(d, out=d)
+                d *= ft(1.0 / math.sqrt(2.0 * math.pi))
+                d *= x32
+                d += saved
+            d *= g if g.dtype == d.dtype else self._gelu_wide(g)
+        return d if d.dtype == x.dtype else self.cast(d, x.dtype.name)  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""The shared (NumPy/CuPy) gelu and gelu_grad kernels, which CUDA runs: checked here with
-NumPy against the CPU's own in-place kernels and math.erf in float64."""
+"""The shared (NumPy/CuPy) gelu and gelu_grad kernels, which CUDA and the CPU run (the CPU's
+oneDNN provider takes float32 and bfloat16): checked here with NumPy against the CPU's kernel
+table and math.erf in float64."""
 
 from __future__ import annotations
 
