@@ -37,6 +37,17 @@ class XpBackend(CreationKernels, ElementwiseKernels, ReduceKernels, LinalgKernel
     #: A context manager factory that silences floating-point warnings (none by default).
     errstate: Any = staticmethod(contextlib.nullcontext)
 
+    def widened(self, x: Any) -> Any:
+        """``x`` in float32 where it is 16-bit (float32 and float64 as they are), through the
+        backend's own ``cast``: the fused kernels that compute 16-bit data in float32 (GELU,
+        the normalizations) widen with it, and the CPU's converts float16 in a vectorised
+        pass where NumPy's astype converts it in software."""
+        return x if x.dtype not in LOW else self.cast(x, "float32")  # type: ignore[attr-defined]
+
+    def narrowed(self, y: Any, dtype: Any) -> Any:
+        """``y`` rounded to ``dtype`` (once, through ``cast``) where it is not in it already."""
+        return y if y.dtype == dtype else self.cast(y, dtype.name)  # type: ignore[attr-defined]
+
     def operands(self, a: Any, b: Any) -> tuple[Any, Any]:
         """The two operands of a binary kernel as the library should see them (unchanged
         here; a backend makes a host scalar take the array's dtype where its library would

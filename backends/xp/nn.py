@@ -17,6 +17,8 @@ class NnKernels:
 
     xp: Any
     errstate: Any
+    widened: Any
+    narrowed: Any
 
     def softmax(self, x: Any, axis: int) -> Any:
         xp = self.xp
@@ -69,11 +71,6 @@ class NnKernels:
             return x + bias
 
     # --- GELU: one kernel each way, computed in float32 (float64 stays float64) -----------
-    def _gelu_wide(self, x: Any) -> Any:
-        # 16-bit through the backend's cast: the CPU's converts float16 in a vectorised pass
-        return x if x.dtype in (self.xp.float32, self.xp.float64) else self.cast(  # type: ignore[attr-defined]
-            x, "float32")
-
     def _gelu_parts(self, x: Any, approximate: bool) -> tuple[Any, Any]:
         """(Phi(x) = 0.5 * (1 + erf(x / sqrt 2)), or the tanh form's 0.5 * (1 + t); and t,
         the tanh form's tanh value, else None) for float32 or float64 ``x``, in a few buffers
@@ -99,18 +96,17 @@ class NnKernels:
     def gelu(self, x: Any, approximate: bool) -> tuple[Any, Any]:
         """(x * Phi(x) in float32 (float64 stays float64), rounded once to x's dtype; and
         what gelu_grad reuses: Phi(x), or the tanh form's tanh value)."""
-        x32 = self._gelu_wide(x)
+        x32 = self.widened(x)
         with self.errstate():
             half, t = self._gelu_parts(x32, approximate)
             y = self.xp.multiply(half, x32)
-        return (y if y.dtype == x.dtype else self.cast(y, x.dtype.name),  # type: ignore[attr-defined]
-                t if approximate else half)
+        return self.narrowed(y, x.dtype), (t if approximate else half)
 
     def gelu_grad(self, g: Any, x: Any, saved: Any, approximate: bool) -> Any:
         """g * d gelu/dx: Phi(x) + x * phi(x) (exact), or the tanh form's derivative, from
         what gelu saved (no second erf)."""
         xp = self.xp
-        x32 = self._gelu_wide(x)
+        x32 = self.widened(x)
         ft = x32.dtype.type
         with self.errstate():
             if approximate:
@@ -134,5 +130,5 @@ class NnKernels:
                 d *= ft(1.0 / math.sqrt(2.0 * math.pi))
                 d *= x32
                 d += saved
-            d *= g if g.dtype == d.dtype else self._gelu_wide(g)
-        return d if d.dtype == x.dtype else self.cast(d, x.dtype.name)  # type: ignore[attr-defined]
+            d *= self.widened(g)
+        return self.narrowed(d, x.dtype)

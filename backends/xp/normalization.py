@@ -20,21 +20,13 @@ class NormalizationKernels:
 
     xp: Any
     errstate: Any
-
-    def _wide(self, x: Any) -> Any:
-        """``x`` in the statistics' dtype: float32 for 16-bit (and float32) data, through the
-        backend's own ``cast`` (the CPU's converts float16 in a vectorised pass where a
-        provider offers one; NumPy's astype converts it in software)."""
-        xp = self.xp
-        return x if x.dtype in (xp.float32, xp.float64) else self.cast(x, "float32")  # type: ignore[attr-defined]
-
-    def _narrow(self, y: Any, dtype: Any) -> Any:
-        return y if y.dtype == dtype else self.cast(y, dtype.name)  # type: ignore[attr-defined]
+    widened: Any
+    narrowed: Any
 
     def batch_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any, Any]:
         xp = self.xp
-        out_dtype, x = x.dtype, self._wide(x)
+        out_dtype, x = x.dtype, self.widened(x)
         dt = x.dtype
         c = x.shape[-1]
         x2 = xp.ascontiguousarray(x).reshape(-1, c)
@@ -48,7 +40,7 @@ class NormalizationKernels:
             xp.multiply(y, scale, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return (self._narrow(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False),
+        return (self.narrowed(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False),
                 var.astype(dt, copy=False), inv)
 
     def _rows(self, dy: Any, x: Any) -> tuple[Any, Any, Any]:
@@ -56,7 +48,7 @@ class NormalizationKernels:
         and that dtype."""
         xp = self.xp
         c = x.shape[-1]
-        x, dy = self._wide(x), self._wide(dy)
+        x, dy = self.widened(x), self.widened(dy)
         return (xp.ascontiguousarray(x).reshape(-1, c), xp.ascontiguousarray(dy).reshape(-1, c),
                 x.dtype)
 
@@ -77,13 +69,13 @@ class NormalizationKernels:
             xp.subtract(x_hat, dbeta / n, out=x_hat)
             scale = inv_std if gamma is None else inv_std * gamma
             xp.multiply(x_hat, scale, out=x_hat)
-        return (self._narrow(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
+        return (self.narrowed(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
                 dbeta)
 
     def layer_norm(self, x: Any, gamma: Any | None, beta: Any | None,
                    epsilon: float) -> tuple[Any, Any, Any]:
         xp = self.xp
-        out_dtype, x = x.dtype, self._wide(x)
+        out_dtype, x = x.dtype, self.widened(x)
         dt = x.dtype
         c = x.shape[-1]
         x2 = xp.ascontiguousarray(x).reshape(-1, c)
@@ -98,7 +90,7 @@ class NormalizationKernels:
                 xp.multiply(y, gamma, out=y)
             if beta is not None:
                 xp.add(y, beta, out=y)
-        return self._narrow(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False), inv
+        return self.narrowed(y.reshape(x.shape), out_dtype), mu.astype(dt, copy=False), inv
 
     def layer_norm_grad(self, dy: Any, x: Any, mean: Any,
                         inv_std: Any, gamma: Any | None
@@ -119,5 +111,5 @@ class NormalizationKernels:
             xp.subtract(dyg, x_hat, out=x_hat)
             xp.subtract(x_hat, a[:, None], out=x_hat)
             xp.multiply(x_hat, inv_std[:, None], out=x_hat)
-        return (self._narrow(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
+        return (self.narrowed(x_hat.reshape(x.shape), x.dtype), dgamma.astype(dt, copy=False),
                 dbeta)
