@@ -44,12 +44,9 @@ class Mean(Metric):
 
     def __init__(self, name: str = "mean") -> None:
         super().__init__(name)
-        self.reset_state()
+        self._make_variables(None)
 
     def reset_state(self) -> None:
-        if getattr(self, "_total", None) is None:
-            self._make_variables(None)
-            return
         # assigned, not replaced: a traced step that resets the metric replays the reset
         self._total.assign(ops.zeros_like(self._total))
         self._count.assign(ops.zeros_like(self._count))
