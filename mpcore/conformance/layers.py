@@ -98,8 +98,7 @@ def _run(be: Backend, case: Case, host: list[Any], weights: list[Any] | None,
                 tape.watch(x)
             out = case.call(layer, xs)
             r = ops.constant(_weights_of(out.shape), dtype="float32")
-            loss = ops.sum(ops.multiply(ops.cast(out, "float32" if dtype != "float64"
-                                                 else "float64"), r))
+            loss = ops.sum(ops.multiply(ops.cast(out, floating), r))
         trainable = layer.trainable_weights
         grads = tape.gradient(loss, [*seen, *trainable])
         for w, s in zip(layer.weights, start):
