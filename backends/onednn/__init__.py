@@ -142,14 +142,15 @@ def _conv_kernels(backend: Backend, lib: Library, dtypes: frozenset[str], matmul
 
 def _norm_kernels(backend: Backend, lib: Library, dtypes: frozenset[str],
                   alloc: Any) -> NormKernels | None:
-    """Batch and layer normalization on oneDNN for float32 and the bfloat16 the GEMMs take
-    (the ops hand 16-bit inputs over as they are: see mpcore.ops.normalization), the backend's
+    """Batch and layer normalization on oneDNN for float32 and the bfloat16 the GEMMs take,
+    float16 through float32 (the ops hand 16-bit inputs over as they are: see
+    mpcore.ops.normalization), the backend's
     NumPy kernels for the rest; None for a backend without them or with float32 off."""
     fallback = {name: getattr(backend, name, None) for name in NORM_NAMES}
     if "float32" not in dtypes or any(k is None for k in fallback.values()):
         return None
     return NormKernels(NormCache(lib), frozenset({"float32"}) | (dtypes & {"bfloat16"}),
-                       fallback, alloc)
+                       fallback, alloc, getattr(backend, "cast", None))
 
 
 @mpcore.hookimpl
@@ -209,11 +210,11 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     if norm is not None:
         kernels.update(norm.table())
         # GELU's eltwise primitives, under the same switch (float32 work on oneDNN), for
-        # float32 and the bfloat16 the GEMMs take
+        # float32 and the bfloat16 the GEMMs take (float16 through float32)
         own = {name: getattr(backend, name, None) for name in ("gelu", "gelu_grad")}
         if all(own.values()):
             gelu = GeluKernels(EltwiseCache(lib), frozenset({"float32"}) | chosen_dtypes,
-                               own)  # type: ignore[arg-type]
+                               own, getattr(backend, "cast", None))  # type: ignore[arg-type]
             kernels.update(gelu.table())
     from mpcore_cpu.creation import convert
 

@@ -5,7 +5,9 @@ GELU layer's erf was an eighth of a small transformer's step on one thread).
 
 Arrays are seen as flat (n,) vectors, so any C-contiguous shape is one problem per size. The
 data is float32 or bfloat16 (a bfloat16 primitive computes in float32 and rounds once, the
-kernels' contract); the primitives' results are oneDNN's, within a few float32 ulps of the
+kernels' contract; float16, which has no primitive on CPUs without avx512_fp16, runs as
+float32 between the backend's vectorised casts, rounded once as the NumPy kernel rounds); the
+primitives' results are oneDNN's, within a few float32 ulps of the
 NumPy kernels' (both approximate erf and exp). Non-finite inputs: a NaN stays a NaN, and so do
 the infinities here (oneDNN's gelu(+inf) is NaN, the NumPy kernel's +inf; gelu(-inf) is NaN in
 both): a non-finite activation is non-finite either way, so the loss-scaling check skips the
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpcore_xp import DTYPES
+from mpcore_xp import DTYPES, F16, F32
 
 from .dnnl import (
     _ARG_DIFF_DST,
@@ -111,9 +113,11 @@ class GeluKernels:
     for a problem oneDNN fails on, logged once and not retried)."""
 
     def __init__(self, cache: EltwiseCache, dtypes: frozenset[str],
-                 fallback: dict[str, Kernel]) -> None:
+                 fallback: dict[str, Kernel], cast: Kernel | None = None) -> None:
         self.cache = cache
         self.dtypes = {DTYPES[d] for d in dtypes}
+        #: the backend's cast (its float16 conversions are vectorised where NumPy's are not)
+        self.cast = cast or (lambda x, dtype: x.astype(dtype))
         self.fallback = fallback
         self.failures: dict[tuple[Any, ...], str] = {}
 
@@ -130,6 +134,9 @@ class GeluKernels:
 
     def gelu(self, x: np.ndarray, approximate: bool) -> tuple[np.ndarray, Any]:
         """(gelu(x), x): oneDNN's backward pass reads the input, so that is what is kept."""
+        if x.dtype == F16 and F32 in self.dtypes and x.size:
+            y, _ = self.gelu(self.cast(x, "float32"), approximate)
+            return self.cast(y, "float16"), None
         y = self._onednn("gelu", x, approximate, lambda: self.cache.forward(x, approximate))
         if y is None:
             return self.fallback["gelu"](x, approximate)  # type: ignore[no-any-return]
@@ -139,6 +146,10 @@ class GeluKernels:
                   approximate: bool) -> np.ndarray:
         """g * gelu'(x), from the input (``saved`` is used only by the NumPy kernel: None
         where oneDNN ran the forward pass, then recomputed if the NumPy kernel must run)."""
+        if g.dtype == x.dtype == F16 and F32 in self.dtypes and x.size:
+            dx = self.gelu_grad(self.cast(g, "float32"), self.cast(x, "float32"), None,
+                                approximate)
+            return self.cast(dx, "float16")  # type: ignore[no-any-return]
         if g.dtype == x.dtype:
             dx = self._onednn("gelu_grad", x, approximate,
                               lambda: self.cache.backward(g, x, approximate))

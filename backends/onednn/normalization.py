@@ -1,6 +1,7 @@
 """The optional ``batch_norm``, ``batch_norm_grad``, ``layer_norm`` and ``layer_norm_grad``
 kernels of the CPU backend on oneDNN's normalization primitives (:class:`~.norm.NormCache`),
-for the dtypes the plugin chose (float32; bfloat16 where the core hands it over); float64,
+for the dtypes the plugin chose (float32; bfloat16 where the core hands it over; float16 as
+float32, see below); float64,
 empty arrays and anything oneDNN fails on go to the CPU backend's NumPy kernels, so installing
 these changes no result but the speed and the rounding (a few ulps: oneDNN sums in its own
 order).
@@ -13,6 +14,12 @@ Non-finite values: a NaN or an infinity in a channel (a row, for layer normaliza
 its statistics NaN and every output of that channel NaN, as the NumPy kernels do
 (tests/backends/cpu/test_cpu_providers_nonfinite.py).
 
+float16 has no normalization primitive on CPUs without avx512_fp16, and the NumPy kernel
+reads it through float32 too, but sweeps the data five or six times in NumPy: a float16
+problem runs on oneDNN's float32 primitive instead, its full-size operands widened and its
+full-size result rounded once to float16 through the backend's ``cast`` (vectorised where
+ONNX Runtime is installed), which is what the NumPy kernel computes, summed in oneDNN's order.
+
 The returned ``inv_std`` is ``1 / sqrt(var + epsilon)`` computed from oneDNN's variance in
 NumPy, the NumPy kernel's formula: the moving statistics and the backward pass see the same
 value whichever kernel ran.
@@ -24,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpcore_xp import DTYPES
+from mpcore_xp import DTYPES, F16, F32
 
 from .dnnl import kernel_table, run_or_remember
 from .norm import BATCH, LAYER, Alloc, NormCache
@@ -39,8 +46,10 @@ class NormKernels:
     full-size results."""
 
     def __init__(self, cache: NormCache, dtypes: frozenset[str], fallback: dict[str, Kernel],
-                 alloc: Alloc | None = None) -> None:
+                 alloc: Alloc | None = None, cast: Kernel | None = None) -> None:
         self.cache = cache
+        #: the backend's cast (its float16 conversions are vectorised where NumPy's are not)
+        self.cast = cast or (lambda x, dtype: x.astype(dtype))
         self.dtypes = {DTYPES[d] for d in dtypes}
         self.fallback = fallback
         self.alloc = alloc
@@ -59,9 +68,19 @@ class NormKernels:
         key = (name, x.shape[-1], x.size // x.shape[-1], x.dtype.name, epsilon)
         return run_or_remember(self.failures, key, run, name, "NumPy kernel")
 
+    def _via_float32(self, *arrays: np.ndarray) -> bool:
+        """Whether a float16 problem runs as float32 (see the module's docstring)."""
+        return F32 in self.dtypes and all(a.dtype == F16 for a in arrays)
+
+    def _wide(self, x: np.ndarray) -> np.ndarray:
+        return self.cast(x, "float32")  # type: ignore[no-any-return]
+
     def batch_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
                    epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(y, mean, biased variance, inv_std) over every axis but the last."""
+        if self._via_float32(x) and x.ndim >= 2 and x.size:
+            y, mean, var, inv = self.batch_norm(self._wide(x), gamma, beta, epsilon)
+            return self.cast(y, "float16"), mean, var, inv
         if x.ndim >= 2:
             out = self._onednn("batch_norm", x, float(epsilon),
                                lambda: self.cache.forward(BATCH, x, gamma, beta, epsilon,
@@ -75,6 +94,10 @@ class NormKernels:
                         inv_std: np.ndarray, gamma: np.ndarray | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(dx, dgamma, dbeta) of :meth:`batch_norm`."""
+        if self._via_float32(dy, x) and x.ndim >= 2 and x.size and dy.shape == x.shape:
+            dx, dgamma, dbeta = self.batch_norm_grad(self._wide(dy), self._wide(x), mean,
+                                                     inv_std, gamma)
+            return self.cast(dx, "float16"), dgamma, dbeta
         if x.ndim >= 2 and dy.dtype == x.dtype and dy.shape == x.shape:
             out = self._onednn("batch_norm_grad", x, 0.0,
                                lambda: self.cache.backward(BATCH, dy, x, mean, inv_std, gamma,
@@ -87,6 +110,9 @@ class NormKernels:
     def layer_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
                    epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(y, mean, inv_std) of each row over the last axis."""
+        if self._via_float32(x) and x.size:
+            y, mean, inv = self.layer_norm(self._wide(x), gamma, beta, epsilon)
+            return self.cast(y, "float16"), mean, inv
         out = self._onednn("layer_norm", x, float(epsilon),
                            lambda: self.cache.forward(LAYER, x, gamma, beta, epsilon,
                                                       self.alloc))
@@ -99,6 +125,10 @@ class NormKernels:
                         inv_std: np.ndarray, gamma: np.ndarray | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(dx, dgamma, dbeta) of :meth:`layer_norm`."""
+        if self._via_float32(dy, x) and x.size and dy.shape == x.shape:
+            dx, dgamma, dbeta = self.layer_norm_grad(self._wide(dy), self._wide(x), mean,
+                                                     inv_std, gamma)
+            return self.cast(dx, "float16"), dgamma, dbeta
         if dy.dtype == x.dtype and dy.shape == x.shape:
             out = self._onednn("layer_norm_grad", x, 0.0,
                                lambda: self.cache.backward(LAYER, dy, x, mean.reshape(-1),

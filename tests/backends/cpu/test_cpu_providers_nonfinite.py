@@ -233,35 +233,47 @@ def _conv2d_backprop_filter(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
     yield x, dy, w.shape, 2, 2, (1, 1, 0, 1)            # padded, non-finite image only
 
 
-def _norm_operands(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
-    """An input with a few NaN and infinities (most channels and rows left finite), a
-    gradient likewise, and finite gamma and beta."""
-    x = _sprinkle(_normal(shape, 21), 22, count=6)
-    dy = _sprinkle(_normal(shape, 23), 24, count=6)
+def _norm_operands(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """An input of ``dtype`` with a few NaN and infinities (most channels and rows left
+    finite), a gradient likewise, and finite float32 gamma and beta."""
+    x = _sprinkle(_normal(shape, 21), 22, count=6).astype(dtype)
+    dy = _sprinkle(_normal(shape, 23), 24, count=6).astype(dtype)
     return x, dy, _normal(shape[-1:], 25), _normal(shape[-1:], 26)
 
 
+def _binary(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
+    # large enough for the ONNX Runtime provider's float32 route (float16), with every kind
+    # of non-finite value, overflow (6e4 + 6e4 in float16) and a broadcast operand
+    from mpcore_onnxruntime import MIN_ELEMENTS
+
+    a = _sprinkle(_normal((MIN_ELEMENTS // 64, 64), 31), 32)
+    b = _sprinkle(_normal((MIN_ELEMENTS // 64, 64), 33), 34)
+    a[0, :4], b[0, :4] = 6e4, [6e4, -6e4, 1e-7, 3.0]
+    yield a.astype(dtype), b.astype(dtype)
+    yield a.astype(dtype), b[:1].astype(dtype)
+
+
 def _batch_norm(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
-    x, _, gamma, beta = _norm_operands((8, 5, 5, 16))
+    x, _, gamma, beta = _norm_operands(dtype, (8, 5, 5, 16))
     yield x, gamma, beta, 1e-3
     yield x, None, None, 1e-3
 
 
 def _batch_norm_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
-    x, dy, gamma, beta = _norm_operands((8, 5, 5, 16))
+    x, dy, gamma, beta = _norm_operands(dtype, (8, 5, 5, 16))
     _, mean, _, inv = CpuBackend().batch_norm(x, gamma, beta, 1e-3)
     yield dy, x, mean, inv, gamma
     yield dy, x, mean, inv, None
 
 
 def _layer_norm(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
-    x, _, gamma, beta = _norm_operands((40, 24))
+    x, _, gamma, beta = _norm_operands(dtype, (40, 24))
     yield x, gamma, beta, 1e-3
     yield x, None, None, 1e-3
 
 
 def _layer_norm_grad(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
-    x, dy, gamma, beta = _norm_operands((40, 24))
+    x, dy, gamma, beta = _norm_operands(dtype, (40, 24))
     _, mean, inv = CpuBackend().layer_norm(x, gamma, beta, 1e-3)
     yield dy, x, mean, inv, gamma
     yield dy, x, mean, inv, None
@@ -310,20 +322,26 @@ CASES: dict[str, tuple[tuple[str, ...], Cases]] = {
     "conv2d": (("float32", "float16", "bfloat16"), _conv2d),
     "conv2d_backprop_input": (("float32", "float16", "bfloat16"), _conv2d_backprop_input),
     "conv2d_backprop_filter": (("float32", "float16", "bfloat16"), _conv2d_backprop_filter),
-    # the normalization ops hand their kernels float32 (16-bit inputs are cast up)
-    "batch_norm": (("float32",), _batch_norm),
-    "batch_norm_grad": (("float32",), _batch_norm_grad),
-    "layer_norm": (("float32",), _layer_norm),
-    "layer_norm_grad": (("float32",), _layer_norm_grad),
-    "gelu": (("float32", "bfloat16"), _gelu),
-    "gelu_grad": (("float32", "bfloat16"), _gelu_grad),
+    # the normalization ops hand their kernels 16-bit inputs as they are (float16 runs on
+    # oneDNN's float32 primitives; bfloat16 ones exist where the GEMMs take bfloat16)
+    "batch_norm": (("float32", "float16"), _batch_norm),
+    "batch_norm_grad": (("float32", "float16"), _batch_norm_grad),
+    "layer_norm": (("float32", "float16"), _layer_norm),
+    "layer_norm_grad": (("float32", "float16"), _layer_norm_grad),
+    "gelu": (("float32", "float16", "bfloat16"), _gelu),
+    "gelu_grad": (("float32", "float16", "bfloat16"), _gelu_grad),
+    # ONNX Runtime's float16 arithmetic through float32 (float32 keeps NumPy's loop)
+    "add": (("float16", "float32"), _binary),
+    "subtract": (("float16", "float32"), _binary),
+    "multiply": (("float16", "float32"), _binary),
 }
 #: How each kernel's results are compared with the CPU kernel's: "bits" (a NaN's payload
 #: aside), "bits-nan" (where an operation meets two NaNs, IEEE 754 leaves open which one it
 #: returns, so the order of operands decides a NaN's sign), "pattern" (NaN, +Inf and -Inf
 #: alone: GEMMs and sums round in their own order). relu_grad_bias: its gradient; its bias
 #: gradient is a sum.
-MODES = {"matmul": "pattern", "dense": "pattern", "relu_grad_bias": "bits",
+MODES = {"add": "bits-nan", "subtract": "bits-nan", "multiply": "bits-nan",
+         "matmul": "pattern", "dense": "pattern", "relu_grad_bias": "bits",
          "sgd_update": "bits-nan", "rmsprop_update": "bits-nan", "adam_update": "bits-nan",
          "unscale_and_check": "bits", "convert": "bits", "conv2d": "pattern",
          "conv2d_backprop_input": "pattern", "conv2d_backprop_filter": "pattern",
@@ -348,7 +366,8 @@ def _arrays(result: Any) -> list[np.ndarray]:
 def _same_bits_but_nan_signs(got: np.ndarray, want: np.ndarray) -> None:
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
-    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    bits = f"u{got.itemsize}"
+    assert np.array_equal(got[~nan].view(bits), want[~nan].view(bits))
 
 
 def _same_pattern(got: np.ndarray, want: np.ndarray, what: str) -> None:

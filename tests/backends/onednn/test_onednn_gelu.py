@@ -1,7 +1,7 @@
 """oneDNN's eltwise GELU as the CPU backend's gelu/gelu_grad kernels (mpcore_onednn.eltwise):
 both forms against math.erf / tanh in float64, float32 and bfloat16 on the primitives, float16
-and float64 on the NumPy kernels, a failing primitive logged and not retried, and the switch
-that keeps float32 work off oneDNN."""
+on the float32 primitives (rounded once), float64 on the NumPy kernels, a failing primitive
+logged and not retried, and the switch that keeps float32 work off oneDNN."""
 
 from __future__ import annotations
 
@@ -59,18 +59,37 @@ def test_gelu_on_onednn_against_float64(monkeypatch: pytest.MonkeyPatch, approxi
                                rtol=tol, atol=tol)
 
 
-def test_float16_and_float64_take_the_numpy_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("approximate", [False, True])
+def test_float16_runs_on_the_float32_primitives_rounded_once(monkeypatch: pytest.MonkeyPatch,
+                                                             approximate: bool) -> None:
     backend, eltwise = _gelu(monkeypatch)
     k = backend.kernels()
-    for dtype in (np.float16, np.float64):
-        x = np.linspace(-3, 3, 9).astype(dtype)
-        runs = eltwise.cache.misses + eltwise.cache.hits
-        y, saved = k["gelu"](x, False)
-        dx = k["gelu_grad"](np.ones_like(x), x, saved, False)
-        assert eltwise.cache.misses + eltwise.cache.hits == runs
-        np.testing.assert_array_equal(y, backend.gelu(x, False)[0])
-        np.testing.assert_array_equal(dx, backend.gelu_grad(np.ones_like(x), x,
-                                                            backend.gelu(x, False)[1], False))
+    x = np.linspace(-7, 7, 1001).astype(np.float16).reshape(7, 11, 13)
+    g = np.cos(np.arange(x.size)).reshape(x.shape).astype(np.float16)
+    runs = eltwise.cache.misses + eltwise.cache.hits
+    y, saved = k["gelu"](x, approximate)
+    dx = k["gelu_grad"](g, x, saved, approximate)
+    assert eltwise.cache.misses + eltwise.cache.hits == runs + 2   # both ran on oneDNN
+    y32, _ = k["gelu"](x.astype(np.float32), approximate)
+    dx32 = k["gelu_grad"](g.astype(np.float32), x.astype(np.float32), None, approximate)
+    assert y.dtype == dx.dtype == np.float16
+    np.testing.assert_array_equal(y, y32.astype(np.float16))
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+    want_y, _ = _reference(x, approximate)
+    np.testing.assert_allclose(y.astype(np.float64), want_y, rtol=2e-3, atol=2e-3)
+
+
+def test_float64_takes_the_numpy_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, eltwise = _gelu(monkeypatch)
+    k = backend.kernels()
+    x = np.linspace(-3, 3, 9).astype(np.float64)
+    runs = eltwise.cache.misses + eltwise.cache.hits
+    y, saved = k["gelu"](x, False)
+    dx = k["gelu_grad"](np.ones_like(x), x, saved, False)
+    assert eltwise.cache.misses + eltwise.cache.hits == runs
+    np.testing.assert_array_equal(y, backend.gelu(x, False)[0])
+    np.testing.assert_array_equal(dx, backend.gelu_grad(np.ones_like(x), x,
+                                                        backend.gelu(x, False)[1], False))
 
 
 def test_a_failing_primitive_is_logged_once_and_not_retried(

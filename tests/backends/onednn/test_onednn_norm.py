@@ -1,7 +1,8 @@
 """The oneDNN provider's normalization kernels (``batch_norm``, ``batch_norm_grad``,
 ``layer_norm``, ``layer_norm_grad``): oneDNN's primitives for float32 against a float64
 reference (with and without gamma and beta, odd shapes), float64 and empty arrays on the NumPy
-kernels, non-finite inputs as the NumPy kernels give them, a failing primitive falling back
+kernels, float16 through oneDNN's float32 primitives (the NumPy kernels' values, rounded once),
+non-finite inputs as the NumPy kernels give them, a failing primitive falling back
 (logged, never fatal), MPCORE_ONEDNN=off and MPCORE_ONEDNN_FLOAT32=off keeping NumPy's, and the
 ops (bfloat16 inputs too) through a traced step."""
 
@@ -112,6 +113,36 @@ def test_layer_norm_matches_float64(monkeypatch: pytest.MonkeyPatch, shape: Any,
         _close(got, want[name], f"layer_norm {shape} {name}", scale)
     assert not norm.failures
     assert len(norm.cache) == 2, "not run by oneDNN"
+
+
+@pytest.mark.parametrize("kind", ["batch", "layer"])
+def test_float16_runs_as_float32_on_onednn_and_rounds_once(monkeypatch: pytest.MonkeyPatch,
+                                                            kind: str) -> None:
+    # no float16 normalization primitive without avx512_fp16: the widened problem runs on the
+    # float32 one, and its dx/y are the float32 results rounded once to float16
+    backend, norm = _kernels(monkeypatch)
+    x32, dy32, gamma, beta = _operands((16, 5, 5, 8))
+    x, dy = x32.astype(np.float16), dy32.astype(np.float16)
+    forward, backward = getattr(norm, f"{kind}_norm"), getattr(norm, f"{kind}_norm_grad")
+    out16 = forward(x, gamma, beta, EPS)
+    out32 = forward(x.astype(F32), gamma, beta, EPS)
+    assert out16[0].dtype == np.float16
+    np.testing.assert_array_equal(out16[0], out32[0].astype(np.float16))
+    for a, b in zip(out16[1:], out32[1:]):       # the statistics stay float32
+        assert a.dtype == F32
+        np.testing.assert_array_equal(a, b)
+    mean, inv = out16[1], out16[-1]
+    grads16 = backward(dy, x, mean, inv, gamma)
+    grads32 = backward(dy.astype(F32), x.astype(F32), mean, inv, gamma)
+    assert grads16[0].dtype == np.float16
+    np.testing.assert_array_equal(grads16[0], grads32[0].astype(np.float16))
+    for a, b in zip(grads16[1:], grads32[1:]):
+        np.testing.assert_array_equal(a, b)
+    # and within float16's rounding of the NumPy kernel's values
+    numpy_y = getattr(CpuBackend, f"{kind}_norm")(backend, x, gamma, beta, EPS)[0]
+    np.testing.assert_allclose(out16[0].astype(F32), numpy_y.astype(F32), rtol=2e-3,
+                               atol=2e-3)
+    assert not norm.failures and len(norm.cache) == 2
 
 
 def test_float64_and_empty_arrays_take_the_numpy_kernels(monkeypatch: pytest.MonkeyPatch
