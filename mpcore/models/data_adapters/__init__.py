@@ -144,7 +144,7 @@ def get_adapter(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: An
         if shuffle and train:
             warnings.warn("`shuffle=True` was passed, but will be ignored since the data `x` "
                           "was provided as a generator. The generator is expected to yield "
-                          "already-shuffled data.", UserWarning, stacklevel=3)
+                          "already-shuffled data.", UserWarning, stacklevel=4)
         return GeneratorAdapter(x, to_device_x)
     if class_weight is not None:
         _host.check_class_weight(class_weight)

@@ -116,7 +116,7 @@ class _HostAdapter(DataAdapter):
         self._first: list[tuple[str, tuple[int, ...]]] | None = None
         self._first_lock = threading.Lock()  # workers > 1: one of them sets the first
         self._made = 0
-        self._workers: list[Any] = []
+        self._loaders: list[Any] = []
 
     def _host_batch(self, raw: Any, index: int) -> tuple[Any, Any, Any]:
         """Runs on a worker thread: the standardised, checked host batch."""
@@ -149,9 +149,9 @@ class _HostAdapter(DataAdapter):
             yield self._device(batch)
 
     def close(self) -> None:
-        workers, self._workers = self._workers, []
-        for worker in workers:
-            worker.close()
+        loaders, self._loaders = self._loaders, []
+        for loader in loaders:
+            loader.close()
 
 
 class GeneratorAdapter(_HostAdapter):
@@ -185,7 +185,7 @@ class GeneratorAdapter(_HostAdapter):
         if self._iterator is None:
             if prefetch_enabled():
                 worker = Prefetcher(self._stream, self._depth, "generator")
-                self._workers.append(worker)
+                self._loaders.append(worker)
                 self._iterator = self._run(worker)
             else:
                 self._iterator = self._run(self._stream)
@@ -204,18 +204,18 @@ class PyDatasetAdapter(_HostAdapter):
         self.dataset = dataset
         self.shuffle = shuffle
         self._epoch = 0
-        workers = dataset.workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"{type(dataset).__name__}(workers=...) must be an integer >= 1, "
-                             f"got {workers!r}")
-        depth = dataset.max_queue_size
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"{type(dataset).__name__}(max_queue_size=...) must be an "
-                             f"integer >= 1, got {depth!r}")
+        workers, depth = dataset.workers, dataset.max_queue_size
+        for name, value in (("workers", workers), ("max_queue_size", depth)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{type(dataset).__name__}({name}=...) must be an integer >= 0, "
+                                 f"got {value!r}")
         if dataset.use_multiprocessing:
             raise ValueError(f"{type(dataset).__name__}(use_multiprocessing=True) is not "
                              "supported by mpcore: it loads a PyDataset on threads (workers="
                              f"{workers}); set use_multiprocessing=False")
+        # workers=0: loaded in the main thread, as Keras 3; max_queue_size=0 (Keras: a queue
+        # without bound) is one batch ahead here, so memory stays bounded
+        depth = max(1, depth)
         self.workers, self.depth = workers, depth
         count = dataset.num_batches
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)
@@ -244,13 +244,13 @@ class PyDatasetAdapter(_HostAdapter):
         def fetch(index: int) -> tuple[Any, Any, Any]:
             return self._host_batch(self.dataset[index], index)
 
-        if not prefetch_enabled():
+        if not prefetch_enabled() or self.workers == 0:
             return self._run(fetch(i) for i in indices)
         if self.workers > 1:
             worker: Any = OrderedPool(fetch, indices, self.workers, self.depth, "pydataset")
         else:
             worker = Prefetcher((fetch(i) for i in indices), self.depth, "pydataset")
-        self._workers.append(worker)
+        self._loaders.append(worker)
         return self._run(worker)
 
 

@@ -93,4 +93,4 @@ class EpochIterator:
                        "this epoch; the epoch ends here and the next one starts a new pass "
                        "over the data (as Keras 3). Make sure that your data can generate at "
                        "least `steps_per_epoch` batches.")
-        warnings.warn(f"{self.what}: {message}", UserWarning, stacklevel=4)
+        warnings.warn(f"{self.what}: {message}", UserWarning, stacklevel=5)
