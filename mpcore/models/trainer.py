@@ -54,32 +54,37 @@ class Trainer(Steps):
     name: str
 
     def train_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
-                       return_dict: bool = False) -> Any:
-        """One training step on one batch; returns the loss (and metrics) as Python floats."""
-        return self._on_batch("train", x, y, reset_metrics, return_dict)
+                       return_dict: bool = False, sample_weight: Any = None,
+                       class_weight: Mapping[int, float] | None = None) -> Any:
+        """One training step on one batch (weighted by ``sample_weight``, or by
+        ``class_weight`` from the labels); returns the loss (and metrics) as Python floats."""
+        return self._on_batch("train", x, y, reset_metrics, return_dict, sample_weight,
+                              class_weight)
 
     def test_on_batch(self, x: Any, y: Any, reset_metrics: bool = True,
-                      return_dict: bool = False) -> Any:
+                      return_dict: bool = False, sample_weight: Any = None) -> Any:
         """The loss (and metrics) of one batch, without training, as Python floats."""
-        return self._on_batch("test", x, y, reset_metrics, return_dict)
+        return self._on_batch("test", x, y, reset_metrics, return_dict, sample_weight, None)
 
-    def _on_batch(self, kind: str, x: Any, y: Any, reset_metrics: bool,
-                  return_dict: bool) -> Any:
+    def _on_batch(self, kind: str, x: Any, y: Any, reset_metrics: bool, return_dict: bool,
+                  sample_weight: Any, class_weight: Any) -> Any:
         custom = self._overrides(f"{kind}_step")
         self._require_compiled(need_optimizer=kind == "train", need_loss=not custom)
         reset_metrics = _args.flag("reset_metrics", reset_metrics)
         return_dict = _args.flag("return_dict", return_dict)
-        xd, yd = self._batch(x, y, f"{kind}_on_batch")
+        what = f"{kind}_on_batch"
+        if x is None or y is None:
+            raise ValueError(f"{what} needs x and y")
+        data = _adapters.arrays(self, x, y, sample_weight, class_weight, what)
+        if data[3] == 0:
+            raise ValueError(f"{what} got no samples")  # as fit and evaluate: no made-up score
         if reset_metrics:
             self.reset_metrics()
+        logs = self._run_step(kind, data, custom, what)
         if custom:
-            logs = host_logs(self._custom_step(kind, (xd, yd)), f"{kind}_step")
             self._train_steps += kind == "train"
+            logs = host_logs(logs, f"{kind}_step")
             return logs if return_dict else _values(logs)
-        if kind == "train":
-            self._train_batch(xd, yd)
-        else:
-            self._test_batch(xd, yd)
         return self._results(return_dict)
 
     def reset_metrics(self) -> None:
@@ -100,19 +105,6 @@ class Trainer(Steps):
         if self._is_graph:
             x = _data.match_inputs(x, self._graph_inputs, self.name)
         return _data.to_device(x)
-
-    def _xy(self, x: Any, y: Any, what: str) -> tuple[Any, Any, int]:
-        """``x`` and ``y`` on the device and their number of samples, which must agree."""
-        if x is None or y is None:
-            raise ValueError(f"{what} needs x and y")
-        xd, yd, _, n = _adapters.arrays(self, x, y, None, None, what)
-        return xd, yd, n
-
-    def _batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
-        xd, yd, n = self._xy(x, y, what)
-        if n == 0:
-            raise ValueError(f"{what} got no samples")  # as fit and evaluate: no made-up score
-        return xd, yd
 
     def _run_step(self, kind: str, batch: _adapters.Batch, custom: bool, what: str) -> Any:
         """One train or test step on a batch: the user's step gets Keras' packed data (its

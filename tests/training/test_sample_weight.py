@@ -201,3 +201,13 @@ def test_custom_train_step_gets_the_sample_weight() -> None:
     reference.fit(X, Y, sample_weight=W, batch_size=16, shuffle=False, verbose=0)
     assert seen == [True] * 4
     _same_weights(model, reference)
+
+
+def test_on_batch_methods_take_weights() -> None:
+    model, reference = _model(), _model()
+    matching = np.array([{0: 3.0}.get(int(c), 1.0) for c in Y[:16]], np.float32)
+    a = model.train_on_batch(X[:16], Y[:16], class_weight={0: 3.0})
+    b = reference.train_on_batch(X[:16], Y[:16], sample_weight=matching)
+    assert a == b
+    _same_weights(model, reference)
+    assert model.test_on_batch(X[:16], Y[:16], sample_weight=np.zeros(16)) == 0.0
