@@ -386,8 +386,8 @@ def _optional_integer(name: str, value: Any) -> int | None:
 def _validation_freq(value: Any) -> int | Container[int]:
     """Keras' ``validation_freq``: an integer >= 1 (every that many epochs) or a container of
     the (1-based) epochs to validate after."""
-    if _args.is_integer(value):
-        return _args.integer("validation_freq", value, 1)
+    if _args.is_integer(value) and value >= 1:
+        return int(value)
     if isinstance(value, (list, tuple, set, frozenset, range)) and all(
             _args.is_integer(v) for v in value):
         return value

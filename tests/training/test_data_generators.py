@@ -230,3 +230,23 @@ def test_shuffle_is_ignored_for_a_generator_with_keras_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.fit(_batches(), shuffle=False, verbose=0)
+
+
+def test_batch_size_with_a_generator_is_ignored_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match="batch_size=8 is ignored"):
+        history = _model().fit(_batches(), batch_size=8, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 1
+
+
+def test_validation_freq_and_validation_batch_size() -> None:
+    model = _model()
+    every_second = model.fit(X, Y, validation_data=(X[:32], Y[:32]), epochs=4,
+                             validation_freq=2, verbose=0)
+    assert len(every_second.history["val_loss"]) == 2
+    listed = model.fit(X, Y, validation_data=(X[:32], Y[:32]), epochs=4,
+                       validation_freq=[1, 4], validation_batch_size=5, verbose=0)
+    assert len(listed.history["val_loss"]) == 2
+    assert listed.history["val_loss"][-1] == pytest.approx(
+        model.evaluate(X[:32], Y[:32], batch_size=5, verbose=0)[0], rel=1e-6)
+    with pytest.raises(ValueError, match="validation_freq must be an integer >= 1 or a list"):
+        model.fit(X, Y, validation_freq=0, verbose=0)

@@ -134,6 +134,11 @@ def get_adapter(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: An
         raise ValueError(f"{what} under a distribution takes arrays (every rank slices its "
                          f"share of each global batch); got a {kind}")
 
+    if batch_size is not None:   # Keras 3 ignores it without a word: it batches nothing
+        warnings.warn(f"{what}: batch_size={batch_size} is ignored: a {kind} yields whole "
+                      "batches (Keras 3: do not specify batch_size for such data)",
+                      UserWarning, stacklevel=3)
+
     def to_device_x(xb: Any) -> Any:
         return model._x(xb, what)
 

@@ -8,7 +8,9 @@ and ``predict`` passes over its data as batches ``(x, y, sample_weight, rows)`` 
 - :class:`GeneratorAdapter`: a Python generator (any iterator). Its first batch is read at
   once, to check its structure; its length is unknown (``num_batches`` None) unless
   ``steps_per_epoch`` says it; it is one stream, consumed across epochs as Keras does, and it
-  is never shuffled (Keras warns that ``shuffle`` is ignored; so does mpcore).
+  is never shuffled (Keras warns that ``shuffle`` is ignored; so does mpcore). The prefetch
+  thread reads up to its queue's depth ahead: batches read but not trained on when ``fit``
+  ends are gone from the generator (as with Keras' tf.data prefetch).
 - :class:`PyDatasetAdapter`: a ``mp.utils.PyDataset``: ``len`` batches a pass, their order
   shuffled when ``shuffle`` (Keras 3's ``random.Random(epoch)`` order), ``on_epoch_begin`` and
   ``on_epoch_end`` called around each epoch; ``workers`` threads load it.
@@ -21,7 +23,6 @@ comparison (``benchmarks/data_prefetch.py``) and debugging.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from typing import Any
 
 from mpcore import ops
 from mpcore import random as _random
+from mpcore import settings as _settings
 from mpcore.distribution import sharding as _sharding
 from mpcore.layers.base import flatten
 from mpcore.models import data as _data
@@ -42,7 +44,7 @@ Batch = tuple[Any, Any, Any, int]
 
 def prefetch_enabled() -> bool:
     """Whether host batches are loaded on worker threads (``MPCORE_PREFETCH=0``: not)."""
-    return os.environ.get("MPCORE_PREFETCH", "1") != "0"
+    return _settings.env_choice("MPCORE_PREFETCH", ("1", "0")) == "1"
 
 
 class DataAdapter:

@@ -38,16 +38,13 @@ _ITEM, _END, _ERROR = "item", "end", "error"
 
 class Prefetcher:
     """Iterates ``source`` on a background thread, up to ``depth`` items ahead (plus the one
-    the worker holds). ``on_produce(i)``, if given, is called in the worker after item ``i``
-    was made (the tests watch the run-ahead with it)."""
+    the worker holds)."""
 
-    def __init__(self, source: Iterator[Any], depth: int, name: str,
-                 on_produce: Callable[[int], None] | None = None) -> None:
+    def __init__(self, source: Iterator[Any], depth: int, name: str) -> None:
         self._source = source
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._done = False
-        self._on_produce = on_produce
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._run,),
                                         name=f"mpcore-prefetch-{name}", daemon=True)
@@ -55,9 +52,7 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
-            for i, item in enumerate(self._source):
-                if self._on_produce is not None:
-                    self._on_produce(i)
+            for item in self._source:
                 if not self._put((_ITEM, item)):
                     return
             self._put((_END, None))
