@@ -211,3 +211,19 @@ def test_on_batch_methods_take_weights() -> None:
     assert a == b
     _same_weights(model, reference)
     assert model.test_on_batch(X[:16], Y[:16], sample_weight=np.zeros(16)) == 0.0
+
+
+def test_per_sample_weights_spread_over_a_sequence_and_float64_weights() -> None:
+    loss = mp.losses.SparseCategoricalCrossentropy()
+    rng = np.random.default_rng(1)
+    y_pred = rng.random((4, 5, 3)).astype(np.float32) + 0.1
+    y_pred /= y_pred.sum(-1, keepdims=True)
+    y_true = rng.integers(0, 3, (4, 5))
+    w = np.array([1.0, 0.0, 2.0, 0.5])                    # float64, one per sequence
+    per_element = np.asarray(mp.losses.SparseCategoricalCrossentropy(reduction="none")(
+        y_true, y_pred))
+    got = loss(y_true, y_pred, sample_weight=w)
+    assert got.dtype == "float32"
+    np.testing.assert_allclose(float(got), np.sum(w[:, None] * per_element) / 20, rtol=1e-6)
+    with pytest.raises(ValueError, match="does not fit losses of shape"):
+        loss(y_true, y_pred, sample_weight=np.ones(3))

@@ -117,7 +117,6 @@ class _HostAdapter(DataAdapter):
         self._class_weight = class_weight
         self._first: list[tuple[str, tuple[int, ...]]] | None = None
         self._first_lock = threading.Lock()  # workers > 1: one of them sets the first
-        self._made = 0
         self._loaders: list[Any] = []
 
     def _host_batch(self, raw: Any, index: int) -> tuple[Any, Any, Any]:
@@ -170,15 +169,15 @@ class GeneratorAdapter(_HostAdapter):
         except StopIteration:
             raise ValueError("the generator given to the model yielded no batch: it must yield "
                              "at least one (x, y) batch") from None
-        self._stream = self._host_stream(first, generator)
+        # read here, in the caller's thread, so a bad first batch fails before any thread
+        self._first_batch = self._host_batch(first, 0)
+        self._made = 1
+        self._stream = self._host_stream(generator)
         self._depth = depth
         self._iterator: Iterator[Batch] | None = None
-        #: the first batch, checked (fit reads whether it has labels)
-        self.first = self._host_batch(first, 0)
-        self._made = 1
 
-    def _host_stream(self, first: Any, generator: Iterator[Any]) -> Iterator[Any]:
-        yield self.first
+    def _host_stream(self, generator: Iterator[Any]) -> Iterator[Any]:
+        yield self._first_batch
         for raw in generator:
             self._made += 1
             yield self._host_batch(raw, self._made - 1)
