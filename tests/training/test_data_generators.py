@@ -250,3 +250,23 @@ def test_validation_freq_and_validation_batch_size() -> None:
         model.evaluate(X[:32], Y[:32], batch_size=5, verbose=0)[0], rel=1e-6)
     with pytest.raises(ValueError, match="validation_freq must be an integer >= 1 or a list"):
         model.fit(X, Y, validation_freq=0, verbose=0)
+
+
+def test_the_progress_bar_of_an_unknown_length_counts_steps(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from mpcore.models import progress
+
+    totals: list[Any] = []
+    original = progress.progress_bar
+
+    def recording(epoch: int, epochs: int, steps: int | None) -> Any:
+        bar = original(epoch, epochs, steps)
+        totals.append(bar.total)
+        return bar
+
+    monkeypatch.setattr(progress, "_terminal", lambda stream: True)   # tqdm draws here too
+    monkeypatch.setattr(progress, "progress_bar", recording)
+    _model().fit(_batches(), epochs=1, verbose=1)
+    _model().fit(_batches(repeat=2), epochs=2, steps_per_epoch=6, verbose=1)
+    assert totals == [None, 6, 6]
+    assert "Epoch 1/1" in capsys.readouterr().out
