@@ -205,6 +205,13 @@ def test_bad_batches_are_one_clear_error() -> None:
         model.fit(iter([(X[:16], Y[:8])]), verbose=0)
     with pytest.raises(ValueError, match="yielded no batch"):
         model.fit(iter([]), verbose=0)
+    # ported from keras/src/trainers/data_adapters/generator_data_adapter_test.py::
+    # test_empty_generator_raises_clear_error
+    def generator() -> Iterator[Any]:
+        if False:
+            yield
+    with pytest.raises(ValueError, match="the generator must yield at least one batch"):
+        model.fit(generator(), verbose=0)
     with pytest.raises(ValueError, match="needs labels"):
         model.fit(_batches(y=None), verbose=0)
 

@@ -227,3 +227,18 @@ def test_per_sample_weights_spread_over_a_sequence_and_float64_weights() -> None
     np.testing.assert_allclose(float(got), np.sum(w[:, None] * per_element) / 20, rtol=1e-6)
     with pytest.raises(ValueError, match="does not fit losses of shape"):
         loss(y_true, y_pred, sample_weight=np.ones(3))
+
+
+@pytest.mark.parametrize("target_encoding", ["int", "categorical"])
+def test_class_weights_keras(target_encoding: str) -> None:
+    # ported from keras/src/trainers/data_adapters/array_data_adapter_test.py::
+    # test_class_weights
+    from mpcore.models.data_adapters.host_batches import class_weight_to_sample_weights
+
+    if target_encoding == "int":
+        y = np.array([[0], [1], [2], [3]], dtype="int32")
+    else:
+        y = np.eye(4, dtype="float32")
+    class_weight = {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4}
+    np.testing.assert_allclose(class_weight_to_sample_weights(y, class_weight),
+                               [0.1, 0.2, 0.3, 0.4])

@@ -167,8 +167,8 @@ class GeneratorAdapter(_HostAdapter):
         try:
             first = next(generator)
         except StopIteration:
-            raise ValueError("the generator given to the model yielded no batch: it must yield "
-                             "at least one (x, y) batch") from None
+            raise ValueError("the generator given to the model yielded no batch: the "
+                             "generator must yield at least one batch (x, y)") from None
         # read here, in the caller's thread, so a bad first batch fails before any thread
         self._first_batch = self._host_batch(first, 0)
         self._made = 1
