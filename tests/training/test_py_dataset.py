@@ -317,3 +317,14 @@ def test_mp_utils_names() -> None:
     assert dataset.num_batches == 5 and len(list(dataset)) == 5
     assert (dataset.workers, dataset.use_multiprocessing, dataset.max_queue_size) == (1, False,
                                                                                       10)
+
+
+def test_a_py_dataset_may_change_its_length_between_epochs() -> None:
+    class Shrinking(Batches):
+        def on_epoch_end(self) -> None:
+            super().on_epoch_end()
+            self.x, self.y = self.x[:48], self.y[:48]    # 3 batches from the next epoch on
+
+    dataset = Shrinking(X, Y, workers=0)
+    history = _model().fit(dataset, epochs=2, shuffle=False, verbose=0)
+    assert dataset.asked == [0, 1, 2, 3, 4, 0, 1, 2] and history.epoch == [0, 1]

@@ -218,15 +218,19 @@ class PyDatasetAdapter(_HostAdapter):
         # without bound) is one batch ahead here, so memory stays bounded
         depth = max(1, depth)
         self.workers, self.depth = workers, depth
-        count = dataset.num_batches
+        self.num_batches = self._count()
+
+    def _count(self) -> int | None:
+        count = self.dataset.num_batches
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                                   or count < 0):
-            raise ValueError(f"{type(dataset).__name__}.__len__ must return a number of "
+            raise ValueError(f"{type(self.dataset).__name__}.__len__ must return a number of "
                              f"batches >= 0, got {count!r}")
-        self.num_batches = count
+        return count
 
     def on_epoch_begin(self) -> None:
         self.dataset.on_epoch_begin()
+        self.num_batches = self._count()   # (the epoch's progress bar reads it)
 
     def on_epoch_end(self) -> None:
         self.dataset.on_epoch_end()
@@ -234,7 +238,8 @@ class PyDatasetAdapter(_HostAdapter):
 
     def begin_pass(self) -> Iterator[Batch]:
         self.close()  # a pass left unfinished (steps_per_epoch) ends here
-        count = self.num_batches
+        # read again each pass, as Keras 3: on_epoch_end may change the dataset's length
+        count = self.num_batches = self._count()
         if count is None:
             indices: Any = _endless()
         else:
