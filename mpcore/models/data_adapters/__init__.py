@@ -20,7 +20,6 @@ and reorders a PyDataset's batches.
 from __future__ import annotations
 
 import collections.abc
-import math
 import warnings
 from typing import Any
 
@@ -107,9 +106,9 @@ def array_adapter(data: tuple[Any, Any, Any, int], batch_size: int | None,
     """Arrays already on the device; ``batch_size`` None: 32, or ``ceil(n / steps)`` when
     ``steps`` is given (Keras 3's)."""
     xd, yd, swd, n = data
-    size = batch_size or (max(1, math.ceil(n / steps)) if steps else 32)
-    return ArrayAdapter(xd, yd, swd, n, size,
-                        math.ceil(n / size) if num_batches is None else num_batches,
+    size = batch_size or (max(1, -(-n // steps)) if steps else 32)
+    return ArrayAdapter(xd, yd, swd, n, size,   # (integer ceilings: a batch_size of 1e40)
+                        -(-n // size) if num_batches is None else num_batches,
                         shuffle, train, shard)
 
 
@@ -207,7 +206,7 @@ def fit_data(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
         _data.validate_labels(model, data[0], data[1], "y")
     if val_arrays is not None and val_arrays[1] is not None:
         _data.validate_labels(model, val_arrays[0], val_arrays[1], "the validation labels")
-    size = batch_size or (max(1, math.ceil(n / steps_per_epoch)) if steps_per_epoch else 32)
+    size = batch_size or (max(1, -(-n // steps_per_epoch)) if steps_per_epoch else 32)
     # every rank the same data, before the first step
     count = _sharding.plan("fit", n, size, val_arrays[3] if val_arrays else 0, epochs)
     adapter = array_adapter(data, size, steps_per_epoch, shuffle, True, count)
