@@ -242,3 +242,11 @@ def test_class_weights_keras(target_encoding: str) -> None:
     class_weight = {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4}
     np.testing.assert_allclose(class_weight_to_sample_weights(y, class_weight),
                                [0.1, 0.2, 0.3, 0.4])
+
+
+def test_class_weight_leaves_the_validation_split_unweighted_as_keras_3() -> None:
+    model = _model()
+    history = model.fit(X, Y, class_weight={0: 5.0}, validation_split=0.25, batch_size=16,
+                        verbose=0)
+    assert history.history["val_loss"][0] == pytest.approx(
+        model.evaluate(X[48:], Y[48:], batch_size=16, verbose=0), rel=1e-6)

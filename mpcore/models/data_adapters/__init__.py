@@ -199,6 +199,8 @@ def fit_data(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
     data = arrays(model, x, y, sample_weight, class_weight, "fit")
     if validation_split and validation_data is None:
         data, val_arrays = split(data, validation_split)
+        if class_weight is not None:   # Keras 3 weighs the training samples only
+            val_arrays = (val_arrays[0], val_arrays[1], None, val_arrays[3])
     n = data[3]
     if n == 0:
         raise ValueError("fit got no training samples")
