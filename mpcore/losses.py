@@ -63,7 +63,7 @@ class Loss:
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Tensor:
         values = self.call(y_true, _float(y_pred))
         if sample_weight is not None:
-            values = ops.multiply(values, ops.reshape(_float(sample_weight), values.shape))
+            values = ops.multiply(values, _weights_like(sample_weight, values))
         if self.reduction == "none":
             return values
         if self.reduction == "sum":
@@ -72,6 +72,24 @@ class Loss:
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "reduction": self.reduction}
+
+
+def _weights_like(sample_weight: Any, values: Tensor) -> Tensor:
+    """Sample weights in the losses' dtype (float64 weights would make a float64 loss) and
+    shape, as Keras 3: ``(N,)`` or ``(N, 1)`` per sample, broadcast over the other axes of
+    per-element losses (a sequence's ``(N, T)``), or one weight per element."""
+    w = _float(sample_weight)
+    if w.dtype != values.dtype:
+        w = ops.cast(w, values.dtype)
+    if w.shape == values.shape:
+        return w
+    if w.size == values.size:
+        return ops.reshape(w, values.shape)
+    if values.ndim >= 1 and w.size == values.shape[0]:
+        per_sample = ops.reshape(w, (values.shape[0],) + (1,) * (values.ndim - 1))
+        return ops.broadcast_to(per_sample, values.shape)
+    raise ValueError(f"sample_weight of shape {w.shape} does not fit losses of shape "
+                     f"{values.shape}: give one weight per sample or per loss value")
 
 
 def _snake_name(cls: str) -> str:

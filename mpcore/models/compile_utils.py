@@ -95,13 +95,17 @@ class CompileLoss:
     def __call__(self, y: Any, y_pred: Any, sample_weight: Any = None) -> Tensor:
         ys = outputs_list(y, self.names, "y")
         preds = outputs_list(y_pred, self.names, "the model's outputs")
+        # one array for every output, or one per output (a list or a dict by name), as Keras 3
+        per_output = len(self.names) > 1 and isinstance(sample_weight, (list, tuple, dict))
+        weights = (_by_output("sample_weight", sample_weight, self.names, single_ok=True)
+                   if per_output else [sample_weight] * len(self.names))
         total: Tensor | None = None
         self.last = []
-        for loss, w, yt, yp in zip(self.losses, self.weights, ys, preds):
+        for loss, w, yt, yp, sw in zip(self.losses, self.weights, ys, preds, weights):
             if loss is None:
                 self.last.append(None)
                 continue
-            value = loss(yt, yp, sample_weight)
+            value = loss(yt, yp, sw)
             self.last.append(value)
             term = value if w == 1.0 else ops.multiply(value, w)
             total = term if total is None else ops.add(total, term)

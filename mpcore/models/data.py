@@ -1,5 +1,6 @@
-"""The data of fit, evaluate and predict: inputs matched to the model's inputs by name, moved to
-the backend once, counted, checked (sparse labels), and sliced into batches there."""
+"""The arrays of fit, evaluate and predict: inputs matched to the model's inputs by name, moved
+to the backend once, counted, checked (sparse labels), and sliced into batches there (the
+adapters of :mod:`mpcore.models.data_adapters` use these)."""
 
 from __future__ import annotations
 
@@ -63,36 +64,6 @@ def rows(data: Any, start: int, stop: int, order: Tensor | None) -> Any:
         return map_structure(lambda t: t[start:stop], data)
     idx = order[start:stop]
     return map_structure(lambda t: ops.take(t, idx, 0), data)
-
-
-def fit_data(model: Any, x: Any, y: Any, validation_split: float,
-             validation_data: Any) -> tuple[Any, Any, int, tuple[Any, Any] | None]:
-    """``fit``'s training data on the device, its number of samples and its validation pair:
-    ``validation_data``, or the last ``validation_split`` of the data, held out before any
-    shuffling as Keras does (or None); sparse labels checked."""
-    if validation_data is not None and (not isinstance(validation_data, (tuple, list))
-                                        or len(validation_data) != 2):
-        raise ValueError("validation_data must be a pair (x_val, y_val)")
-    xd, yd, n = model._xy(x, y, "fit")
-    val: tuple[Any, Any] | None = None
-    if validation_data is not None:
-        val_x, val_y, n_val = model._xy(*validation_data, "validation_data")
-        if n_val == 0:
-            raise ValueError("fit got no validation samples in validation_data")
-        val = (val_x, val_y)
-    elif validation_split:
-        split = int(n * (1.0 - validation_split))
-        if split < 1 or split >= n:
-            raise ValueError(f"validation_split={validation_split} leaves no training or "
-                             f"no validation samples out of {n}")
-        val = (rows(xd, split, n, None), rows(yd, split, n, None))
-        xd, yd, n = rows(xd, 0, split, None), rows(yd, 0, split, None), split
-    if n == 0:
-        raise ValueError("fit got no training samples")
-    validate_labels(model, xd, yd, "y")
-    if val is not None:
-        validate_labels(model, val[0], val[1], "the validation labels")
-    return xd, yd, n, val
 
 
 def validate_labels(model: Any, x: Any, y: Any, what: str) -> None:

@@ -227,12 +227,12 @@ class Model(Trainer, Layer):
             traced.compiled = compiled
         return traced(*args)
 
-    def _train_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
+    def _train_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         opt = self.optimizer
         scaled = isinstance(opt, LossScaleOptimizer)
         with GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self._compile_loss(y, y_pred)  # type: ignore[misc]
+            loss = self._compile_loss(y, y_pred, sample_weight)  # type: ignore[misc]
             target = opt.get_scaled_loss(loss) if scaled else loss
         variables = self.trainable_variables
         grads = tape.gradient(target, variables)
@@ -242,9 +242,9 @@ class Model(Trainer, Layer):
         self._update_in_step(loss, y, y_pred)
         return loss, y_pred
 
-    def _test_compute(self, x: Any, y: Any) -> tuple[Any, Any]:
+    def _test_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         y_pred = self(x, training=False)
-        loss = self._compile_loss(y, y_pred)  # type: ignore[misc]
+        loss = self._compile_loss(y, y_pred, sample_weight)  # type: ignore[misc]
         self._update_in_step(loss, y, y_pred)
         return loss, y_pred
 
@@ -257,17 +257,20 @@ class Model(Trainer, Layer):
             self.compiled_metrics, loss, _compile.outputs_list(y, names, "y"),
             _compile.outputs_list(y_pred, names, "the model's outputs"))
 
-    def _train_batch(self, x: Any, y: Any) -> Any:
+    def _train_batch(self, x: Any, y: Any, sample_weight: Any = None) -> Any:
         """The built-in training step: forward, loss, (scaled) gradients, update; updates the
-        metrics on the device and returns the (unscaled, float32) loss tensor."""
-        loss, y_pred = self._step("train", self._train_compute, x, y)
+        metrics on the device and returns the (unscaled, float32) loss tensor. A
+        ``sample_weight`` weights the loss (Keras 3: ``sum(w * loss) / batch_size``); the
+        compiled metrics are unweighted, as Keras 3's ``metrics`` (not ``weighted_metrics``).
+        With and without ``sample_weight`` are two signatures of the traced step."""
+        loss, y_pred = self._step("train", self._train_compute, x, y, sample_weight)
         self._train_steps += 1
         self._update_after_step(y, y_pred)
         return loss
 
-    def _test_batch(self, x: Any, y: Any) -> None:
-        """The built-in evaluation step: loss and metrics on the device."""
-        _, y_pred = self._step("test", self._test_compute, x, y)
+    def _test_batch(self, x: Any, y: Any, sample_weight: Any = None) -> None:
+        """The built-in evaluation step: loss (weighted as in training) and metrics."""
+        _, y_pred = self._step("test", self._test_compute, x, y, sample_weight)
         self._update_after_step(y, y_pred)
 
     def _update_after_step(self, y: Any, y_pred: Any) -> None:

@@ -10,12 +10,12 @@ def format_logs(logs: dict[str, float]) -> str:
     return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
 
 
-def progress_bar(epoch: int, epochs: int, steps: int) -> Any:
+def progress_bar(epoch: int, epochs: int, steps: int | None) -> Any:
     """tqdm's bar for an epoch on stdout (where Keras prints), gone when it closes: ``fit``
     then prints the epoch's line (:func:`epoch_line`), which a bar as wide as the terminal
     would cut. None where stdout is not a terminal (a log file, a pipe, CI: a bar redrawn with
     carriage returns is a run of copies there), as Keras' Progbar decides. A notebook gets
-    tqdm's widget."""
+    tqdm's widget. ``steps`` None (a generator's first epoch): a bar that counts steps."""
     from tqdm.auto import tqdm
 
     # (tqdm.auto's class in a notebook is tqdm.auto.tqdm, a subclass of tqdm.notebook's)

@@ -73,15 +73,13 @@ class Steps:
         too): the built-in fused step, then the running metrics as a dict of floats. Override
         it to customise training, returning ``{m.name: m.result() for m in self.metrics}``."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._refuse_sample_weight(sample_weight, "train_step")
-        self._train_batch(x, y)  # type: ignore[attr-defined]
+        self._train_batch(x, y, sample_weight)  # type: ignore[attr-defined]
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def test_step(self, data: Any, y: Any = None) -> dict[str, Any]:
         """One evaluation step on ``data``: the built-in step, then the running metrics."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._refuse_sample_weight(sample_weight, "test_step")
-        self._test_batch(x, y)  # type: ignore[attr-defined]
+        self._test_batch(x, y, sample_weight)  # type: ignore[attr-defined]
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def predict_step(self, data: Any) -> Any:
@@ -114,9 +112,3 @@ class Steps:
         steps are (a trace per batch shape, replayed after)."""
         fn = getattr(self, f"{kind}_step")
         return self._step(f"custom_{kind}", fn, data)  # type: ignore[attr-defined]
-
-    def _refuse_sample_weight(self, sample_weight: Any, where: str) -> None:
-        if sample_weight is not None:
-            raise NotImplementedError(f"{where}: the built-in step does not take "
-                                      "sample_weight yet; override train_step/test_step and "
-                                      "pass it to compute_loss")

@@ -332,3 +332,12 @@ def test_packed_gemm_opencl() -> None:
     assert all(r["us_median"] > 0 and r["gemm_us_median"] > 0 for r in records)
     assert "-DWPM=4" in records[2]["packed_shape"] and "group=1x1" in records[2]["packed_shape"]
     assert records[4]["pack_us_median"] > 0  # both operands packed
+
+
+def test_data_prefetch() -> None:
+    (record,) = run("data_prefetch.py", "--units", "8", "--batch", "16", "--steps", "4",
+                    "--epochs", "2", "--sleep-ms", "1")
+    assert record["benchmark"] == "data_prefetch"
+    for key in ("step_ms", "serial_ms", "prefetch_ms", "serial_sum_ms"):
+        assert record[key] > 0
+    assert record["prefetch_vs_serial_sum"] > 0
