@@ -55,6 +55,7 @@ def name_expressions() -> list[str]:
                    "maxpool_grad", "rand_uniform", "rand_normal", "dropout_mask",
                    "unscale_check"):
         names += [f"{kernel}<{t}>" for t in _FLOATS4]
+    names += [f"quantize_fp8<{t}>" for t in _FLOATS3]
     for kernel in ("softmax_rows", "xent_fwd", "xent_bwd"):
         names += [f"{kernel}<{t}>" for t in ("float", "double")]
     return names
