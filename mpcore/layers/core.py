@@ -41,6 +41,11 @@ class Dense(Layer):
         self.bias = (self.add_weight("bias", (self.units,), self.bias_initializer)
                      if self.use_bias else None)
         self._expect_input(2, axes={-1: in_dim})
+        self._float8 = None
+        if self.dtype_policy.name == "mixed_float8":   # FP8 GEMMs, and their scaling state
+            from mpcore.mixed_precision.float8 import Float8Dense
+
+            self._float8 = Float8Dense(self, self.dtype_policy.float8_recipe)
         # Hardware advice from the backend (CUDA: the guide's multiple-of-8 tensor-core tip).
         self.kernel.backend.layer_hint(self.name, {"input units": in_dim, "units": self.units},
                                        self.dtype_policy)
@@ -48,6 +53,10 @@ class Dense(Layer):
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype
         bias = self.bias.read_as(dt) if self.bias is not None else None
+        if self._float8 is not None:
+            # quantise -> FP8 GEMM -> float32, then the bias and activation in bfloat16
+            y = ops.cast(self._float8.dot(inputs, self.kernel, training), dt)
+            return self.activation(y if bias is None else ops.bias_add(y, bias))
         # one fused op (matmul, bias and relu in one kernel where the backend has it)
         if self.activation is activations.relu:
             return ops.dense(inputs, self.kernel.read_as(dt), bias, "relu")
