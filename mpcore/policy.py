@@ -94,7 +94,7 @@ class Policy:
                                           tuple(sorted(scale.get_config().items())))
         recipe = recipe_key = None
         if name == "mixed_float8":
-            from mpcore.mixed_precision import recipes   # loads after this module: no cycle
+            from mpcore.mixed_precision import recipes  # loads after this module: no cycle
 
             recipe = recipes.get(self.float8_recipe)
             recipe_key = (type(recipe).__name__, tuple(sorted(recipe.get_config().items())))

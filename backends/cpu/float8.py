@@ -8,7 +8,6 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-
 from mpcore_xp.float8 import F32, LAYOUTS
 
 _TYPES = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.float8_e5m2)}

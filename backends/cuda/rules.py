@@ -138,7 +138,8 @@ def compatibility_check(policy: str, devices: Sequence[Device],
             and cupy_version[0] < CUPY_BFLOAT16_MAJOR):
         return False, cuda_policy_support(policy, "8.0", cupy_version).reason
     if policy == "mixed_float8":
-        lines = [f"  {device_string(d)}: {cuda_policy_support(policy, d.capability, cupy_version).reason}"
+        lines = [f"  {device_string(d)}: "
+                 f"{cuda_policy_support(policy, d.capability, cupy_version).reason}"
                  for d in devices]
         return False, "\n".join([f"FP8 GEMMs are emulated with dtype policy {policy} (correct, "
                                   "not faster than float32). Your GPUs:", *lines]

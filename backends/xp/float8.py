@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-
-
 F32 = np.float32
 
 #: format name -> (exponent bits, mantissa bits, exponent bias, largest finite value)

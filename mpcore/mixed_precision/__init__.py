@@ -119,7 +119,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AutoMixedPrecisionLists", "CurrentScaling", "DTypePolicy", "DelayedScaling", "DynamicLossScale", "FixedLossScale",
-           "LossScale", "LossScaleOptimizer", "Policy", "autocast", "check_policy",
-           "disable_mixed_precision_graph_rewrite", "enable_mixed_precision_graph_rewrite",
-           "experimental", "float8", "global_policy", "policy_scope", "set_global_policy", "set_policy"]
+__all__ = ["AutoMixedPrecisionLists", "CurrentScaling", "DTypePolicy", "DelayedScaling",
+           "DynamicLossScale", "FixedLossScale", "LossScale", "LossScaleOptimizer", "Policy",
+           "autocast", "check_policy", "disable_mixed_precision_graph_rewrite",
+           "enable_mixed_precision_graph_rewrite", "experimental", "float8", "global_policy",
+           "policy_scope", "set_global_policy", "set_policy"]
