@@ -34,6 +34,8 @@ POLICIES: dict[str, tuple[str, str]] = {
     "mixed_float8": ("bfloat16", "float32"),
 }
 MIXED = frozenset({"mixed_float16", "mixed_bfloat16", "mixed_float8"})
+#: Keras 3's names of the same policies (its quantized dtype policies).
+ALIASES = {"float8_from_mixed_bfloat16": "mixed_float8"}
 #: What a policy may be named, for messages: Keras 3 takes any dtype name too ("int32").
 _VALID = (f"{', '.join(POLICIES)}, or another dtype name "
           f"({', '.join(d for d in _dtypes.ALL if d not in POLICIES)})")
@@ -75,6 +77,9 @@ class Policy:
         name = self.name
         if name is None:   # Keras 3's DTypePolicy(None): the policy in force here
             name = global_policy().name
+            object.__setattr__(self, "name", name)
+        if isinstance(name, str) and name in ALIASES:
+            name = ALIASES[name]
             object.__setattr__(self, "name", name)
         if not isinstance(name, str):
             raise TypeError(f"policy name must be a string, got {type(name).__name__} {name!r}; "

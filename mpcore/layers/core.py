@@ -62,6 +62,28 @@ class Dense(Layer):
             return ops.dense(inputs, self.kernel.read_as(dt), bias, "relu")
         return self.activation(ops.dense(inputs, self.kernel.read_as(dt), bias))
 
+    def quantize(self, mode: str, float8_recipe: Any = None) -> None:
+        """Keras 3's ``layer.quantize("float8")``: from now on this built mixed_bfloat16
+        layer's GEMM runs in FP8 (its policy becomes mixed_float8 with ``float8_recipe``, and
+        it gains the scaling variables)."""
+        if mode != "float8":
+            raise ValueError(f"Dense {self.name!r}: quantize mode must be 'float8' (the only "
+                             f"one mpcore has), got {mode!r}")
+        if not self.built:
+            raise ValueError(f"Dense {self.name!r} must be built before quantize('float8')")
+        if self._float8 is not None:
+            raise ValueError(f"Dense {self.name!r} already computes in float8")
+        if self.dtype_policy.name != "mixed_bfloat16":
+            raise ValueError(f"Dense {self.name!r}: quantize('float8') turns a mixed_bfloat16 "
+                             f"layer into mixed_float8; this one is {self.dtype_policy.name!r} "
+                             "(Keras' float8_from_float32 is not supported: use "
+                             "mixed_bfloat16 layers)")
+        from mpcore.mixed_precision.float8 import Float8Dense
+        from mpcore.policy import Policy
+
+        self._dtype_policy = Policy("mixed_float8", float8_recipe=float8_recipe)
+        self._float8 = Float8Dense(self, self._dtype_policy.float8_recipe)
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "units": self.units,
                 "activation": activations.name_of(self.activation), "use_bias": self.use_bias}

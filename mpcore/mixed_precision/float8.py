@@ -126,6 +126,10 @@ class Float8Dense:
         self.inputs = OperandScaling(layer, "inputs", recipe, fwd)
         self.kernel = OperandScaling(layer, "kernel", recipe, fwd)
         self.outputs_grad = OperandScaling(layer, "outputs_grad", recipe, bwd)
+        for prefix in ("inputs", "kernel", "outputs_grad"):   # Keras 3's attribute names
+            operand = getattr(self, prefix)
+            setattr(layer, f"{prefix}_scale", operand.scale)
+            setattr(layer, f"{prefix}_amax_history", operand.amax_history)
 
     def dot(self, x: Tensor, kernel: Variable, training: bool | None) -> Tensor:
         """``x @ kernel`` (float32) through FP8 GEMMs, forward and backward. A training call

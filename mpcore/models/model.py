@@ -277,6 +277,17 @@ class Model(Trainer, Layer):
                                         _compile.outputs_list(y_pred, names, "outputs"))
 
     # --- weights and checkpoints ------------------------------------------------------------
+    def quantize(self, mode: str, float8_recipe: Any = None) -> None:
+        """Keras 3's ``model.quantize("float8")``: every layer that can (Dense, nested
+        models) computes its GEMM in FP8 from now on; the traced steps are made again."""
+        layers = [la for la in self.layers if callable(getattr(la, "quantize", None))]
+        if not layers:
+            raise ValueError(f"model {self.name!r} has no layer that quantize('float8') "
+                             "applies to (Dense layers do)")
+        for layer in layers:
+            layer.quantize(mode, float8_recipe)
+        self._traced = {}
+
     def save_weights(self, filepath: str) -> None:
         """Write the weights atomically (see :mod:`mpcore.checkpoint`). Under a distribution:
         call it on every rank; rank 0 writes, the others wait for the file."""

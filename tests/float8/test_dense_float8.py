@@ -218,5 +218,43 @@ def test_mnist_within_one_point_of_mixed_bfloat16(backend: mp.Backend,
     model, fp8 = train_guide_on_mnist("mixed_float8", data)
     print(f"{backend.name}: mixed_bfloat16 {bf16:.4f}, mixed_float8 {fp8:.4f}")
     assert fp8 >= 0.88 and abs(fp8 - bf16) <= 0.01, (fp8, bf16)
-    assert float(model.layers[1].inputs_scale.numpy()) != 1.0 if hasattr(
-        model.layers[1], "inputs_scale") else True
+    dense = [la for la in model.layers if isinstance(la, mp.layers.Dense)]
+    assert dense and all(float(la.inputs_scale.numpy()) != 1.0 for la in dense)
+
+
+def test_keras_spellings() -> None:
+    """Keras 3's test_quantize_float8_fitting, in part: layer.quantize("float8") on a built
+    layer, then fit; model.quantize; the float8_from_mixed_bfloat16 dtype policy name."""
+    layer = mp.layers.Dense(16, dtype="mixed_bfloat16")
+    layer.build((None, 8))
+    layer.quantize("float8")
+    assert layer.dtype_policy.name == "mixed_float8"
+    assert len(layer.trainable_weights) == 2 and len(layer.non_trainable_weights) == 6
+    assert layer.kernel_amax_history is layer.non_trainable_weights[3]
+    model = mp.Sequential([layer])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(6)
+    x, y = rng.random((64, 8)).astype(F32), rng.random((64, 16)).astype(F32)
+    model.fit(x, y, epochs=2, verbose=0)
+    assert float(layer.inputs_scale.numpy()) != 1.0
+    with mp.policy_scope("mixed_bfloat16"):
+        other = mp.Sequential([mp.Input((8,)), mp.layers.Dense(4), mp.layers.Dense(2)])
+    other.quantize("float8", float8_recipe=DelayedScaling(8))
+    assert [la.dtype_policy for la in other.layers] == [
+        mp.Policy("mixed_float8", float8_recipe=DelayedScaling(8))] * 2
+    assert mp.layers.Dense(2, dtype="float8_from_mixed_bfloat16").dtype_policy.name == \
+        "mixed_float8"
+
+
+def test_quantize_refuses_what_it_cannot_do() -> None:
+    layer = mp.layers.Dense(4)
+    with pytest.raises(ValueError, match="must be built"):
+        layer.quantize("float8")
+    layer.build((None, 3))
+    with pytest.raises(ValueError, match="mode must be 'float8'"):
+        layer.quantize("int8")
+    with pytest.raises(ValueError, match="float8_from_float32 is not supported"):
+        layer.quantize("float8")
+    fp8 = _layer()
+    with pytest.raises(ValueError, match="already computes in float8"):
+        fp8.quantize("float8")
