@@ -28,6 +28,7 @@ class Dense(Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = kernel_initializer
         self.bias_initializer = bias_initializer
+        self._float8: Any = None   # mixed_float8: the FP8 GEMMs' state, made in build
 
     def build(self, input_shape: Any) -> None:
         if len(input_shape) < 2:  # checked before any weight exists, so the layer stays usable
@@ -41,7 +42,6 @@ class Dense(Layer):
         self.bias = (self.add_weight("bias", (self.units,), self.bias_initializer)
                      if self.use_bias else None)
         self._expect_input(2, axes={-1: in_dim})
-        self._float8 = None
         if self.dtype_policy.name == "mixed_float8":   # FP8 GEMMs, and their scaling state
             from mpcore.mixed_precision.float8 import Float8Dense
 
@@ -53,8 +53,9 @@ class Dense(Layer):
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype
         bias = self.bias.read_as(dt) if self.bias is not None else None
-        if self._float8 is not None:
-            # quantise -> FP8 GEMM -> float32, then the bias and activation in bfloat16
+        if self._float8 is not None and self.dtype_policy.name == "mixed_float8":
+            # quantise -> FP8 GEMM -> float32, then the bias and activation in bfloat16 (a
+            # tool that pins the layer's policy to float32, the inspector, skips this)
             y = ops.cast(self._float8.dot(inputs, self.kernel, training), dt)
             return self.activation(y if bias is None else ops.bias_add(y, bias))
         # one fused op (matmul, bias and relu in one kernel where the backend has it)
