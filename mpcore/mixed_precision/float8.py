@@ -33,6 +33,7 @@ from mpcore.mixed_precision.recipes import (
     get,
     serialize,
 )
+from mpcore.ops.dispatch import autocast_scope
 from mpcore.ops.float8 import FORMATS as CODE_FORMATS
 from mpcore.ops.float8 import Quantized, float8_format
 from mpcore.tensor import Tensor, Variable
@@ -97,7 +98,8 @@ class OperandScaling:
     def quantize(self, x: Tensor, update: bool) -> Quantized:
         """``x`` quantised with this step's scale; with ``update``, the scale and the amax
         history (this step's amax rolled in) are assigned to the variables."""
-        scale = self.step_scale(x)
+        with autocast_scope(None):   # the amax of the float32 kernel itself, not its bf16 read
+            scale = self.step_scale(x)
         codes, amax = ops.quantize_fp8(x, scale, self.format)
         if update:
             self.scale.assign(scale)

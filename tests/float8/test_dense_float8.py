@@ -139,6 +139,9 @@ def test_current_scaling_keeps_this_steps_power_of_two_scale() -> None:
     assert state["inputs_amax_history"][0] == amax
     assert state["inputs_scale"] == 2.0 ** np.floor(np.log2(448.0 / amax))
     assert state["outputs_grad_scale"] == 2.0 ** 15    # |g| = 1: 57344 / 1 rounded down
+    kernel_amax = np.max(np.abs(layer.kernel.numpy()))   # the float32 kernel's, not bf16's
+    assert state["kernel_amax_history"][0] == kernel_amax
+    assert state["kernel_scale"] == 2.0 ** np.floor(np.log2(448.0 / kernel_amax))
 
 
 def test_keras_quantize_float8_inference() -> None:
