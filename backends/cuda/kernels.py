@@ -44,7 +44,9 @@ def grid(n: int) -> tuple[int]:
     """The grid of a grid-stride kernel over ``n`` elements."""
     return (max(1, min((n + BLOCK - 1) // BLOCK, _MAX_GRID)),)
 
-SOURCE: str = resources.files(__package__).joinpath("kernels.cu").read_text(encoding="utf-8")
+#: kernels.cu, then fp8.cu (the FP8 encoder, which uses kernels.cu's loads): one unit.
+SOURCE: str = "\n".join(resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+                        for name in ("kernels.cu", "fp8.cu"))
 
 
 def name_expressions() -> list[str]:
