@@ -103,7 +103,7 @@ def checks(quick: bool) -> Iterator[Check]:
         yield c(f"optional.dequantize_fp8[{dtype}]", "fp8", float8.check_dequantize(dtype),
                 ("dequantize_fp8",))
     for dtype in ("float32", "bfloat16"):
-        yield c(f"optional.fp8_matmul[{dtype}]", "fp8", float8.check_fp8_matmul(dtype),
+        yield c(f"optional.fp8_gemm[{dtype}]", "fp8", float8.check_fp8_matmul(dtype),
                 ("fp8_matmul",))
     yield c("optional.fp8_scale", "fp8", float8.check_fp8_scale, ("fp8_scale",))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
