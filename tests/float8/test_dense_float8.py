@@ -247,6 +247,14 @@ def test_keras_spellings() -> None:
         mp.Policy("mixed_float8", float8_recipe=DelayedScaling(8))] * 2
     assert mp.layers.Dense(2, dtype="float8_from_mixed_bfloat16").dtype_policy.name == \
         "mixed_float8"
+    with mp.policy_scope("mixed_bfloat16"):   # the guide's model: a float32 last layer stays
+        inner = mp.Sequential([mp.Input((8,)), mp.layers.Dense(4)])
+        outer = mp.Sequential([mp.Input((8,)), inner, mp.layers.Dense(2, dtype="float32")])
+    outer.quantize("float8")
+    assert inner.layers[0].dtype_policy.name == "mixed_float8"
+    assert outer.layers[-1].dtype_policy.name == "float32"
+    with pytest.raises(ValueError, match="no mixed_bfloat16 Dense layer"):
+        outer.quantize("float8")
 
 
 def test_quantize_refuses_what_it_cannot_do() -> None:
