@@ -99,8 +99,12 @@ class Float8Kernels:
 
     def fp8_matmul(self, a: Any, b: Any, a_scale: Any, b_scale: Any, a_fmt: str, b_fmt: str,
                    transpose_a: bool, transpose_b: bool, dtype: str) -> Any:
-        product = self.matmul(self._fp8_decode(a, a_fmt), self._fp8_decode(b, b_fmt),
-                              transpose_a, transpose_b)
+        # the table's float32 GEMM: a plugin's (oneDNN on the CPU) where one took it over, so
+        # FP8 steps use the same GEMM library, and thread pool, as the rest of the step
+        table = getattr(self, "_kernel_table", None)
+        gemm = table["matmul"] if table else self.matmul
+        product = gemm(self._fp8_decode(a, a_fmt), self._fp8_decode(b, b_fmt),
+                       transpose_a, transpose_b)
         with np.errstate(over="ignore", invalid="ignore"):
             inv = (self._fp8_inverse(a_scale) * self._fp8_inverse(b_scale)).astype(F32)
             y = product * inv
