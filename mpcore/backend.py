@@ -95,6 +95,16 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "conv2d_backprop_input": "(dy, kernel, x_shape, stride_h, stride_w, pads) -> dx",
     "conv2d_backprop_filter": "(x, dy, kernel_shape, stride_h, stride_w, pads) -> dkernel",
     "random_permutation": "(n: int, seed: int) -> int64 array, a random order of range(n)",
+    # FP8 (mpcore.ops.float8): codes are uint8 arrays of float8_e4m3fn ("e4m3") or float8_e5m2
+    # ("e5m2") bits, bit-exact to ml_dtypes; scales are float32 arrays of shape () (multipliers)
+    "quantize_fp8": "(x, scale, format) -> (codes, amax)  # codes: x*scale in float32, "
+                    "clipped to the format's max, rounded to nearest even; amax: max|x|, float32",
+    "dequantize_fp8": "(codes, scale, format, dtype) -> decode(codes) * (1/scale) in dtype",
+    "fp8_matmul": "(a, b, a_scale, b_scale, a_format, b_format, transpose_a, transpose_b, "
+                  "dtype) -> (decode(a) @ decode(b)) * ((1/a_scale) * (1/b_scale))  # float32 "
+                  "accumulation, rounded once to dtype (float32 or bfloat16)",
+    "fp8_scale": "(amax, scale, fp8_max: float, margin: int, power_of_two: bool) -> new scale"
+                 "  # Transformer Engine's rule; the old scale where amax is 0 or not finite",
     "all_finite": "(xs: list) -> flag",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is
     # None or the device bool from unscale_and_check: when it is false the kernel leaves every

@@ -30,8 +30,12 @@ POLICIES: dict[str, tuple[str, str]] = {
     "float64": ("float64", "float64"),
     "mixed_float16": ("float16", "float32"),
     "mixed_bfloat16": ("bfloat16", "float32"),
+    # FP8 GEMMs (Dense) through quantise -> FP8 GEMM -> float32; the rest in bfloat16
+    "mixed_float8": ("bfloat16", "float32"),
 }
-MIXED = frozenset({"mixed_float16", "mixed_bfloat16"})
+MIXED = frozenset({"mixed_float16", "mixed_bfloat16", "mixed_float8"})
+#: Keras 3's names of the same policies (its quantized dtype policies).
+ALIASES = {"float8_from_mixed_bfloat16": "mixed_float8"}
 #: What a policy may be named, for messages: Keras 3 takes any dtype name too ("int32").
 _VALID = (f"{', '.join(POLICIES)}, or another dtype name "
           f"({', '.join(d for d in _dtypes.ALL if d not in POLICIES)})")
@@ -58,17 +62,24 @@ class Policy:
 
     name: str = None  # type: ignore[assignment]  # None: the global policy's (Keras 3)
     loss_scale: Any = field(default=_AUTO, compare=False)
+    #: mixed_float8's scaling recipe (mp.mixed_precision.CurrentScaling() by default)
+    float8_recipe: Any = field(default=None, compare=False)
     compute_dtype: str = field(init=False, compare=False)
     variable_dtype: str = field(init=False, compare=False)
     # what equality and hashing compare of the loss scale: its class and config
     _loss_scale_key: tuple[Any, ...] | None = field(init=False)
     # whether loss_scale was left "auto": get_config then omits it, so a round trip keeps it so
     _loss_scale_auto: bool = field(init=False, compare=False)
+    # what equality compares of the FP8 recipe: its class and config
+    _recipe_key: tuple[Any, ...] | None = field(init=False)
 
     def __post_init__(self) -> None:
         name = self.name
         if name is None:   # Keras 3's DTypePolicy(None): the policy in force here
             name = global_policy().name
+            object.__setattr__(self, "name", name)
+        if isinstance(name, str) and name in ALIASES:
+            name = ALIASES[name]
             object.__setattr__(self, "name", name)
         if not isinstance(name, str):
             raise TypeError(f"policy name must be a string, got {type(name).__name__} {name!r}; "
@@ -86,9 +97,18 @@ class Policy:
                              f"scale: give it loss_scale=None (got {self.loss_scale!r})")
         key = None if scale is None else (type(scale).__name__,
                                           tuple(sorted(scale.get_config().items())))
+        recipe = recipe_key = None
+        if name == "mixed_float8":
+            from mpcore.mixed_precision import recipes  # loads after this module: no cycle
+
+            recipe = recipes.get(self.float8_recipe)
+            recipe_key = (type(recipe).__name__, tuple(sorted(recipe.get_config().items())))
+        elif self.float8_recipe is not None:
+            raise ValueError(f"float8_recipe is for the policy 'mixed_float8', not {name!r}")
         for attr, value in (("loss_scale", scale), ("compute_dtype", compute),
                             ("variable_dtype", variable), ("_loss_scale_key", key),
-                            ("_loss_scale_auto", auto)):
+                            ("_loss_scale_auto", auto), ("float8_recipe", recipe),
+                            ("_recipe_key", recipe_key)):
             object.__setattr__(self, attr, value)
 
     @property
@@ -121,13 +141,18 @@ class Policy:
         if not self._loss_scale_auto:
             config["loss_scale"] = (None if self.loss_scale is None
                                     else _ls.serialize(self.loss_scale))
+        if self.float8_recipe is not None:
+            from mpcore.mixed_precision import recipes
+
+            config["float8_recipe"] = recipes.serialize(self.float8_recipe)
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Policy:
         if not isinstance(config, dict) or "name" not in config:
             raise ValueError(f"a Policy config is a dict with a 'name' key, got {config!r}")
-        return cls(config["name"], config.get("loss_scale", _AUTO))
+        return cls(config["name"], config.get("loss_scale", _AUTO),
+                   config.get("float8_recipe"))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Policy.from_config, (self.get_config(),))

@@ -23,6 +23,7 @@ from .compile import compile_program
 from .cpuinfo import cpu_device
 from .creation import CpuCreation
 from .elementwise import CpuElementwise, operands, quiet
+from .float8 import CpuFloat8
 from .image import CpuImage
 from .indexing import CpuIndexing
 from .linalg import CpuLinalg
@@ -34,7 +35,7 @@ from .rules import cpu_policy_support
 
 
 class CpuBackend(CpuCreation, CpuElementwise, CpuLinalg, CpuNn, CpuReduce, CpuImage,
-                 CpuIndexing, CpuOptim, XpBackend):
+                 CpuIndexing, CpuOptim, CpuFloat8, XpBackend):
     """NumPy on the host CPU; always available."""
 
     name = "cpu"

@@ -27,6 +27,13 @@ def cpu_policy_support(policy: str, features: frozenset[str],
     16-bit dtypes that plugin kernels run fast (dtype -> who provides them)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid names: {', '.join(POLICIES)}")
+    if policy == "mixed_float8":
+        return Support(True, False,
+                       "FP8 is emulated on the CPU: GEMM operands are quantised to FP8 codes "
+                       "(float8_e4m3fn/e5m2 through ml_dtypes), decoded exactly and multiplied "
+                       "in float32 (correct, not faster than float32); other ops as "
+                       "mixed_bfloat16: "
+                       + cpu_policy_support("mixed_bfloat16", features, fast_kernels).reason)
     compute = POLICIES[policy][0]
     if compute in ("float32", "float64"):
         return Support(True, True,

@@ -30,6 +30,7 @@ from mpcore.extras import install_command
 from .creation import CudaCreation
 from .devices import cupy_missing, describe, device_table, hidden_by_env, no_device
 from .elementwise import CudaElementwise
+from .float8 import CudaFloat8
 from .image import CudaImage
 from .linalg import CudaLinalg
 from .nn import CudaNn
@@ -41,7 +42,7 @@ from .tensor_cores import check_tensor_core_dims
 
 
 class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaShape, CudaImage,
-                  CudaNn, CudaOptim, XpBackend):
+                  CudaNn, CudaOptim, CudaFloat8, XpBackend):
     """NVIDIA GPUs through CuPy (device 0, or CuPy's current device)."""
 
     name = "cuda"

@@ -453,3 +453,4 @@ extern "C" __global__ void adam_update(float* var, const float* grad, float* m, 
     var[i] = w - (mi * alpha) / (sqrtf(vi) + epsilon);
   }
 }
+

@@ -44,7 +44,9 @@ def grid(n: int) -> tuple[int]:
     """The grid of a grid-stride kernel over ``n`` elements."""
     return (max(1, min((n + BLOCK - 1) // BLOCK, _MAX_GRID)),)
 
-SOURCE: str = resources.files(__package__).joinpath("kernels.cu").read_text(encoding="utf-8")
+#: kernels.cu, then fp8.cu (the FP8 encoder, which uses kernels.cu's loads): one unit.
+SOURCE: str = "\n".join(resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+                        for name in ("kernels.cu", "fp8.cu"))
 
 
 def name_expressions() -> list[str]:
@@ -55,6 +57,7 @@ def name_expressions() -> list[str]:
                    "maxpool_grad", "rand_uniform", "rand_normal", "dropout_mask",
                    "unscale_check"):
         names += [f"{kernel}<{t}>" for t in _FLOATS4]
+    names += [f"quantize_fp8<{t}>" for t in _FLOATS3]
     for kernel in ("softmax_rows", "xent_fwd", "xent_bwd"):
         names += [f"{kernel}<{t}>" for t in ("float", "double")]
     return names

@@ -75,6 +75,8 @@ def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
                        f"CuPy {cupy_version[0]}.{cupy_version[1]} has no bfloat16 arrays; "
                        f"bfloat16 needs CuPy >= {CUPY_BFLOAT16_MAJOR} with ml_dtypes "
                        f"({install_command('cuda')})")
+    if policy == "mixed_float8":
+        return _float8_support(cc, cupy_version)
     need = TENSOR_CORE_CAPABILITY[compute]
     if cc >= need:
         return Support(True, True,
@@ -84,6 +86,27 @@ def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
                    f"compute capability {_fmt(cc)} < {_fmt(need)}: no {compute} tensor cores, so "
                    f"{compute} is stored in 16 bits and matmuls are computed in float32 (expect "
                    "float32 speed at best)")
+
+
+#: FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later.
+FP8_CAPABILITY = (8, 9)
+FP8_NOT_WIRED = "cuBLASLt FP8 GEMMs not yet wired"
+
+
+def _float8_support(cc: tuple[int, int], cupy_version: tuple[int, int] | None) -> Support:
+    """mixed_float8: always emulated for now (the FP8 GEMMs decode their codes and multiply
+    in float32), and the reason says whether the GPU could do better."""
+    if cc >= FP8_CAPABILITY:
+        why = (f"emulated: {FP8_NOT_WIRED} (compute capability {_fmt(cc)} >= "
+               f"{_fmt(FP8_CAPABILITY)} has FP8 tensor cores)")
+    else:
+        why = (f"emulated: compute capability {_fmt(cc)} < {_fmt(FP8_CAPABILITY)} has no FP8 "
+               "tensor cores")
+    other = cuda_policy_support("mixed_bfloat16", cc, cupy_version)
+    return Support(other.supported, False,
+                   f"{why}; FP8 GEMMs decode their codes exactly and multiply in float32 "
+                   f"(correct, not faster than float32); other ops as mixed_bfloat16: "
+                   f"{other.reason}")
 
 
 def device_string(device: Device) -> str:
@@ -114,6 +137,14 @@ def compatibility_check(policy: str, devices: Sequence[Device],
     if (compute == "bfloat16" and cupy_version is not None
             and cupy_version[0] < CUPY_BFLOAT16_MAJOR):
         return False, cuda_policy_support(policy, "8.0", cupy_version).reason
+    if policy == "mixed_float8":
+        lines = [f"  {device_string(d)}: "
+                 f"{cuda_policy_support(policy, d.capability, cupy_version).reason}"
+                 for d in devices]
+        return False, "\n".join([f"FP8 GEMMs are emulated with dtype policy {policy} (correct, "
+                                  "not faster than float32). Your GPUs:", *lines]
+                                 if lines else [f"The dtype policy {policy} is emulated: this "
+                                                "machine has no GPU."])
     need = TENSOR_CORE_CAPABILITY[compute]
     cc_text = _fmt(need)
     fast: list[str] = []

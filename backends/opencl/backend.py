@@ -26,6 +26,7 @@ from mpcore.extras import install_command
 from . import devices as _devices
 from .creation import CreationKernels
 from .elementwise import ElementwiseKernels
+from .float8 import Float8Kernels
 from .half import HalfChoice, choose_half, half_mode, planned_half, unmeasured_half_choice
 from .image import ImageKernels
 from .linalg import LinalgKernels
@@ -41,7 +42,8 @@ from .shape import ShapeKernels
 
 
 class OpenCLBackend(CreationKernels, ElementwiseKernels, ReduceKernels, LinalgKernels,
-                    ShapeKernels, NNKernels, ImageKernels, OptimKernels, Backend):
+                    ShapeKernels, NNKernels, ImageKernels, OptimKernels, Float8Kernels,
+                    Backend):
     """OpenCL C kernels on one OpenCL device (a GPU when there is one). Its kernel table is
     the methods of the family mixins it is made of (one module each: creation, elementwise,
     reduce, linalg, shape, nn, image, optim)."""

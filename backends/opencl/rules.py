@@ -68,6 +68,14 @@ def opencl_policy_support(policy: str, device: Device, *,
     compute = POLICIES[policy][0]
     ext = device.features
     where = f"{device.name} ({device.kind}, OpenCL)"
+    if policy == "mixed_float8":
+        other = opencl_policy_support("mixed_bfloat16", device, native_half_kernels=False,
+                                      matrix_kernels=matrix_kernels)
+        return Support(other.supported, False,
+                       f"FP8 is emulated on {where}: OpenCL C has no FP8 type, so codes are "
+                       "encoded and decoded by hand and GEMMs multiply the exact values in "
+                       "float32 (correct, not faster than float32); other ops as "
+                       f"mixed_bfloat16: {other.reason}")
     if compute == "float32":
         return Support(True, True, f"float32 runs natively on {where}")
     if compute == "float64":

@@ -17,6 +17,7 @@ from mpcore.backend import Backend
 from .creation import CreationKernels
 from .dtypes import LOW
 from .elementwise import ElementwiseKernels
+from .float8 import Float8Kernels
 from .linalg import LinalgKernels
 from .nn import NnKernels
 from .normalization import NormalizationKernels
@@ -25,7 +26,7 @@ from .shape import ShapeKernels
 
 
 class XpBackend(CreationKernels, ElementwiseKernels, ReduceKernels, LinalgKernels,
-                ShapeKernels, NnKernels, NormalizationKernels, Backend):
+                ShapeKernels, NnKernels, NormalizationKernels, Float8Kernels, Backend):
     """The kernels NumPy and CuPy share. Abstract: a subclass gives ``xp`` and the kernels
     that need its library's own routes (asarray, to_host, cast, copy, random numbers, matmul,
     dropout, loss scaling, optimizer updates, images)."""

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 import mpcore.conformance.contract as contract
+import mpcore.conformance.float8 as float8
 import mpcore.conformance.kernels as kernels
 import mpcore.conformance.layers as layers
 import mpcore.conformance.training as training
@@ -96,6 +97,15 @@ def checks(quick: bool) -> Iterator[Check]:
     for dtype in FLOATS:
         yield c(f"optional.conv2d[{dtype}]", "optional", t.check_conv2d(dtype),
                 ("conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"))
+    for dtype in FLOATS:
+        yield c(f"optional.quantize_fp8[{dtype}]", "fp8", float8.check_quantize(dtype),
+                ("quantize_fp8",))
+        yield c(f"optional.dequantize_fp8[{dtype}]", "fp8", float8.check_dequantize(dtype),
+                ("dequantize_fp8",))
+    for dtype in ("float32", "bfloat16"):
+        yield c(f"optional.fp8_gemm[{dtype}]", "fp8", float8.check_fp8_matmul(dtype),
+                ("fp8_matmul",))
+    yield c("optional.fp8_scale", "fp8", float8.check_fp8_scale, ("fp8_scale",))
     yield c("optional.dropout_mask", "optional", t.check_dropout_mask, ("dropout_mask",))
     yield c("optional.random_permutation", "optional", t.check_random_permutation,
             ("random_permutation",))

@@ -35,8 +35,8 @@ from mpcore.layers.base import Layer, flatten, no_tapes
 from mpcore.models.data import count, to_device
 from mpcore.ops import backprop as _backprop
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tape import GradientTape, Node
-from mpcore.tensor import Tensor
+from mpcore.tape import GradientTape, Node, VariableRead
+from mpcore.tensor import Tensor, Variable
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
@@ -48,7 +48,7 @@ _region: contextvars.ContextVar[str] = contextvars.ContextVar("mpcore_region", d
 
 def inspect_numerics(model: Any, x: Any, y: Any,
                      dtypes: Sequence[str] = DEFAULT_DTYPES,
-                     loss: Any = None) -> NumericsReport:
+                     loss: Any = None, float8_recipe: Any = None) -> NumericsReport:
     """Run one forward and backward step of ``model`` on ``(x, y)`` in float32 and report, per
     op and per layer, what each format in ``dtypes`` would do to its values, the first op that
     produced a non-finite value, the window of safe loss scales and a suggested dtype per layer.
@@ -57,7 +57,12 @@ def inspect_numerics(model: Any, x: Any, y: Any,
     of several inputs). ``loss`` is a loss (name, function or :class:`~mpcore.losses.Loss`); by
     default the loss the model was compiled with. ``dtypes`` are names from
     :data:`~mpcore.debugging.formats.FORMATS`. A model not built yet is built first, by a call
-    in its own policy that is not inspected."""
+    in its own policy that is not inspected.
+
+    ``float8_recipe`` (a CurrentScaling or DelayedScaling, or a serialized one) adds the FP8
+    view (``report.float8_gemms``, ``report.float8_table()``): each GEMM operand, scaled as
+    the recipe would, and the share of its values that FP8 saturates or flushes to zero
+    (:mod:`mpcore.debugging.float8_gemms`)."""
     if not isinstance(model, Layer):
         raise TypeError(f"inspect_numerics needs an mp.Model (or an mp.layers.Layer), got "
                         f"{type(model).__name__}")
@@ -70,7 +75,12 @@ def inspect_numerics(model: Any, x: Any, y: Any,
     if not model.built:
         with no_tapes():
             model(x, training=False)
-    watcher = _Watcher(chosen)
+    recipe = None
+    if float8_recipe is not None:
+        from mpcore.mixed_precision import recipes
+
+        recipe = recipes.get(float8_recipe)
+    watcher = _Watcher(chosen, recipe)
     start = time.perf_counter()
     with _float32(model) as pinned, watcher.watching(), warnings.catch_warnings():
         # the arrays' own warnings about the Inf/NaN they compute: the report counts those
@@ -84,11 +94,13 @@ def inspect_numerics(model: Any, x: Any, y: Any,
     seconds = time.perf_counter() - start
     for record in watcher.records:
         record.pinned = record.layer in pinned
-    return NumericsReport(
+    report = NumericsReport(
         model=model.name, batch=batch, dtypes=tuple(f.name for f in chosen),
         ops=watcher.records, seconds=seconds, pinned=sorted(pinned),
         data_nonfinite=sum(_nonfinite(t) for t in flatten(x) if _dtypes.is_floating(t.dtype)),
         variables_nonfinite=[v.name for v in model.weights if _nonfinite(v)])
+    report.float8_gemms = watcher.float8
+    return report
 
 
 def _formats_of(dtypes: Any) -> list[_formats.Format]:
@@ -154,10 +166,15 @@ def _float32(model: Any) -> Iterator[set[str]]:
 @dataclass
 class _Watcher:
     formats: list[_formats.Format]
+    recipe: Any = None   # an FP8 recipe: its view of the GEMM operands too
 
     def __post_init__(self) -> None:
         self.records: list[OpRecord] = []
         self.layer_of: dict[int, str] = {}   # id(forward output) -> its layer
+        # ids of values (forward tensors, and backward ones computed from values only): in a
+        # backward GEMM, an operand that is not one is a gradient
+        self.values: set[int] = set()
+        self.float8: list[Any] = []
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
@@ -184,6 +201,8 @@ class _Watcher:
             self.layer_of[id(out)] = layer
         else:
             layer = backward
+        if self.recipe is not None:
+            self._float8(op, inputs, out, layer, backward is not None)
         if not _dtypes.is_floating(out._dtype) or out.size == 0:
             return
         measured = _formats.measure(_host(out), self.formats)
@@ -199,6 +218,33 @@ class _Watcher:
             record.produced_nonfinite = all(m.nonfinite == 0 for _, m in seen)
             record.input_ranges = [_describe(t, m) for t, m in seen]
         self.records.append(record)
+
+
+    def _float8(self, op: str, inputs: tuple[Any, ...], out: Tensor, layer: str,
+                backward: bool) -> None:
+        from mpcore.debugging import float8_gemms as _f8
+
+        tensors = [t for t in inputs if isinstance(t, Tensor)]
+        if not backward or all(self._is_value(t) for t in tensors):
+            self.values.update(id(t) for t in (*tensors, out))
+        operands = [t for t in inputs[:2] if isinstance(t, Tensor)]
+        if op not in _f8.GEMM_OPS or len(operands) < 2:
+            return
+        # in the backward pass an operand that is not a value is a gradient (also one a fused
+        # kernel returned unobserved); the bias gradient's GEMV ones @ g is no FP8 GEMM
+        gradient = [backward and not self._is_value(t) for t in operands]
+        first = operands[0]
+        if backward and first.shape[:1] == (1,) and bool((_host(first) == 1).all()):
+            return
+        for i, (t, grad) in enumerate(zip(operands, gradient)):
+            if _dtypes.is_floating(t._dtype) and t.size:
+                fmt, amax, scale, over, under = _f8.measure(_host(t), self.recipe, grad)
+                self.float8.append(_f8.Float8Operand(
+                    layer, "backward" if backward else "forward", op, i, grad, fmt, amax,
+                    scale, over, under))
+
+    def _is_value(self, t: Tensor) -> bool:
+        return isinstance(t, (Variable, VariableRead)) or id(t) in self.values
 
 
 def _host(t: Tensor) -> Any:

@@ -176,6 +176,15 @@ class NumericsReport:
         self.loss_scale_windows = {name: loss_scale_window(_formats.get(name), backward)
                                    for name in dtypes}
         self.suggested_dtypes = {name: self._suggest(name) for name in dtypes}
+        #: with ``float8_recipe=``: each GEMM operand under the recipe
+        #: (:class:`~mpcore.debugging.float8_gemms.Float8Operand`), else empty
+        self.float8_gemms: list[Any] = []
+
+    def float8_table(self) -> str:
+        """The FP8 view as text: one line per GEMM operand, then the most affected one."""
+        from mpcore.debugging.float8_gemms import table
+
+        return table(self.float8_gemms)
 
     def _summaries(self) -> list[LayerSummary]:
         groups: dict[tuple[str, str], list[OpRecord]] = {}
@@ -254,6 +263,7 @@ class NumericsReport:
             "loss_scale_windows": {k: {**asdict(w), "describe": w.describe()}
                                    for k, w in self.loss_scale_windows.items()},
             "suggested_dtypes": self.suggested_dtypes,
+            "float8_gemms": [asdict(o) for o in self.float8_gemms],
             "ops": [op(r) for r in self.ops]})
 
     def to_json(self, **kwargs: Any) -> str:

@@ -28,6 +28,7 @@ class Dense(Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = kernel_initializer
         self.bias_initializer = bias_initializer
+        self._float8: Any = None   # mixed_float8: the FP8 GEMMs' state, made in build
 
     def build(self, input_shape: Any) -> None:
         if len(input_shape) < 2:  # checked before any weight exists, so the layer stays usable
@@ -41,6 +42,10 @@ class Dense(Layer):
         self.bias = (self.add_weight("bias", (self.units,), self.bias_initializer)
                      if self.use_bias else None)
         self._expect_input(2, axes={-1: in_dim})
+        if self.dtype_policy.name == "mixed_float8":   # FP8 GEMMs, and their scaling state
+            from mpcore.mixed_precision.float8 import Float8Dense
+
+            self._float8 = Float8Dense(self, self.dtype_policy.float8_recipe)
         # Hardware advice from the backend (CUDA: the guide's multiple-of-8 tensor-core tip).
         self.kernel.backend.layer_hint(self.name, {"input units": in_dim, "units": self.units},
                                        self.dtype_policy)
@@ -48,10 +53,37 @@ class Dense(Layer):
     def call(self, inputs: Tensor, training: bool | None = None) -> Tensor:
         dt = self.compute_dtype
         bias = self.bias.read_as(dt) if self.bias is not None else None
+        if self._float8 is not None and self.dtype_policy.name == "mixed_float8":
+            # quantise -> FP8 GEMM -> float32, then the bias and activation in bfloat16 (a
+            # tool that pins the layer's policy to float32, the inspector, skips this)
+            y = ops.cast(self._float8.dot(inputs, self.kernel, training), dt)
+            return self.activation(y if bias is None else ops.bias_add(y, bias))
         # one fused op (matmul, bias and relu in one kernel where the backend has it)
         if self.activation is activations.relu:
             return ops.dense(inputs, self.kernel.read_as(dt), bias, "relu")
         return self.activation(ops.dense(inputs, self.kernel.read_as(dt), bias))
+
+    def quantize(self, mode: str, float8_recipe: Any = None) -> None:
+        """Keras 3's ``layer.quantize("float8")``: from now on this built mixed_bfloat16
+        layer's GEMM runs in FP8 (its policy becomes mixed_float8 with ``float8_recipe``, and
+        it gains the scaling variables)."""
+        if mode != "float8":
+            raise ValueError(f"Dense {self.name!r}: quantize mode must be 'float8' (the only "
+                             f"one mpcore has), got {mode!r}")
+        if not self.built:
+            raise ValueError(f"Dense {self.name!r} must be built before quantize('float8')")
+        if self._float8 is not None:
+            raise ValueError(f"Dense {self.name!r} already computes in float8")
+        if self.dtype_policy.name != "mixed_bfloat16":
+            raise ValueError(f"Dense {self.name!r}: quantize('float8') turns a mixed_bfloat16 "
+                             f"layer into mixed_float8; this one is {self.dtype_policy.name!r} "
+                             "(Keras' float8_from_float32 is not supported: use "
+                             "mixed_bfloat16 layers)")
+        from mpcore.mixed_precision.float8 import Float8Dense
+        from mpcore.policy import Policy
+
+        self._dtype_policy = Policy("mixed_float8", float8_recipe=float8_recipe)
+        self._float8 = Float8Dense(self, self._dtype_policy.float8_recipe)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "units": self.units,

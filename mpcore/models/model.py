@@ -280,6 +280,24 @@ class Model(Trainer, Layer):
                                         _compile.outputs_list(y_pred, names, "outputs"))
 
     # --- weights and checkpoints ------------------------------------------------------------
+    def quantize(self, mode: str, float8_recipe: Any = None) -> None:
+        """Keras 3's ``model.quantize("float8")``: every mixed_bfloat16 layer that can (Dense,
+        in nested models too) computes its GEMM in FP8 from now on; layers pinned to another
+        policy keep it. The traced steps are made again."""
+        if mode != "float8":
+            raise ValueError(f"quantize mode must be 'float8' (the only one mpcore has), got "
+                             f"{mode!r}")
+        todo = [la for la in _leaves(self) if callable(getattr(la, "quantize", None))
+                and getattr(la, "_float8", True) is None
+                and la.dtype_policy.name == "mixed_bfloat16"]
+        if not todo:
+            raise ValueError(f"model {self.name!r} has no mixed_bfloat16 Dense layer that is not "
+                             "in float8 already: quantize('float8') turns those into "
+                             "mixed_float8")
+        for layer in todo:
+            layer.quantize(mode, float8_recipe)
+        self._traced = {}
+
     def save_weights(self, filepath: str) -> None:
         """Write the weights atomically (see :mod:`mpcore.checkpoint`). Under a distribution:
         call it on every rank; rank 0 writes, the others wait for the file."""
@@ -304,3 +322,11 @@ class Model(Trainer, Layer):
         """Print the layers, their output shapes, dtype policies and parameter counts, in lines
         of ``line_length`` characters."""
         _summary.summary(self, print_fn, line_length)
+
+
+def _leaves(model: Any) -> list[Any]:
+    """The layers of ``model``, those of nested models in their place."""
+    out: list[Any] = []
+    for layer in model.layers:
+        out.extend(_leaves(layer) if isinstance(layer, Model) else [layer])
+    return out

@@ -67,6 +67,13 @@ from mpcore.ops.elementwise import (
     tanh,
     where,
 )
+from mpcore.ops.float8 import (
+    dequantize_fp8,
+    float8_dot,
+    fp8_matmul,
+    fp8_scale,
+    quantize_fp8,
+)
 from mpcore.ops.image import avg_pool2d, conv2d, max_pool2d
 from mpcore.ops.linalg import DENSE_ACTIVATIONS, dense, matmul
 from mpcore.ops.loss_scaling import all_finite, unscale_and_check
@@ -99,15 +106,16 @@ from mpcore.ops.shapes import (
 
 __all__ = [
     "DENSE_ACTIVATIONS", "TensorLike", "abs", "adam_update", "add", "all_finite", "argmax",
-    "avg_pool2d", "batch_norm", "bias_add", "bias_grad", "broadcast_to", "cast",
-    "clip_by_value", "concat", "constant", "conv2d", "convert_to_tensor", "dense", "divide",
-    "dropout", "dropout_mask", "equal", "erf", "exp", "expand_dims", "full", "gelu", "getitem",
-    "greater", "greater_equal", "isfinite", "layer_norm", "less", "less_equal", "log",
-    "log_softmax", "logical_and", "logical_not", "logical_or", "matmul", "max", "max_pool2d",
-    "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "one_hot",
-    "ones", "ones_like", "power", "random_normal", "random_permutation", "random_uniform",
-    "reciprocal", "relu", "relu_grad", "relu_grad_bias", "reshape", "rmsprop_update", "rsqrt",
-    "sgd_update", "shape", "sigmoid", "sign", "softmax", "sparse_softmax_cross_entropy",
-    "sqrt", "square", "squeeze", "stack", "stop_gradient", "subtract", "sum", "take", "tanh",
-    "transpose", "unscale_and_check", "where", "zeros", "zeros_like",
+    "avg_pool2d", "batch_norm", "bias_add", "bias_grad", "broadcast_to", "cast", "clip_by_value",
+    "concat", "constant", "conv2d", "convert_to_tensor", "dense", "dequantize_fp8", "divide",
+    "dropout", "dropout_mask", "equal", "erf", "exp", "expand_dims", "float8_dot", "fp8_matmul",
+    "fp8_scale", "full", "gelu", "getitem", "greater", "greater_equal", "isfinite", "layer_norm",
+    "less", "less_equal", "log", "log_softmax", "logical_and", "logical_not", "logical_or",
+    "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative",
+    "not_equal", "one_hot", "ones", "ones_like", "power", "quantize_fp8", "random_normal",
+    "random_permutation", "random_uniform", "reciprocal", "relu", "relu_grad", "relu_grad_bias",
+    "reshape", "rmsprop_update", "rsqrt", "sgd_update", "shape", "sigmoid", "sign", "softmax",
+    "sparse_softmax_cross_entropy", "sqrt", "square", "squeeze", "stack", "stop_gradient",
+    "subtract", "sum", "take", "tanh", "transpose", "unscale_and_check", "where", "zeros",
+    "zeros_like",
 ]

@@ -70,7 +70,8 @@ def test_invalid_names_say_what_is_valid(name: str) -> None:
     """Keras 3 test_initialization_invalid_name and the edge cases (empty, special characters,
     very long, almost valid): the error names the valid choices."""
     with pytest.raises(ValueError, match=r"unknown policy .*valid names: float16, .*"
-                                         r"mixed_bfloat16, or another dtype name \(int8"):
+                                         r"mixed_bfloat16, mixed_float8, or another dtype "
+                                         r"name \(int8"):
         DTypePolicy(name)
 
 

@@ -163,7 +163,7 @@ def test_bfloat16_needs_cupy_14() -> None:
 
 def test_rule_errors_name_the_choices() -> None:
     with pytest.raises(ValueError, match=r"valid names: .*mixed_float16"):
-        cuda_policy_support("mixed_float8", "8.0")
+        cuda_policy_support("mixed_float4", "8.0")   # mixed_float8 is a policy now
     with pytest.raises(ValueError, match=r"looks like '8\.0'"):
         cuda_policy_support("mixed_float16", "eight")
     s = cuda_policy_support("mixed_float16", "")

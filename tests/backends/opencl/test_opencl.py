@@ -150,7 +150,7 @@ def test_verdict_reasons_say_what_runs() -> None:
     assert "compute it in float32" in convert_cpu.reason and not convert_cpu.fast
     assert "cuda" in opencl_policy_support("mixed_float16", NVIDIA).reason
     with pytest.raises(ValueError, match="valid names"):
-        opencl_policy_support("mixed_float8", ARC)
+        opencl_policy_support("mixed_float4", ARC)   # mixed_float8 is a policy now
 
 
 @needs_device

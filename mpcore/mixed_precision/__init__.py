@@ -25,6 +25,8 @@ if TYPE_CHECKING:
         enable_mixed_precision_graph_rewrite,
     )
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.mixed_precision import float8
+    from mpcore.mixed_precision.recipes import CurrentScaling, DelayedScaling
 
     experimental: Any   # a module made on first use (_experimental)
 
@@ -94,6 +96,8 @@ _LAZY = {
     "disable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
     "autocast": "mpcore.amp.autocast",
     "AutoMixedPrecisionLists": "mpcore.amp.lists",
+    "CurrentScaling": "mpcore.mixed_precision.recipes",
+    "DelayedScaling": "mpcore.mixed_precision.recipes",
 }
 
 
@@ -101,6 +105,10 @@ def __getattr__(name: str) -> Any:
     if name == "experimental":
         globals()[name] = value = _experimental()
         return value
+    if name == "float8":   # the FP8 module loads ops: on first use, not at import mpcore
+        import importlib
+
+        return importlib.import_module("mpcore.mixed_precision.float8")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mpcore.mixed_precision' has no attribute {name!r}")
@@ -111,7 +119,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AutoMixedPrecisionLists", "DTypePolicy", "DynamicLossScale", "FixedLossScale",
-           "LossScale", "LossScaleOptimizer", "Policy", "autocast", "check_policy",
-           "disable_mixed_precision_graph_rewrite", "enable_mixed_precision_graph_rewrite",
-           "experimental", "global_policy", "policy_scope", "set_global_policy", "set_policy"]
+__all__ = ["AutoMixedPrecisionLists", "CurrentScaling", "DTypePolicy", "DelayedScaling",
+           "DynamicLossScale", "FixedLossScale", "LossScale", "LossScaleOptimizer", "Policy",
+           "autocast", "check_policy", "disable_mixed_precision_graph_rewrite",
+           "enable_mixed_precision_graph_rewrite", "experimental", "float8", "global_policy",
+           "policy_scope", "set_global_policy", "set_policy"]
