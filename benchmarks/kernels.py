@@ -59,8 +59,9 @@ def bench_matmul(backend: mp.Backend, dtypes: list[str], sizes: list[int],
             except Exception as exc:  # a dtype a backend cannot run is a result, not a crash
                 emit({**base, "skipped": f"{type(exc).__name__}: {exc}"})
                 continue
-            emit({**base, "ms": round(t * 1e3, 4), "gflops": round(2.0 * n**3 / t / 1e9, 2),
-                  "providers": providers(backend)})
+            # 4 significant digits: a tiny --quick GEMM on a loaded machine is not 0.00
+            emit({**base, "ms": round(t * 1e3, 4),
+                  "gflops": float(f"{2.0 * n**3 / t / 1e9:.4g}"), "providers": providers(backend)})
 
 
 def mlp_shapes(units: int) -> list[tuple[int, ...]]:
@@ -82,7 +83,7 @@ def bench_memory_bound(backend: mp.Backend, units: int, repeats: int) -> None:
     t = best_time(backend, lambda: k["unscale_and_check"](grads, 1.0 / 1024), repeats)
     # reads every gradient, writes every unscaled gradient (float32 both ways)
     emit({"bench": "unscale_and_check", **base, "ms": round(t * 1e3, 4),
-          "gbps": round(2 * 4 * numel / t / 1e9, 2)})
+          "gbps": float(f"{2 * 4 * numel / t / 1e9:.4g}")})
 
     variables = arrays(20)
     slots = [arrays(30, 0.0, 1.0), arrays(40, 0.0, 1.0)]
@@ -113,7 +114,7 @@ def bench_memory_bound(backend: mp.Backend, units: int, repeats: int) -> None:
 
             t = best_time(backend, run, repeats)
             record.update({f"{label}ms": round(t * 1e3, 4),
-                           f"{label}gbps": round(moved * 4 * numel / t / 1e9, 2)})
+                           f"{label}gbps": float(f"{moved * 4 * numel / t / 1e9:.4g}")})
         emit(record)
 
 
