@@ -45,6 +45,7 @@ _LAZY_MODULES = {
     "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",
     "debugging": "mpcore.debugging", "distribution": "mpcore.distribution",
     "train": "mpcore.train",   # tf.train.experimental.enable_mixed_precision_graph_rewrite
+    "saving": "mpcore.saving",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
     "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),
