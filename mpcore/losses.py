@@ -73,6 +73,11 @@ class Loss:
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "reduction": self.reduction}
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Loss:
+        """The loss ``get_config`` describes: ``type(loss).from_config(loss.get_config())``."""
+        return cls(**config)
+
 
 def _snake_name(cls: str) -> str:
     import re

@@ -35,6 +35,56 @@ def _sequential_config(model: Any) -> dict[str, Any]:
     return config
 
 
+def keras_order(model: Any) -> list[Layer]:
+    """A functional model's layers in Keras 3's order (``ops.function.map_graph``): by depth
+    from the inputs, and at one depth in the order a depth-first walk from the outputs first
+    meets them. The weights file names layers by class and this position (``dense``,
+    ``dense_1``), so two Dense layers in another order would swap their weights."""
+    inputs = list(model._flat_inputs)
+    input_ids = {id(kt) for kt in inputs}
+    finished: set[int] = set()
+    ordered: list[Node] = []                 # nodes from the inputs to the outputs
+    first_seen: dict[int, int] = {}          # layer -> its index in the walk
+    layers: dict[int, Layer] = {}
+
+    def visit(kt: KerasTensor) -> None:
+        node = kt._node
+        if node is None or id(node) in finished:
+            return
+        is_input = isinstance(node.layer, InputLayer)
+        if not is_input and id(kt) in input_ids:
+            finished.add(id(node))
+            return
+        first_seen.setdefault(id(node.layer), len(first_seen))
+        layers[id(node.layer)] = node.layer
+        if not is_input:
+            for parent in node.flat_inputs:
+                visit(parent)
+        finished.add(id(node))
+        ordered.append(node)
+
+    for kt in flatten(model._graph_outputs):
+        visit(kt)
+    node_depth: dict[int, int] = {}
+    layer_depth: dict[int, int] = {}
+    in_graph = {id(n) for n in ordered}
+    for node in reversed(ordered):
+        depth = node_depth.setdefault(id(node), 0)
+        depth = max(depth, layer_depth.get(id(node.layer), 0))
+        layer_depth[id(node.layer)] = node_depth[id(node)] = depth
+        for parent in node.flat_inputs:
+            if parent._node is not None and id(parent._node) in in_graph:
+                node_depth[id(parent._node)] = max(depth + 1,
+                                                   node_depth.get(id(parent._node), 0))
+    for kt in inputs:                        # inputs the outputs do not read
+        layer = kt._node.layer
+        if id(layer) not in layer_depth:
+            layer_depth[id(layer)], first_seen[id(layer)] = 0, -1
+            layers[id(layer)] = layer
+    return [layers[i] for i in sorted(layer_depth,
+                                       key=lambda i: (-layer_depth[i], first_seen[i]))]
+
+
 def _model_nodes(model: Any) -> dict[int, list[Node]]:
     """Each layer's calls inside ``model``, in the order the layer saw them (a layer shared
     with another model has calls outside it, which the config must not count)."""
@@ -51,6 +101,7 @@ def _functional_config(model: Any) -> dict[str, Any]:
         node = kt._node
         assert node is not None
         index = next(i for i, n in enumerate(nodes[id(node.layer)]) if n is node)
+        index += _first_node(node.layer)
         slot = next(i for i, t in enumerate(node.flat_outputs) if t is kt)
         return [node.layer.name, index, slot]
 
@@ -62,7 +113,7 @@ def _functional_config(model: Any) -> dict[str, Any]:
                            "keras_history": history(x)}}
 
     layers = []
-    for layer in model.layers:
+    for layer in keras_order(model):
         entry = serialization.serialize_keras_object(layer)
         entry["name"] = layer.name
         entry["inbound_nodes"] = [] if isinstance(layer, InputLayer) else [
@@ -70,9 +121,22 @@ def _functional_config(model: Any) -> dict[str, Any]:
              "kwargs": map_structure(tensor, dict(node.kwargs))}
             for node in nodes[id(layer)]]
         layers.append(entry)
-    return {"name": model.name, "trainable": model.trainable, "layers": layers,
-            "input_layers": map_structure(history, model._graph_inputs),
-            "output_layers": map_structure(history, model._graph_outputs)}
+    config = {"name": model.name, "trainable": model.trainable, "layers": layers,
+              "input_layers": map_structure(history, model._graph_inputs),
+              "output_layers": map_structure(history, model._graph_outputs)}
+    if model.dtype_policy.name != "float32" or not model.dtype_policy.loss_scale_is_default:
+        # the model's own policy decides whether compile adds loss scaling; Keras passes
+        # the keys it does not know to the model's constructor, which takes dtype
+        config["dtype"] = keras_configs.policy_to_keras(model.dtype_policy)
+    return config
+
+
+def _first_node(layer: Layer) -> int:
+    """Keras counts a functional model's own (input to output) node as its node 0, so its
+    calls as a layer of another model start at 1."""
+    from mpcore.models import Sequential
+
+    return int(getattr(layer, "_is_graph", False) and not isinstance(layer, Sequential))
 
 
 def from_config(cls: type, config: dict[str, Any],
@@ -111,7 +175,8 @@ def _functional_from_config(cls: type, config: dict[str, Any],
         if name in created:
             raise ValueError(f"the model config names layer {name!r} twice")
         created[name] = layer
-        outputs[name] = [layer.tensor] if isinstance(layer, InputLayer) else []
+        outputs[name] = ([layer.tensor] if isinstance(layer, InputLayer) else
+                         [layer._graph_outputs] if _first_node(layer) else [])
         pending += [(layer, node) for node in entry.get("inbound_nodes", [])]
 
     def resolve(x: Any) -> Any:
@@ -155,8 +220,11 @@ def _functional_from_config(cls: type, config: dict[str, Any],
             return [endpoint(t) for t in triple]
         return {k: endpoint(v) for k, v in triple.items()}
 
+    extra: dict[str, Any] = {}
+    if config.get("dtype") is not None:
+        extra["dtype"] = keras_configs.policy_from_keras(config["dtype"])
     model = cls(inputs=endpoint(config["input_layers"]),
-                outputs=endpoint(config["output_layers"]), name=config.get("name"))
+                outputs=endpoint(config["output_layers"]), name=config.get("name"), **extra)
     model.trainable = bool(config.get("trainable", True))
     return model
 
@@ -191,18 +259,14 @@ def get_build_config(model: Any) -> dict[str, Any]:
 
 
 def get_compile_config(model: Any) -> dict[str, Any] | None:
-    """What ``compile`` was given, Keras 3's ``compile_config``; None for a model never
-    compiled. The optimizer is the one training uses (its hyperparameters as they are now),
-    without the LossScaleOptimizer compile adds for a mixed_float16 model (Keras' rule)."""
+    """What ``compile`` was given (Keras 3's ``compile_config``); None for a model never
+    compiled. The optimizer is the one training uses, with its hyperparameters as they are
+    now, and the LossScaleOptimizer compile added for a mixed_float16 model: written so,
+    Keras 3 rebuilds the same optimizer (and reads its state) whatever its global policy."""
     args = getattr(model, "_compile_args", None)
     if args is None or model.optimizer is None:
         return None
-    optimizer = model.optimizer
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
-    if isinstance(optimizer, LossScaleOptimizer) and not isinstance(args["optimizer"],
-                                                                    LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    return {"optimizer": serialization.serialize_keras_object(optimizer),
+    return {"optimizer": serialization.serialize_keras_object(model.optimizer),
             "loss": serialization.serialize_keras_object(args["loss"]),
             "loss_weights": serialization.serialize_keras_object(args["loss_weights"]),
             "metrics": serialization.serialize_keras_object(args["metrics"]),

@@ -87,8 +87,13 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
     visited.add(id(layer))
     out.append(Entry(path, layer.name, [_variable_slot(v) for v in layer._weights]))
     if getattr(layer, "_is_graph", False):
+        from mpcore.models import Sequential
+        from mpcore.saving.model_config import keras_order
+
         used: dict[str, int] = {}
-        for child in layer.layers:
+        # Keras' order: a Sequential's stack, a functional model's layers by depth
+        children = layer.layers if isinstance(layer, Sequential) else keras_order(layer)
+        for child in children:
             if id(child) not in visited:
                 child_path = f"layers/{_unique(_snake(type(child).__name__), used)}"
                 _walk_layer(child, _join(path, child_path), out, visited)
