@@ -17,6 +17,7 @@ then, so a file that does not fit leaves the model as it was.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,10 @@ def _iterations_slot(optimizer: Any) -> Slot:
     return Slot("iterations", (), lambda: optimizer.iterations, write, "int64")
 
 
+def _to_float32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
 def _set_scale_state(scale: Any, key: str, value: Any) -> None:
     from mpcore import loss_scale as _ls
 
@@ -163,7 +168,10 @@ def _optimizer_slots(optimizer: Any, var_list: list[Any]) -> list[Slot]:
     slots = [_iterations_slot(optimizer)]
     if not callable(optimizer._learning_rate):
         def set_rate(value: Any) -> None:
-            optimizer.learning_rate = float(value)
+            # the file holds the rate in float32; the config, read first, has it exactly:
+            # a rate changed since (by a callback) is the file's, one not changed stays exact
+            if _to_float32(optimizer.learning_rate) != float(value):
+                optimizer.learning_rate = float(value)
 
         slots.append(Slot("learning_rate", (), lambda: float(optimizer.learning_rate),
                           set_rate))
