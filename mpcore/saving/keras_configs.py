@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from mpcore.saving import keras_names
+from mpcore.saving import keras_names, registration
 
 # Keras 3 arguments mpcore does not implement, with the values that mean "not used".
 _OFF: dict[str, tuple[Any, ...]] = {
@@ -143,6 +143,10 @@ def layer_to_keras(layer: Any) -> dict[str, Any]:
                 "sparse": False, "ragged": False, "name": layer.name, "optional": False}
     config = dict(layer.get_config())
     config["dtype"] = serialization.serialize_keras_object(layer.dtype_policy)
+    activation = getattr(layer, "activation", None)
+    if "activation" in config and callable(activation) and not _builtin_activation(activation):
+        # a custom activation: by its registered name, as Keras 3 writes a function
+        config["activation"] = serialization.serialize_keras_object(activation)
     for key, value in config.items():
         if key.endswith("_initializer"):
             config[key] = initializer_to_keras(value)
@@ -172,9 +176,22 @@ def layer_from_keras(cls: type, config: dict[str, Any],
     for key, value in config.items():
         if key.endswith("_initializer"):
             config[key] = initializer_from_keras(value, custom_objects)
-        elif key == "activation" and isinstance(value, dict):
-            config[key] = serialization.deserialize_keras_object(value, custom_objects)
+        elif key == "activation" and isinstance(value, (dict, str)):
+            found = (serialization.deserialize_keras_object(value, custom_objects)
+                     if isinstance(value, dict) else
+                     registration.get_registered_object(value, custom_objects))
+            if found is not None:
+                config[key] = found
     return cls.from_config(keep_supported(cls, config))
+
+
+def _builtin_activation(fn: Any) -> bool:
+    from mpcore.layers import activations
+
+    try:
+        return activations.get(activations.name_of(fn)) is fn
+    except (ValueError, TypeError):
+        return False
 
 
 def policy_from_keras(value: Any) -> Any:

@@ -162,6 +162,9 @@ def deserialize_keras_object(config: Any, custom_objects: dict[str, Any] | None 
         return slice(*(deserialize_keras_object(inner[k], custom_objects, safe_mode)
                        for k in ("start", "stop", "step")))
     if class_name == "function":
+        if not isinstance(inner, str) or not inner:
+            raise TypeError(f"Expected 'config' to be a non-null str for a function, got "
+                            f"{inner!r}. Full config: {config}")
         return _find(inner, config.get("registered_name"), config.get("module"),
                      custom_objects, "function")
     cls = _find(class_name, config.get("registered_name"), config.get("module"),
