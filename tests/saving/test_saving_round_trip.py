@@ -88,8 +88,8 @@ def test_every_layer_round_trips(name: str, tmp_path) -> None:
     loaded = mp.models.load_model(path)
     np.testing.assert_array_equal(np.asarray(loaded.predict(x, verbose=0)),
                                   np.asarray(model.predict(x, verbose=0)))
-    mine = [lyr for lyr in model.layers if type(lyr).__name__ == name][0]
-    theirs = [lyr for lyr in loaded.layers if type(lyr).__name__ == name][0]
+    mine = next(lyr for lyr in model.layers if type(lyr).__name__ == name)
+    theirs = next(lyr for lyr in loaded.layers if type(lyr).__name__ == name)
     assert theirs.get_config() == mine.get_config()
     for a, b in zip(mine.weights, theirs.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -239,7 +239,7 @@ def test_weights_h5_round_trip(tmp_path) -> None:
 
 
 def test_load_model_compile_false(tmp_path) -> None:
-    model, x, y = _trainable("float32", lambda: mp.optimizers.Adam(0.01))
+    model, x, _ = _trainable("float32", lambda: mp.optimizers.Adam(0.01))
     model.save(tmp_path / "m.keras")
     loaded = mp.models.load_model(tmp_path / "m.keras", compile=False)
     assert loaded.optimizer is None
