@@ -287,8 +287,8 @@ class Model(Trainer, Layer):
         mpcore's own checksummed format (:mod:`mpcore.checkpoint`). Written atomically; under
         a distribution (own format): call it on every rank, rank 0 writes."""
         if str(filepath).endswith(".weights.h5"):
-            from mpcore import saving
-            saving.save_weights(self, filepath, overwrite=overwrite)
+            from mpcore.saving import keras_file
+            keras_file.save_weights(self, filepath, overwrite=overwrite)
             return
         _checkpoint.save_weights(self, filepath)
 
@@ -296,8 +296,8 @@ class Model(Trainer, Layer):
         """Load what :meth:`save_weights` wrote, by the same rule of suffixes (a Keras 3
         ``.weights.h5`` file too). Everything is checked before anything is assigned."""
         if str(filepath).endswith(".weights.h5"):
-            from mpcore import saving
-            saving.load_weights(self, filepath)
+            from mpcore.saving import keras_file
+            keras_file.load_weights(self, filepath)
             return
         _checkpoint.load_weights(self, filepath)
 
@@ -305,8 +305,8 @@ class Model(Trainer, Layer):
              ) -> None:
         """Save as a Keras 3 ``.keras`` file (config, weights, optimizer state), which
         ``mp.models.load_model`` and Keras 3's ``keras.models.load_model`` read."""
-        from mpcore import saving
-        saving.save_model(self, filepath, overwrite=overwrite,
+        from mpcore.saving import keras_file
+        keras_file.save_model(self, filepath, overwrite=overwrite,
                           include_optimizer=include_optimizer)
 
     def get_config(self) -> dict[str, Any]:

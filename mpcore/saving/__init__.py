@@ -8,6 +8,8 @@ words for mpcore's classes), ``model_config`` (functional and Sequential configs
 configs), ``weights_h5`` (Keras' h5 layout), ``keras_file`` (the zip).
 """
 
+# keras_configs and model_config register their adapters with serialization when imported
+from mpcore.saving import keras_configs, model_config  # noqa: F401
 from mpcore.saving.keras_file import load_model, load_weights, save_model, save_weights
 from mpcore.saving.registration import (
     CustomObjectScope,
@@ -23,3 +25,8 @@ __all__ = ["CustomObjectScope", "custom_object_scope", "deserialize_keras_object
            "get_custom_objects", "get_registered_name", "get_registered_object",
            "load_model", "load_weights", "register_keras_serializable", "save_model",
            "save_weights", "serialize_keras_object"]
+
+# The models register their classes here (keras_names.register) when imported: the public
+# package brings them in, so that mp.saving.load_model finds Sequential and Functional in a
+# process that has not imported them yet.
+import mpcore.models  # noqa: F401

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from mpcore.saving import keras_names, registration
+from mpcore.saving import keras_names, registration, serialization
 
 # Keras 3 arguments mpcore does not implement, with the values that mean "not used".
 _OFF: dict[str, tuple[Any, ...]] = {
@@ -107,7 +107,6 @@ def initializer_to_keras(init: Any) -> Any:
         if type(init) is cls:
             return {"module": module, "class_name": cls.__name__,
                     "config": dict(vars(init)), "registered_name": None}
-    from mpcore.saving import serialization
     return serialization.serialize_keras_object(init)
 
 
@@ -128,7 +127,6 @@ def initializer_from_keras(config: Any, custom_objects: dict[str, Any] | None) -
                "HeUniform": inits.HeUniform, "HeNormal": inits.HeNormal}
     if keras_names.category_of_module(config.get("module")) == "initializers" and name in builtin:
         return builtin[name](**inner)
-    from mpcore.saving import serialization
     return serialization.deserialize_keras_object(config, custom_objects)
 
 
@@ -136,7 +134,6 @@ def initializer_from_keras(config: Any, custom_objects: dict[str, Any] | None) -
 def layer_to_keras(layer: Any) -> dict[str, Any]:
     """A built-in layer's config as Keras 3 writes it."""
     from mpcore.layers import InputLayer
-    from mpcore.saving import serialization
 
     if isinstance(layer, InputLayer):
         return {"batch_shape": list(layer.batch_shape), "dtype": layer.input_dtype,
@@ -159,7 +156,6 @@ def layer_from_keras(cls: type, config: dict[str, Any],
                      custom_objects: dict[str, Any] | None) -> Any:
     """The built-in layer a Keras 3 config describes."""
     from mpcore.layers import InputLayer
-    from mpcore.saving import serialization
 
     config = dict(config)
     if cls is InputLayer:
@@ -204,11 +200,7 @@ def policy_from_keras(value: Any) -> Any:
     return value
 
 
-def policy_to_keras(policy: Any) -> dict[str, Any]:
-    """Keras 3's DTypePolicy object. A policy given an explicit loss scale keeps it in its
-    config (mpcore's own key: Keras' DTypePolicy has no loss scale and refuses it)."""
-    return {"module": keras_names.MODULES["policy"], "class_name": "DTypePolicy",
-            "config": policy.get_config(), "registered_name": None}
+policy_to_keras = keras_names.policy_to_keras
 
 
 # --- optimizers ---------------------------------------------------------------------------------
@@ -217,7 +209,6 @@ def optimizer_to_keras(optimizer: Any) -> dict[str, Any]:
     a LossScaleOptimizer as Keras' (inner optimizer, initial scale, growth steps)."""
     from mpcore import loss_scale as _ls
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
-    from mpcore.saving import serialization
 
     if isinstance(optimizer, LossScaleOptimizer):
         scale = optimizer.loss_scale
@@ -248,7 +239,6 @@ def optimizer_from_keras(cls: type, config: dict[str, Any],
     from mpcore import loss_scale as _ls
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
     from mpcore.optimizers import schedules
-    from mpcore.saving import serialization
 
     config = dict(config)
     if cls is LossScaleOptimizer:
@@ -276,3 +266,23 @@ def optimizer_from_keras(cls: type, config: dict[str, Any],
             accepted_arguments(cls) or ()):
         config.pop("weight_decay", None)
     return cls(**keep_supported(cls, config))
+
+
+def _plain_from_keras(cls: type, config: dict[str, Any],
+                      custom_objects: dict[str, Any] | None) -> Any:
+    """A loss or a metric: its constructor's arguments, Keras' extra keys dropped."""
+    return cls(**keep_supported(cls, config))
+
+
+def _policy_from_config(cls: type, config: dict[str, Any],
+                        custom_objects: dict[str, Any] | None) -> Any:
+    return policy_from_keras({"config": config})
+
+
+serialization.register_adapter("layers", layer_to_keras, layer_from_keras)
+serialization.register_adapter("optimizers", optimizer_to_keras, optimizer_from_keras)
+serialization.register_adapter("policy", lambda policy: policy.get_config(),
+                               _policy_from_config)
+for _category in ("losses", "metrics"):
+    serialization.register_adapter(_category, lambda obj: dict(obj.get_config()),
+                                   _plain_from_keras)

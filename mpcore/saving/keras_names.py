@@ -4,11 +4,16 @@
 file written by Keras 3 mean here (``keras.src.layers.core.dense`` is ``keras.layers``).
 
 Only Keras' public modules are written, so Keras 3 reads what mpcore saves; a file may name
-Keras' private paths (``keras.src...``), as Keras itself writes for the functional model."""
+Keras' private paths (``keras.src...``), as Keras itself writes for the functional model.
+
+The models sit above this package (their ``save`` and ``get_config`` call it): they register
+their classes here when imported (:func:`register`), as ``mpcore.layers.operators`` installs
+itself on KerasTensor, so the import order stays acyclic."""
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 #: The Keras module a category of built-in objects is written under.
@@ -18,14 +23,52 @@ MODULES = {"layers": "keras.layers", "optimizers": "keras.optimizers",
            "schedules": "keras.optimizers.schedules"}
 
 
-@functools.cache
+_REGISTERED: dict[str, dict[str, type]] = {}
+
+
+def register(category: str, classes: dict[str, type]) -> None:
+    """Add built-in classes of a package above this one (``mpcore.models`` registers
+    ``Sequential``, ``Functional`` and ``Model``)."""
+    _REGISTERED.setdefault(category, {}).update(classes)
+
+
 def builtins() -> dict[str, dict[str, type]]:
-    """Category -> {Keras class name: mpcore class}. Imported on first use: saving needs the
-    layers, models, optimizers, losses and metrics, which ``import mpcore`` loads lazily."""
+    """Category -> {Keras class name: mpcore class}."""
+    table = dict(_builtins_below())
+    for category, classes in _REGISTERED.items():
+        table[category] = {**table.get(category, {}), **classes}
+    return table
+
+
+def model_class(name: str) -> type:
+    """``Sequential`` or ``Model``, as :mod:`mpcore.models` registered them."""
+    classes = _REGISTERED.get("models", {})
+    if name not in classes:
+        raise RuntimeError("mpcore.models has not registered its classes: import mpcore.models")
+    return classes[name]
+
+
+def to_snake_case(name: str) -> str:
+    """Keras 3's ``naming.to_snake_case``: ``Conv2D`` -> ``conv2d``, ``MaxPooling2D`` ->
+    ``max_pooling2d``."""
+    s = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", re.sub(r"\W+", "", name))
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", s).lower()
+
+
+def policy_to_keras(policy: Any) -> dict[str, Any]:
+    """Keras 3's DTypePolicy object. A policy given an explicit loss scale keeps it in its
+    config (mpcore's own key: Keras' DTypePolicy has no loss scale and refuses it)."""
+    return {"module": MODULES["policy"], "class_name": "DTypePolicy",
+            "config": policy.get_config(), "registered_name": None}
+
+
+@functools.cache
+def _builtins_below() -> dict[str, dict[str, type]]:
+    """The built-ins of the packages below this one, imported on first use (``import
+    mpcore`` loads layers, optimizers, losses and metrics lazily)."""
     from mpcore import layers, losses, metrics, optimizers
     from mpcore.layers import merging, pooling
     from mpcore.loss_scale_optimizer import LossScaleOptimizer
-    from mpcore.models import Model, Sequential
     from mpcore.optimizers import schedules
     from mpcore.policy import Policy
 
@@ -45,7 +88,6 @@ def builtins() -> dict[str, dict[str, type]]:
         "metrics": {c.__name__: c for c in vars(metrics).values()
                     if isinstance(c, type) and issubclass(c, metrics.Metric)
                     and c not in (metrics.Metric, metrics.MeanMetricWrapper)},
-        "models": {"Sequential": Sequential, "Functional": Model, "Model": Model},
         "policy": {"DTypePolicy": Policy, "Policy": Policy},
         "schedules": {c.__name__: c for c in vars(schedules).values()
                       if isinstance(c, type) and issubclass(c, schedules.LearningRateSchedule)

@@ -10,14 +10,12 @@ from typing import Any
 
 from mpcore.layers.base import InputLayer, KerasTensor, Layer, Node
 from mpcore.layers.symbolic import flatten, map_structure
-from mpcore.saving import keras_configs, serialization
+from mpcore.saving import keras_configs, keras_names, serialization
 
 
 def get_config(model: Any) -> dict[str, Any]:
     """A built-in model's config: Sequential's or a functional model's."""
-    from mpcore.models import Sequential
-
-    if isinstance(model, Sequential):
+    if isinstance(model, keras_names.model_class("Sequential")):
         return _sequential_config(model)
     return _functional_config(model)
 
@@ -28,7 +26,7 @@ def _sequential_config(model: Any) -> dict[str, Any]:
         layers.insert(0, model._input_tensor._node.layer)
     config: dict[str, Any] = {
         "name": model.name, "trainable": model.trainable,
-        "dtype": keras_configs.policy_to_keras(model.dtype_policy),
+        "dtype": keras_names.policy_to_keras(model.dtype_policy),
         "layers": [serialization.serialize_keras_object(layer) for layer in layers]}
     if model._input_tensor is not None:
         config["build_input_shape"] = list(model._input_tensor.shape)
@@ -127,24 +125,21 @@ def _functional_config(model: Any) -> dict[str, Any]:
     if model.dtype_policy.name != "float32" or not model.dtype_policy.loss_scale_is_default:
         # the model's own policy decides whether compile adds loss scaling; Keras passes
         # the keys it does not know to the model's constructor, which takes dtype
-        config["dtype"] = keras_configs.policy_to_keras(model.dtype_policy)
+        config["dtype"] = keras_names.policy_to_keras(model.dtype_policy)
     return config
 
 
 def _first_node(layer: Layer) -> int:
     """Keras counts a functional model's own (input to output) node as its node 0, so its
     calls as a layer of another model start at 1."""
-    from mpcore.models import Sequential
-
-    return int(getattr(layer, "_is_graph", False) and not isinstance(layer, Sequential))
+    return int(getattr(layer, "_is_graph", False)
+               and not isinstance(layer, keras_names.model_class("Sequential")))
 
 
 def from_config(cls: type, config: dict[str, Any],
                 custom_objects: dict[str, Any] | None) -> Any:
     """The model a Sequential or functional config describes."""
-    from mpcore.models import Sequential
-
-    if issubclass(cls, Sequential):
+    if issubclass(cls, keras_names.model_class("Sequential")):
         return _sequential_from_config(cls, config, custom_objects)
     return _functional_from_config(cls, config, custom_objects)
 
@@ -250,8 +245,8 @@ def _call_kwargs(layer: Layer, kwargs: dict[str, Any]) -> dict[str, Any]:
 # --- build and compile ------------------------------------------------------------------------
 def get_build_config(model: Any) -> dict[str, Any]:
     if model._is_graph:
-        from mpcore.models import Sequential
-        if isinstance(model, Sequential) and model._input_tensor is not None:
+        if (isinstance(model, keras_names.model_class("Sequential"))
+                and model._input_tensor is not None):
             return {"input_shape": list(model._input_tensor.shape)}
         return {"input_shape": None}
     shape = model._build_shape
@@ -308,11 +303,10 @@ def model_from_config(cls: type, config: dict[str, Any],
                       custom_objects: dict[str, Any] | None) -> Any:
     """``Model.from_config``: a Sequential or functional config (its layers), else the
     subclass's own arguments (``cls(**config)``)."""
-    from mpcore.models import Sequential
     from mpcore.saving import registration
 
     with registration.custom_object_scope(custom_objects):
-        if issubclass(cls, Sequential) or all(
+        if issubclass(cls, keras_names.model_class("Sequential")) or all(
                 k in config for k in ("layers", "input_layers", "output_layers")):
             return from_config(cls, config, custom_objects)
         config = dict(config)
@@ -333,3 +327,6 @@ def build_from_config(model: Any, config: dict[str, Any]) -> None:
         raise NotImplementedError("building a subclassed model of several inputs from its "
                                   "config is not supported; build it before loading weights")
     model(ops.zeros(tuple(1 if d is None else d for d in shape), "float32"))
+
+
+serialization.register_adapter("models", get_config, from_config)

@@ -15,12 +15,23 @@ import contextlib
 import contextvars
 import inspect
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from mpcore.saving import keras_configs, keras_names, registration
+from mpcore.saving import keras_names, registration
 
 PLAIN_TYPES = (str, int, float, bool)
+#: category -> (the Keras config of a built-in object, the object a Keras config describes).
+#: :mod:`mpcore.saving.keras_configs` (layers, optimizers, losses, metrics, the policy) and
+#: :mod:`mpcore.saving.model_config` (models) register theirs when imported (the package
+#: imports both): they build on this module, which therefore imports neither.
+_ADAPTERS: dict[str, tuple[Callable[[Any], dict[str, Any]],
+                           Callable[[type, dict[str, Any], Any], Any]]] = {}
+
+
+def register_adapter(category: str, to_keras: Callable[[Any], dict[str, Any]],
+                     from_keras: Callable[[type, dict[str, Any], Any], Any]) -> None:
+    _ADAPTERS[category] = (to_keras, from_keras)
 _SAFE_MODE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("mpcore_safe_mode",
                                                                          default=None)
 
@@ -61,7 +72,7 @@ def serialize_keras_object(obj: Any) -> Any:
             raise TypeError(f"the get_config() of {obj!r} must return a dict, got {inner!r}")
         inner = dict(inner)
         if "dtype" in inner and hasattr(obj, "dtype_policy"):
-            inner["dtype"] = keras_configs.policy_to_keras(obj.dtype_policy)
+            inner["dtype"] = keras_names.policy_to_keras(obj.dtype_policy)
         cls = type(obj)
         config = {"module": cls.__module__, "class_name": cls.__name__,
                   "config": serialize_keras_object(inner),
@@ -83,31 +94,16 @@ def _serialize_function(fn: Any) -> Any:
 
 
 def _builtin_config(obj: Any) -> dict[str, Any]:
-    from mpcore.layers import Layer
-    from mpcore.models import Model
-    from mpcore.optimizers import Optimizer
-    from mpcore.policy import Policy
-
-    if isinstance(obj, Model):
-        from mpcore.saving import model_config
-        return model_config.get_config(obj)
-    if isinstance(obj, Layer):
-        return keras_configs.layer_to_keras(obj)
-    if isinstance(obj, Optimizer):
-        return keras_configs.optimizer_to_keras(obj)
-    if isinstance(obj, Policy):
-        return obj.get_config()
-    return dict(obj.get_config())
+    adapter = _ADAPTERS.get(_builtin_category(type(obj)) or "")
+    return adapter[0](obj) if adapter is not None else dict(obj.get_config())
 
 
 def _add_build_and_compile_config(obj: Any, config: dict[str, Any]) -> None:
     from mpcore.layers import InputLayer, Layer
-    from mpcore.models import Model
 
-    if isinstance(obj, Model):
-        from mpcore.saving import model_config
-        config["build_config"] = model_config.get_build_config(obj)
-        compile_config = model_config.get_compile_config(obj)
+    if hasattr(obj, "get_compile_config"):       # a model (Keras 3's hooks)
+        config["build_config"] = obj.get_build_config()
+        compile_config = obj.get_compile_config()
         if compile_config is not None:
             config["compile_config"] = serialize_keras_object(compile_config)
     elif (isinstance(obj, Layer) and not isinstance(obj, InputLayer) and obj.built
@@ -196,10 +192,10 @@ def _find(name: str, registered_name: str | None, module: str | None,
         if builtin is not None:
             return builtin
     elif module == "builtins" or (module or "").startswith("keras"):
+        from mpcore import losses
         from mpcore.layers import activations
-        from mpcore.losses import _BY_NAME
-        found = getattr(activations, name, None) or _BY_NAME.get(name)
-        if found is not None:
+        found = getattr(activations, name, None) or getattr(losses, name, None)
+        if isinstance(found, types.FunctionType):
             return found
     where = f" (module {module!r})" if module else ""
     raise TypeError(
@@ -213,19 +209,10 @@ def _instantiate(cls: Any, inner: dict[str, Any], custom_objects: dict[str, Any]
                  full: dict[str, Any]) -> Any:
     if isinstance(cls, types.FunctionType):
         return cls
-    category = _builtin_category(cls)
+    adapter = _ADAPTERS.get(_builtin_category(cls) or "")
     try:
-        if category == "layers":
-            return keras_configs.layer_from_keras(cls, inner, custom_objects)
-        if category == "models":
-            from mpcore.saving import model_config
-            return model_config.from_config(cls, inner, custom_objects)
-        if category == "optimizers":
-            return keras_configs.optimizer_from_keras(cls, inner, custom_objects)
-        if category == "policy":
-            return keras_configs.policy_from_keras({"config": inner})
-        if category in ("losses", "metrics"):
-            return cls(**keras_configs.keep_supported(cls, inner))
+        if adapter is not None:
+            return adapter[1](cls, inner, custom_objects)
         if not hasattr(cls, "from_config"):
             raise TypeError(f"cannot rebuild {cls!r}: it has no from_config() method")
         return cls.from_config(inner)

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore.layers.base import Layer, _snake
+from mpcore.layers.base import Layer
+from mpcore.saving import keras_names, model_config
 
 #: mpcore attribute -> Keras path of a built-in layer's sublayers (Keras walks properties)
 _SUBLAYER_PATHS = {"_query_dense": "query_dense", "_key_dense": "key_dense",
@@ -88,16 +89,13 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
     visited.add(id(layer))
     out.append(Entry(path, layer.name, [_variable_slot(v) for v in layer._weights]))
     if getattr(layer, "_is_graph", False):
-        from mpcore.models import Sequential
-        from mpcore.saving.model_config import keras_order
-
         used: dict[str, int] = {}
         # Keras' order: a Sequential's stack, a functional model's layers by depth
-        children = layer.layers if isinstance(layer, Sequential) else keras_order(layer)
-        for child in children:
-            if id(child) not in visited:
-                child_path = f"layers/{_unique(_snake(type(child).__name__), used)}"
-                _walk_layer(child, _join(path, child_path), out, visited)
+        children = (layer.layers if isinstance(layer, keras_names.model_class("Sequential"))
+                    else model_config.keras_order(layer))
+        for child in children:       # named before the visited check, as Keras counts
+            name = _unique(keras_names.to_snake_case(type(child).__name__), used)
+            _walk_layer(child, _join(path, f"layers/{name}"), out, visited)
     for attr in sorted(vars(layer), key=_name_key):
         if attr in _SKIPPED:
             continue
@@ -109,8 +107,8 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
             items = list(value.values()) if isinstance(value, dict) else list(value)
             used = {}
             for item in items:
-                if isinstance(item, Layer) and id(item) not in visited:
-                    child = _unique(_snake(type(item).__name__), used)
+                if isinstance(item, Layer):
+                    child = _unique(keras_names.to_snake_case(type(item).__name__), used)
                     _walk_layer(item, _join(path, f"{name}/{child}"), out, visited)
 
 
