@@ -10,7 +10,7 @@ from typing import Any
 
 from mpcore.layers.base import InputLayer, KerasTensor, Layer, Node
 from mpcore.layers.symbolic import flatten, map_structure
-from mpcore.saving import keras_configs, keras_names, serialization
+from mpcore.saving import keras_configs, keras_names, keras_ops, serialization
 
 
 def get_config(model: Any) -> dict[str, Any]:
@@ -112,12 +112,18 @@ def _functional_config(model: Any) -> dict[str, Any]:
 
     layers = []
     for layer in keras_order(model):
-        entry = serialization.serialize_keras_object(layer)
-        entry["name"] = layer.name
-        entry["inbound_nodes"] = [] if isinstance(layer, InputLayer) else [
-            {"args": map_structure(tensor, [node.inputs, *node.args]),
-             "kwargs": map_structure(tensor, dict(node.kwargs))}
-            for node in nodes[id(layer)]]
+        if keras_ops.is_operator(layer):      # x + y: Keras' operation, its operands as args
+            entry = keras_ops.entry(layer, [], tensor)
+            inbound = [{"args": keras_ops.node_args(layer, node.inputs, tensor,
+                                                    serialization.serialize_keras_object),
+                        "kwargs": {}} for node in nodes[id(layer)]]
+        else:
+            entry = serialization.serialize_keras_object(layer)
+            inbound = [] if isinstance(layer, InputLayer) else [
+                {"args": map_structure(tensor, [node.inputs, *node.args]),
+                 "kwargs": map_structure(tensor, dict(node.kwargs))}
+                for node in nodes[id(layer)]]
+        entry["name"], entry["inbound_nodes"] = layer.name, inbound
         layers.append(entry)
     config = {"name": model.name, "trainable": model.trainable, "layers": layers,
               "input_layers": map_structure(history, model._graph_inputs),
@@ -161,12 +167,17 @@ def _sequential_from_config(cls: type, config: dict[str, Any],
 
 def _functional_from_config(cls: type, config: dict[str, Any],
                             custom_objects: dict[str, Any] | None) -> Any:
-    created: dict[str, Layer] = {}
+    created: dict[str, Any] = {}
     outputs: dict[str, list[Any]] = {}
-    pending: list[tuple[Layer, dict[str, Any]]] = []
+    pending: list[tuple[Any, dict[str, Any]]] = []
     for entry in config["layers"]:
-        layer = serialization.deserialize_keras_object(entry, custom_objects)
-        name = entry.get("name", layer.name)
+        if keras_ops.is_keras_operation(entry):
+            # made at its call: an operator layer is its operands (a constant, a key)
+            name = entry.get("name") or entry["config"]["name"]
+            layer = _Operation(entry["class_name"], name)
+        else:
+            layer = serialization.deserialize_keras_object(entry, custom_objects)
+            name = entry.get("name", layer.name)
         if name in created:
             raise ValueError(f"the model config names layer {name!r} twice")
         created[name] = layer
@@ -175,6 +186,8 @@ def _functional_from_config(cls: type, config: dict[str, Any],
         pending += [(layer, node) for node in entry.get("inbound_nodes", [])]
 
     def resolve(x: Any) -> Any:
+        if isinstance(x, dict) and x.get("class_name") not in (None, "__keras_tensor__"):
+            return serialization.deserialize_keras_object(x, custom_objects)
         if isinstance(x, dict) and x.get("class_name") == "__keras_tensor__":
             name, node_index, slot = x["config"]["keras_history"]
             if name not in outputs:
@@ -199,8 +212,11 @@ def _functional_from_config(cls: type, config: dict[str, Any],
             except _NotYetError:
                 remaining.append((layer, node))
                 continue
-            outputs[_name_of(created, layer)].append(layer(*args, **_call_kwargs(layer,
-                                                                                  kwargs)))
+            if isinstance(layer, _Operation):
+                out = keras_ops.call(layer.class_name, layer.name, args)
+            else:
+                out = layer(*args, **_call_kwargs(layer, kwargs))
+            outputs[_name_of(created, layer)].append(out)
         if len(remaining) == len(pending):
             raise ValueError("the model config's nodes read each other in a cycle, or read "
                              "nodes no layer makes: " + ", ".join(
@@ -224,11 +240,18 @@ def _functional_from_config(cls: type, config: dict[str, Any],
     return model
 
 
+class _Operation:
+    """A Keras operation of the config, made into mpcore's operator at its call."""
+
+    def __init__(self, class_name: str, name: str) -> None:
+        self.class_name, self.name = class_name, name
+
+
 class _NotYetError(Exception):
     """A node reads a node not made yet."""
 
 
-def _name_of(created: dict[str, Layer], layer: Layer) -> str:
+def _name_of(created: dict[str, Any], layer: Any) -> str:
     return next(name for name, known in created.items() if known is layer)
 
 

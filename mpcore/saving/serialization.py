@@ -54,6 +54,14 @@ def serialize_keras_object(obj: Any) -> Any:
         return [serialize_keras_object(x) for x in obj]
     if isinstance(obj, dict):
         return {key: serialize_keras_object(value) for key, value in obj.items()}
+    if isinstance(obj, bytes):
+        return {"class_name": "__bytes__", "config": {"value": obj.decode("utf-8")}}
+    if isinstance(obj, slice):
+        return {"class_name": "__slice__", "config": {
+            "start": serialize_keras_object(obj.start), "stop": serialize_keras_object(obj.stop),
+            "step": serialize_keras_object(obj.step)}}
+    if obj is Ellipsis:
+        return {"class_name": "__ellipsis__", "config": {}}
     if isinstance(obj, types.FunctionType):
         return _serialize_function(obj)
     name = keras_names.keras_name(obj)

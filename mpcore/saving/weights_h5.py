@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpcore.layers.base import Layer
-from mpcore.saving import keras_names, model_config
+from mpcore.saving import keras_names, keras_ops, model_config
 
 #: mpcore attribute -> Keras path of a built-in layer's sublayers (Keras walks properties)
 _SUBLAYER_PATHS = {"_query_dense": "query_dense", "_key_dense": "key_dense",
@@ -94,6 +94,8 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
         children = (layer.layers if isinstance(layer, keras_names.model_class("Sequential"))
                     else model_config.keras_order(layer))
         for child in children:       # named before the visited check, as Keras counts
+            if keras_ops.is_operator(child):
+                continue             # Keras' operations are not layers: no group
             name = _unique(keras_names.to_snake_case(type(child).__name__), used)
             _walk_layer(child, _join(path, f"layers/{name}"), out, visited)
     for attr in sorted(vars(layer), key=_name_key):

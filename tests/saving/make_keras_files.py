@@ -95,6 +95,17 @@ def shapes_and_merges() -> tuple[keras.Model, np.ndarray]:
             np.random.default_rng(4).normal(size=(2, 12)).astype("float32"))
 
 
+def operators() -> tuple[keras.Model, list[np.ndarray]]:
+    """Operators on symbolic tensors: Keras writes them as operations of keras.src.ops."""
+    a, b = keras.Input((4, 3), name="a"), keras.Input((4, 3), name="b")
+    y = -(2.0 - (a + b) * 0.5)
+    y = (y[:, -1] / 3.0) ** 2.0
+    out = L.Dense(2, name="dense")(y)
+    rng = np.random.default_rng(6)
+    return (keras.Model([a, b], out, name="operators"),
+            [rng.normal(size=(2, 4, 3)).astype("float32") for _ in range(2)])
+
+
 def trained(optimizer: keras.optimizers.Optimizer, name: str, policy: str = "float32"
             ) -> tuple[keras.Model, np.ndarray]:
     """A compiled model whose optimizer has taken two steps (Keras' NumPy backend has no
@@ -123,7 +134,7 @@ def trained(optimizer: keras.optimizers.Optimizer, name: str, policy: str = "flo
 
 MODELS = {
     "dense_block": dense_block, "conv_stack": conv_stack, "global_pools": global_pools,
-    "attention": attention, "shapes_and_merges": shapes_and_merges,
+    "attention": attention, "shapes_and_merges": shapes_and_merges, "operators": operators,
     "adam_state": lambda: trained(keras.optimizers.Adam(0.01), "adam_state"),
     "sgd_state": lambda: trained(keras.optimizers.SGD(0.05, momentum=0.9), "sgd_state"),
     "rmsprop_state": lambda: trained(keras.optimizers.RMSprop(0.01, momentum=0.5),
@@ -140,9 +151,12 @@ def main() -> None:
         model, x = MODELS[name]()
         y = np.asarray(model.predict(x, verbose=0))
         model.save(os.path.join(HERE, f"{name}.keras"))
+        inputs = x if isinstance(x, list) else [x]
         with open(os.path.join(HERE, f"{name}.json"), "w") as f:
-            json.dump({"keras_version": keras.__version__, "x": x.tolist(),
-                       "x_dtype": str(x.dtype), "y": y.astype("float64").tolist()}, f)
+            json.dump({"keras_version": keras.__version__,
+                       "x": [v.tolist() for v in inputs] if isinstance(x, list) else x.tolist(),
+                       "several": isinstance(x, list), "x_dtype": str(inputs[0].dtype),
+                       "y": y.astype("float64").tolist()}, f)
         print("wrote", name)
 
 

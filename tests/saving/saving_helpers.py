@@ -27,15 +27,17 @@ import pytest
 
 DATA = Path(__file__).resolve().parent / "data"
 KERAS_FILES = ("dense_block", "conv_stack", "global_pools", "attention", "shapes_and_merges",
-               "adam_state", "sgd_state", "rmsprop_state", "mixed_state")
+               "operators", "adam_state", "sgd_state", "rmsprop_state", "mixed_state")
 
 
-def example(name: str) -> tuple[Path, np.ndarray, np.ndarray]:
-    """A Keras-written file, its input batch and Keras' prediction for it."""
+def example(name: str) -> tuple[Path, Any, np.ndarray]:
+    """A Keras-written file, its input batch (a list for several inputs) and Keras'
+    prediction for it."""
     with open(DATA / f"{name}.json") as f:
         record = json.load(f)
-    return (DATA / f"{name}.keras", np.asarray(record["x"], dtype=record["x_dtype"]),
-            np.asarray(record["y"], dtype="float64"))
+    x = ([np.asarray(v, dtype=record["x_dtype"]) for v in record["x"]]
+         if record.get("several") else np.asarray(record["x"], dtype=record["x_dtype"]))
+    return DATA / f"{name}.keras", x, np.asarray(record["y"], dtype="float64")
 
 
 def weights_tree(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -98,7 +100,9 @@ warnings.simplefilter("error", UserWarning)   # Keras warns where it skips a sav
 out = {}
 for path, x_path in zip(sys.argv[1::2], sys.argv[2::2]):
     model = keras.models.load_model(path)
-    x = np.load(x_path, allow_pickle=False)
+    with np.load(x_path, allow_pickle=False) as data:
+        x = [data[k] for k in sorted(data.files, key=int)]
+    x = x[0] if len(x) == 1 else x
     opt = getattr(model, "optimizer", None)
     out[path] = {"y": np.asarray(model.predict(x, verbose=0), "float64").tolist(),
                  "optimizer": None if opt is None else type(opt).__name__,

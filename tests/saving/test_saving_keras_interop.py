@@ -164,9 +164,9 @@ def test_keras_loads_mpcore_files(tmp_path) -> None:
               for name in KERAS_FILES}
     models.update(_native_models())
     for name, (model, x) in models.items():
-        path, x_path = tmp_path / f"{name}.keras", tmp_path / f"{name}.npy"
+        path, x_path = tmp_path / f"{name}.keras", tmp_path / f"{name}.npz"
         model.save(path)
-        np.save(x_path, x)
+        np.savez(x_path, **{str(i): v for i, v in enumerate(x if isinstance(x, list) else [x])})
         args += [str(path), str(x_path)]
         opt = model.optimizer
         expected[str(path)] = (name, np.asarray(model.predict(x, verbose=0), "float64"),

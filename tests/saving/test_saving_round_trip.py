@@ -253,3 +253,20 @@ def test_save_model_and_saving_module_agree(tmp_path) -> None:
     a = mp.saving.load_model(tmp_path / "a.keras")
     b = mp.models.load_model(tmp_path / "b.keras")
     assert a.get_config() == b.get_config()
+
+
+def test_operators_on_symbolic_tensors_round_trip(tmp_path) -> None:
+    """``x + y``, ``x * 0.5``, ``2.0 - x``, ``-x``, ``x[:, -1]``, ``x ** 2``: Keras'
+    operations in the config, mpcore's operator layers again after loading."""
+    a, b = mp.Input((4, 3)), mp.Input((4, 3))
+    y = -(2.0 - (a + b) * 0.5)
+    y = L.Dense(2)((y[:, -1] / 3.0) ** 2.0)
+    model = mp.Model([a, b], y)
+    x = [RNG.normal(size=(2, 4, 3)).astype("float32") for _ in range(2)]
+    model.save(tmp_path / "m.keras")
+    loaded = mp.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert loaded.get_config() == model.get_config()
+    classes = [lyr["class_name"] for lyr in model.get_config()["layers"]]
+    assert classes == ["InputLayer", "InputLayer", "Add", "Multiply", "Subtract", "Negative",
+                       "GetItem", "TrueDivide", "Power", "Dense"]
