@@ -204,3 +204,12 @@ def test_malformed_vars_group(tmp_path: Path) -> None:
 def test_missing_weights_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no weights file"):
         _model().load_weights(tmp_path / "absent.weights.h5")
+
+
+def test_save_to_a_folder_and_into_a_new_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "it.keras"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        _model().save(folder)
+    _model().save(tmp_path / "new" / "m.keras")
+    assert mp.models.load_model(tmp_path / "new" / "m.keras").name
