@@ -24,7 +24,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "data_format": ("channels_last", None), "dilation_rate": ([1, 1], (1, 1), 1),
     "groups": (1,), "use_ema": (False,), "amsgrad": (False,), "centered": (False,),
     "sparse": (False,), "ragged": (False,), "optional": (False,), "label_smoothing": (0, 0.0),
-    "use_gate": (False,), "sliding_window": (None,),
+    "use_gate": (False,), "sliding_window": (None,), "weight_decay": (None,),
     "axis": (-1,), "dtype": (None, "float32"), "lora_enabled": (False,),
 }
 # keys whose value does not matter once another key turns the feature off
@@ -262,9 +262,6 @@ def optimizer_from_keras(cls: type, config: dict[str, Any],
         if keras_names.category_of_module(lr.get("module")) == "schedules":
             lr = {**lr, "module": "mpcore.optimizers.schedules"}
         config["learning_rate"] = schedules.deserialize(lr, custom_objects)
-    if config.get("weight_decay") is None and "weight_decay" not in (
-            accepted_arguments(cls) or ()):
-        config.pop("weight_decay", None)
     return cls(**keep_supported(cls, config))
 
 

@@ -29,7 +29,7 @@ def is_keras_operation(entry: dict[str, Any]) -> bool:
     return module.startswith("keras.src.ops") or module == "keras.ops"
 
 
-def entry(layer: TensorOperator, node_args: list[Any], tensor: Any) -> dict[str, Any]:
+def entry(layer: TensorOperator) -> dict[str, Any]:
     """The config entry of an operator's layer (without name and inbound nodes)."""
     return {"module": MODULE, "class_name": KERAS_OPS[layer.op],
             "config": {"name": layer.name}, "registered_name": None}

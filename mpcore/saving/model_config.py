@@ -95,13 +95,17 @@ def _model_nodes(model: Any) -> dict[int, list[Node]]:
 def _functional_config(model: Any) -> dict[str, Any]:
     nodes = _model_nodes(model)
 
-    def history(kt: KerasTensor) -> list[Any]:
+    def history(kt: KerasTensor, endpoint: bool = False) -> list[Any]:
         node = kt._node
         assert node is not None
         index = next(i for i, n in enumerate(nodes[id(node.layer)]) if n is node)
-        index += _first_node(node.layer)
+        if endpoint:
+            index += _first_node(node.layer)
         slot = next(i for i, t in enumerate(node.flat_outputs) if t is kt)
         return [node.layer.name, index, slot]
+
+    def endpoint(kt: KerasTensor) -> list[Any]:
+        return history(kt, endpoint=True)
 
     def tensor(x: Any) -> Any:
         if not isinstance(x, KerasTensor):
@@ -113,7 +117,7 @@ def _functional_config(model: Any) -> dict[str, Any]:
     layers = []
     for layer in keras_order(model):
         if keras_ops.is_operator(layer):      # x + y: Keras' operation, its operands as args
-            entry = keras_ops.entry(layer, [], tensor)
+            entry = keras_ops.entry(layer)
             inbound = [{"args": keras_ops.node_args(layer, node.inputs, tensor,
                                                     serialization.serialize_keras_object),
                         "kwargs": {}} for node in nodes[id(layer)]]
@@ -126,8 +130,8 @@ def _functional_config(model: Any) -> dict[str, Any]:
         entry["name"], entry["inbound_nodes"] = layer.name, inbound
         layers.append(entry)
     config = {"name": model.name, "trainable": model.trainable, "layers": layers,
-              "input_layers": map_structure(history, model._graph_inputs),
-              "output_layers": map_structure(history, model._graph_outputs)}
+              "input_layers": map_structure(endpoint, model._graph_inputs),
+              "output_layers": map_structure(endpoint, model._graph_outputs)}
     if model.dtype_policy.name != "float32" or not model.dtype_policy.loss_scale_is_default:
         # the model's own policy decides whether compile adds loss scaling; Keras passes
         # the keys it does not know to the model's constructor, which takes dtype
@@ -135,9 +139,10 @@ def _functional_config(model: Any) -> dict[str, Any]:
     return config
 
 
-def _first_node(layer: Layer) -> int:
-    """Keras counts a functional model's own (input to output) node as its node 0, so its
-    calls as a layer of another model start at 1."""
+def _first_node(layer: Any) -> int:
+    """Keras' ``input_layers``/``output_layers`` count a functional model's own (input to
+    output) node as its node 0, so its calls as a layer of another model start at 1 there
+    (``functional_from_config``'s ``get_tensor``); the nodes' arguments count from 0."""
     return int(getattr(layer, "_is_graph", False)
                and not isinstance(layer, keras_names.model_class("Sequential")))
 
@@ -181,8 +186,7 @@ def _functional_from_config(cls: type, config: dict[str, Any],
         if name in created:
             raise ValueError(f"the model config names layer {name!r} twice")
         created[name] = layer
-        outputs[name] = ([layer.tensor] if isinstance(layer, InputLayer) else
-                         [layer._graph_outputs] if _first_node(layer) else [])
+        outputs[name] = [layer.tensor] if isinstance(layer, InputLayer) else []
         pending += [(layer, node) for node in entry.get("inbound_nodes", [])]
 
     def resolve(x: Any) -> Any:
@@ -226,7 +230,7 @@ def _functional_from_config(cls: type, config: dict[str, Any],
     def endpoint(triple: Any) -> Any:
         if isinstance(triple, list) and len(triple) == 3 and isinstance(triple[0], str):
             name, node_index, slot = triple
-            return flatten(outputs[name][node_index])[slot]
+            return flatten(outputs[name][node_index - _first_node(created[name])])[slot]
         if isinstance(triple, list):
             return [endpoint(t) for t in triple]
         return {k: endpoint(v) for k, v in triple.items()}

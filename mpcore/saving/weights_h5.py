@@ -83,6 +83,13 @@ def entries(model: Any, include_optimizer: bool = True) -> list[Entry]:
     return out
 
 
+def _path_name(layer: Layer) -> str:
+    """The group of a layer in a container: its Keras class name in snake case (a
+    functional model is Keras' ``Functional``)."""
+    known = keras_names.keras_name(layer)
+    return keras_names.to_snake_case(known[1] if known else type(layer).__name__)
+
+
 def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) -> None:
     if id(layer) in visited:
         return
@@ -96,7 +103,7 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
         for child in children:       # named before the visited check, as Keras counts
             if keras_ops.is_operator(child):
                 continue             # Keras' operations are not layers: no group
-            name = _unique(keras_names.to_snake_case(type(child).__name__), used)
+            name = _unique(_path_name(child), used)
             _walk_layer(child, _join(path, f"layers/{name}"), out, visited)
     for attr in sorted(vars(layer), key=_name_key):
         if attr in _SKIPPED:
@@ -110,7 +117,7 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
             used = {}
             for item in items:
                 if isinstance(item, Layer):
-                    child = _unique(keras_names.to_snake_case(type(item).__name__), used)
+                    child = _unique(_path_name(item), used)
                     _walk_layer(item, _join(path, f"{name}/{child}"), out, visited)
 
 

@@ -106,6 +106,20 @@ def operators() -> tuple[keras.Model, list[np.ndarray]]:
             [rng.normal(size=(2, 4, 3)).astype("float32") for _ in range(2)])
 
 
+def nested() -> tuple[keras.Model, list[np.ndarray]]:
+    """Functional models as layers: one called once, one shared by two inputs."""
+    def sub(units: int, name: str) -> keras.Model:
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, L.Dense(units, activation="relu")(inputs), name=name)
+
+    a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+    shared = sub(3, "shared")
+    out = L.Concatenate(name="cat")([sub(2, "once")(a), shared(a), shared(b)])
+    rng = np.random.default_rng(7)
+    return (keras.Model([a, b], [out, shared(b)], name="nested"),
+            [rng.normal(size=(2, 4)).astype("float32") for _ in range(2)])
+
+
 def trained(optimizer: keras.optimizers.Optimizer, name: str, policy: str = "float32"
             ) -> tuple[keras.Model, np.ndarray]:
     """A compiled model whose optimizer has taken two steps (Keras' NumPy backend has no
@@ -135,6 +149,7 @@ def trained(optimizer: keras.optimizers.Optimizer, name: str, policy: str = "flo
 MODELS = {
     "dense_block": dense_block, "conv_stack": conv_stack, "global_pools": global_pools,
     "attention": attention, "shapes_and_merges": shapes_and_merges, "operators": operators,
+    "nested": nested,
     "adam_state": lambda: trained(keras.optimizers.Adam(0.01), "adam_state"),
     "sgd_state": lambda: trained(keras.optimizers.SGD(0.05, momentum=0.9), "sgd_state"),
     "rmsprop_state": lambda: trained(keras.optimizers.RMSprop(0.01, momentum=0.5),
@@ -149,7 +164,9 @@ def main() -> None:
     names = sys.argv[1:] or list(MODELS)
     for name in names:
         model, x = MODELS[name]()
-        y = np.asarray(model.predict(x, verbose=0))
+        y = model.predict(x, verbose=0)
+        y = np.stack(y) if isinstance(y, list) and y[0].shape == y[-1].shape else (
+            np.concatenate(y, axis=-1) if isinstance(y, list) else np.asarray(y))
         model.save(os.path.join(HERE, f"{name}.keras"))
         inputs = x if isinstance(x, list) else [x]
         with open(os.path.join(HERE, f"{name}.json"), "w") as f:

@@ -27,7 +27,7 @@ import pytest
 
 DATA = Path(__file__).resolve().parent / "data"
 KERAS_FILES = ("dense_block", "conv_stack", "global_pools", "attention", "shapes_and_merges",
-               "operators", "adam_state", "sgd_state", "rmsprop_state", "mixed_state")
+               "operators", "nested", "adam_state", "sgd_state", "rmsprop_state", "mixed_state")
 
 
 def example(name: str) -> tuple[Path, Any, np.ndarray]:
@@ -38,6 +38,15 @@ def example(name: str) -> tuple[Path, Any, np.ndarray]:
     x = ([np.asarray(v, dtype=record["x_dtype"]) for v in record["x"]]
          if record.get("several") else np.asarray(record["x"], dtype=record["x_dtype"]))
     return DATA / f"{name}.keras", x, np.asarray(record["y"], dtype="float64")
+
+
+def as_array(y: Any) -> np.ndarray:
+    """A prediction as one float64 array, several outputs as ``make_keras_files`` joins them
+    (stacked when alike, else concatenated along the last axis)."""
+    if isinstance(y, list):
+        y = (np.stack(y) if y[0].shape == y[-1].shape
+             else np.concatenate([np.asarray(v) for v in y], axis=-1))
+    return np.asarray(y, "float64")
 
 
 def weights_tree(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -104,7 +113,10 @@ for path, x_path in zip(sys.argv[1::2], sys.argv[2::2]):
         x = [data[k] for k in sorted(data.files, key=int)]
     x = x[0] if len(x) == 1 else x
     opt = getattr(model, "optimizer", None)
-    out[path] = {"y": np.asarray(model.predict(x, verbose=0), "float64").tolist(),
+    y = model.predict(x, verbose=0)
+    y = [np.asarray(v, "float64").tolist() for v in y] if isinstance(y, list) else (
+        np.asarray(y, "float64").tolist())
+    out[path] = {"y": y,
                  "optimizer": None if opt is None else type(opt).__name__,
                  "iterations": None if opt is None else int(opt.iterations),
                  "variables": None if opt is None else [

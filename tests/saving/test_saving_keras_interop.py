@@ -14,12 +14,14 @@ import pytest
 from saving_helpers import (
     KERAS_FILES,
     KERAS_LOAD,
+    as_array,
     config_of,
     example,
     run_keras,
     stored,
     weights_tree,
 )
+from test_saving_round_trip import nested_models
 
 import mpcore as mp
 
@@ -34,8 +36,7 @@ def _tolerance(name: str) -> dict[str, float]:
 def test_keras_file_predicts_as_keras(name: str) -> None:
     path, x, y = example(name)
     model = mp.models.load_model(path)
-    np.testing.assert_allclose(np.asarray(model.predict(x, verbose=0), "float64"), y,
-                               **_tolerance(name))
+    np.testing.assert_allclose(as_array(model.predict(x, verbose=0)), y, **_tolerance(name))
 
 
 def test_multi_head_attention_weights_keep_keras_shapes() -> None:
@@ -153,8 +154,14 @@ def _native_models() -> dict[str, tuple[mp.Model, np.ndarray]]:
     a = L.MultiHeadAttention(2, 4)(e, e)
     pooled = L.GlobalMaxPooling1D()(L.LayerNormalization()(L.Add()([e, a])))
     attention = mp.Model(tokens, L.Dense(2)(pooled))
+    nested, shared = nested_models()
+    pair = [rng.normal(size=(2, 4)).astype("float32") for _ in range(2)]
+    a, b = mp.Input((4,)), mp.Input((4,))
+    reused = L.Dense(4, name="reused")
+    twice = mp.Model([a, b], [reused(L.Dense(4)(a)), reused(b)])
     return {"mixed": (mixed, x[:4]), "sequential": (seq, xs[:2]),
-            "attention": (attention, rng.integers(0, 12, size=(3, 5)).astype("int32"))}
+            "attention": (attention, rng.integers(0, 12, size=(3, 5)).astype("int32")),
+            "nested": (nested, pair), "nested_shared": (shared, pair), "reused": (twice, pair)}
 
 
 def test_keras_loads_mpcore_files(tmp_path) -> None:
@@ -169,14 +176,18 @@ def test_keras_loads_mpcore_files(tmp_path) -> None:
         np.savez(x_path, **{str(i): v for i, v in enumerate(x if isinstance(x, list) else [x])})
         args += [str(path), str(x_path)]
         opt = model.optimizer
-        expected[str(path)] = (name, np.asarray(model.predict(x, verbose=0), "float64"),
-                               None if opt is None else opt.iterations)
+        y = model.predict(x, verbose=0)
+        y = ([np.asarray(v, "float64") for v in y] if isinstance(y, list)
+             else np.asarray(y, "float64"))
+        expected[str(path)] = (name, y, None if opt is None else opt.iterations)
     results = run_keras(KERAS_LOAD, *args)
     for path, (name, y, iterations) in expected.items():
         got = results[path]
         tolerance = {"rtol": 1e-2, "atol": 2e-3} if "mixed" in name else {"rtol": 1e-5,
                                                                           "atol": 1e-6}
-        np.testing.assert_allclose(np.asarray(got["y"]), y, **tolerance)
+        for got_y, want_y in zip(got["y"] if isinstance(y, list) else [got["y"]],
+                                 y if isinstance(y, list) else [y]):
+            np.testing.assert_allclose(np.asarray(got_y), want_y, **tolerance)
         assert got["iterations"] == iterations
     mixed = results[str(tmp_path / "mixed.keras")]
     assert mixed["optimizer"] == "LossScaleOptimizer"

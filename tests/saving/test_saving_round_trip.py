@@ -270,3 +270,43 @@ def test_operators_on_symbolic_tensors_round_trip(tmp_path) -> None:
     classes = [lyr["class_name"] for lyr in model.get_config()["layers"]]
     assert classes == ["InputLayer", "InputLayer", "Add", "Multiply", "Subtract", "Negative",
                        "GetItem", "TrueDivide", "Power", "Dense"]
+
+
+def _sub_model(out_size: int, name: str) -> mp.Model:
+    inputs = mp.Input((4,))
+    return mp.Model(inputs, L.Dense(out_size)(inputs), name=name)
+
+
+def nested_models() -> tuple[mp.Model, mp.Model]:
+    """Keras 3's saving_lib_test ``test_nested_functional_model_saving`` and
+    ``test_nested_shared_functional_model_saving`` models."""
+    a, b = mp.Input((4,)), mp.Input((4,))
+    nested = mp.Model([a, b], [_sub_model(2, "func_a")(a), _sub_model(3, "func_b")(b)])
+    inputs = [mp.Input((4,)), mp.Input((4,))]
+    shared = _sub_model(4, "func_shared")
+    outputs = [L.Dense(2)(shared(inputs[0])), L.Dense(2)(shared(inputs[1]))]
+    return nested, mp.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["nested", "nested_shared"])
+def test_nested_functional_models(which: int, tmp_path) -> None:
+    model = nested_models()[which]
+    _randomize(model)
+    x = [RNG.normal(size=(2, 4)).astype("float32") for _ in range(2)]
+    model.save(tmp_path / "m.keras")
+    loaded = mp.models.load_model(tmp_path / "m.keras")
+    for got, want in zip(loaded.predict(x, verbose=0), model.predict(x, verbose=0)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_reused_layer(tmp_path) -> None:
+    """saving_lib_test ``test_load_model_containing_reused_layer``: one Dense called twice."""
+    inputs = mp.Input((4,))
+    dense = L.Dense(4)
+    model = mp.Model(inputs, dense(L.Activation("relu")(dense(inputs))))
+    _randomize(model)
+    model.save(tmp_path / "m.keras")
+    loaded = mp.models.load_model(tmp_path / "m.keras")
+    x = RNG.normal(size=(2, 4)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert len(loaded.weights) == 2
