@@ -82,7 +82,9 @@ def serialize_keras_object(obj: Any) -> Any:
         if "dtype" in inner and hasattr(obj, "dtype_policy"):
             inner["dtype"] = keras_names.policy_to_keras(obj.dtype_policy)
         cls = type(obj)
-        config = {"module": cls.__module__, "class_name": cls.__name__,
+        # Keras writes no module for __main__, which names no module another process has
+        config = {"module": None if cls.__module__ == "__main__" else cls.__module__,
+                  "class_name": cls.__name__,
                   "config": serialize_keras_object(inner),
                   "registered_name": registration.get_registered_name(cls)}
     _add_build_and_compile_config(obj, config)
@@ -95,10 +97,12 @@ def _serialize_function(fn: Any) -> Any:
                          "would marshal its bytecode); use a named function registered with "
                          "mp.saving.register_keras_serializable()")
     registered = registration.registered_name_or_none(fn)
-    if registered is None:
+    if registered is None and (fn.__module__ or "").startswith("mpcore."):
         return fn.__name__     # a built-in function (an activation, a loss): by its name
-    return {"module": fn.__module__, "class_name": "function", "config": registered,
-            "registered_name": registered}
+    # the user's: by its registered name, else its own (then custom_objects must give it)
+    name = registered or fn.__name__
+    return {"module": None if fn.__module__ == "__main__" else fn.__module__,
+            "class_name": "function", "config": name, "registered_name": name}
 
 
 def _builtin_config(obj: Any) -> dict[str, Any]:
@@ -124,7 +128,7 @@ def _add_build_and_compile_config(obj: Any, config: dict[str, Any]) -> None:
 
 # --- deserialization ----------------------------------------------------------------------------
 def deserialize_keras_object(config: Any, custom_objects: dict[str, Any] | None = None,
-                             safe_mode: bool = True, **kwargs: Any) -> Any:
+                             safe_mode: bool = True) -> Any:
     """The object ``config`` describes. A class is found, in this order, in
     ``custom_objects``, the custom_object_scopes, the registry (by ``registered_name``, then
     class name), then among mpcore's built-ins by Keras' module and class name. An unknown

@@ -249,3 +249,20 @@ def test_unknown_builtin_names_the_class() -> None:
               "registered_name": None}
     with pytest.raises(TypeError, match=r"Conv3DTranspose.*register_keras_serializable"):
         deserialize_keras_object(config)
+
+
+def my_loss(y_true: Any, y_pred: Any) -> Any:
+    return mp.ops.mean(mp.ops.square(mp.ops.subtract(y_pred, y_true)), axis=-1)
+
+
+def test_unregistered_function_needs_custom_objects(tmp_path) -> None:
+    """A loss function that was never registered is saved by its name; loading finds it in
+    ``custom_objects`` and names it when missing."""
+    inputs = mp.Input((3,))
+    model = mp.Model(inputs, mp.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss=my_loss)
+    model.save(tmp_path / "m.keras")
+    with pytest.raises(TypeError, match=r"function 'my_loss'.*custom_objects"):
+        mp.models.load_model(tmp_path / "m.keras")
+    loaded = mp.models.load_model(tmp_path / "m.keras", custom_objects={"my_loss": my_loss})
+    assert loaded.loss.fn is my_loss
