@@ -294,8 +294,9 @@ class Model(Trainer, Layer):
 
     def load_weights(self, filepath: str) -> None:
         """Load what :meth:`save_weights` wrote, by the same rule of suffixes (a Keras 3
-        ``.weights.h5`` file too). Everything is checked before anything is assigned."""
-        if str(filepath).endswith(".weights.h5"):
+        ``.weights.h5`` file too, and the weights of a ``.keras`` file). Everything is checked
+        before anything is assigned."""
+        if str(filepath).endswith((".weights.h5", ".keras")):
             from mpcore.saving import keras_file
             keras_file.load_weights(self, filepath)
             return

@@ -207,10 +207,14 @@ def save_weights(model: Any, filepath: str | os.PathLike[str], overwrite: bool =
 
 
 def load_weights(model: Any, filepath: str | os.PathLike[str]) -> None:
-    """Load a ``.weights.h5`` file (Keras 3's or mpcore's) into ``model``, and its optimizer's
-    state when the model is compiled and the file has it. Everything is checked before
-    anything is assigned."""
+    """Load a ``.weights.h5`` file (Keras 3's or mpcore's), or the weights of a ``.keras``
+    file, into ``model``, and its optimizer's state when the model is compiled and the file
+    has it. Everything is checked before anything is assigned."""
     path = os.fspath(filepath)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no weights file {path}")
+    if path.endswith(".keras"):         # Keras 3 reads the weights of a whole-model file too
+        _, weights = _read_archive(path)
+        _load_weights_bytes(model, weights, f"{path} ({WEIGHTS})", optimizer=True)
+        return
     _load_stored(model, _read_h5(path, path), path, optimizer=True)

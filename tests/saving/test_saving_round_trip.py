@@ -310,3 +310,14 @@ def test_reused_layer(tmp_path) -> None:
     x = RNG.normal(size=(2, 4)).astype("float32")
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
     assert len(loaded.weights) == 2
+
+
+def test_load_weights_of_a_keras_file(tmp_path) -> None:
+    """saving_lib_test ``test_load_weights_only_with_keras_file``."""
+    model = _branching()
+    _randomize(model)
+    model.save(tmp_path / "m.keras")
+    other = _branching()
+    other.load_weights(tmp_path / "m.keras")
+    for a, b in zip(other.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
