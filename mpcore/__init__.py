@@ -46,6 +46,7 @@ _LAZY_MODULES = {
     "debugging": "mpcore.debugging", "distribution": "mpcore.distribution",
     "train": "mpcore.train",   # tf.train.experimental.enable_mixed_precision_graph_rewrite
     "utils": "mpcore.utils",   # keras.utils: PyDataset, (un)pack_x_y_sample_weight
+    "saving": "mpcore.saving",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
     "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),

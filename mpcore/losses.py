@@ -73,6 +73,11 @@ class Loss:
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "reduction": self.reduction}
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Loss:
+        """The loss ``get_config`` describes: ``type(loss).from_config(loss.get_config())``."""
+        return cls(**config)
+
 
 def _weights_like(sample_weight: Any, values: Tensor) -> Tensor:
     """Sample weights in the losses' dtype (float64 weights would make a float64 loss) and

@@ -29,6 +29,19 @@ class Metric:
     def reset_state(self) -> None:
         raise NotImplementedError
 
+    def get_config(self) -> dict[str, Any]:
+        """Keras 3's config of a metric: its name and dtype (mpcore's metrics are float32)."""
+        return {"name": self.name, "dtype": "float32"}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Metric:
+        config = dict(config)
+        dtype = config.pop("dtype", "float32")
+        if dtype not in (None, "float32"):
+            raise ValueError(f"{cls.__name__}: mpcore's metrics accumulate in float32, got "
+                             f"dtype={dtype!r}")
+        return cls(**config)
+
     def __call__(self, *args: Any, **kwargs: Any) -> float:
         """Keras' ``metric(...)``: ``update_state(...)``, then the running ``result()`` (a host
         read; loops that care about speed call ``update_state`` and read ``result`` once)."""
@@ -208,6 +221,10 @@ class CategoricalAccuracy(MeanMetricWrapper):
 class BinaryAccuracy(MeanMetricWrapper):
     def __init__(self, name: str = "binary_accuracy", threshold: float = 0.5) -> None:
         super().__init__(lambda t, p: binary_accuracy(t, p, threshold), name)
+        self.threshold = threshold
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "threshold": self.threshold}
 
 
 class Accuracy(MeanMetricWrapper):

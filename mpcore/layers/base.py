@@ -420,6 +420,8 @@ class Layer:
         def build(self: Layer, *args: Any, **kw: Any) -> None:
             own(self, *args, **kw)
             self.built = True
+            if args and isinstance(args[0], tuple):   # what build_config saves (Keras 3)
+                self._build_shape = args[0]
 
         build._marks_built = True  # type: ignore[attr-defined]
         cls.build = build  # type: ignore[method-assign]

@@ -169,6 +169,10 @@ class Model(Trainer, Layer):
         self._output_loss_trackers = [] if compile_loss is None else [
             _metrics.Mean(n) for n in compile_loss.output_loss_names]
         self.jit_compile, self._traced = jit_compile, {}
+        # what compile was given: Keras 3's compile_config (mpcore.saving.model_config)
+        self._compile_args = {"optimizer": optimizer, "loss": loss,
+                              "loss_weights": loss_weights, "metrics": metrics,
+                              "jit_compile": jit_compile}
 
     def _require_compiled(self, need_optimizer: bool = True, need_loss: bool = True) -> None:
         # a model whose own train_step computes its loss needs no compiled loss (Keras 3)
@@ -279,7 +283,6 @@ class Model(Trainer, Layer):
                                         _compile.outputs_list(y, names, "y"),
                                         _compile.outputs_list(y_pred, names, "outputs"))
 
-    # --- weights and checkpoints ------------------------------------------------------------
     def quantize(self, mode: str, float8_recipe: Any = None) -> None:
         """Keras 3's ``model.quantize("float8")``: every mixed_bfloat16 layer that can (Dense,
         in nested models too) computes its GEMM in FP8 from now on; layers pinned to another
@@ -298,13 +301,66 @@ class Model(Trainer, Layer):
             layer.quantize(mode, float8_recipe)
         self._traced = {}
 
-    def save_weights(self, filepath: str) -> None:
-        """Write the weights atomically (see :mod:`mpcore.checkpoint`). Under a distribution:
-        call it on every rank; rank 0 writes, the others wait for the file."""
+    # --- weights, checkpoints and saving ------------------------------------------------------
+    def save_weights(self, filepath: str, overwrite: bool = True) -> None:
+        """Write the weights. A path ending in ``.weights.h5`` gets Keras 3's h5 layout (with
+        the optimizer's state, as Keras writes it; :mod:`mpcore.saving`); any other path
+        mpcore's own checksummed format (:mod:`mpcore.checkpoint`). Written atomically; under
+        a distribution (own format): call it on every rank, rank 0 writes."""
+        if str(filepath).endswith(".weights.h5"):
+            from mpcore.saving import keras_file
+            keras_file.save_weights(self, filepath, overwrite=overwrite)
+            return
         _checkpoint.save_weights(self, filepath)
 
     def load_weights(self, filepath: str) -> None:
+        """Load what :meth:`save_weights` wrote, by the same rule of suffixes (a Keras 3
+        ``.weights.h5`` file too, and the weights of a ``.keras`` file). Everything is checked
+        before anything is assigned."""
+        if str(filepath).endswith((".weights.h5", ".keras")):
+            from mpcore.saving import keras_file
+            keras_file.load_weights(self, filepath)
+            return
         _checkpoint.load_weights(self, filepath)
+
+    def save(self, filepath: str, overwrite: bool = True, include_optimizer: bool = True
+             ) -> None:
+        """Save as a Keras 3 ``.keras`` file (config, weights, optimizer state), which
+        ``mp.models.load_model`` and Keras 3's ``keras.models.load_model`` read."""
+        from mpcore.saving import keras_file
+        keras_file.save_model(self, filepath, overwrite=overwrite,
+                          include_optimizer=include_optimizer)
+
+    def get_config(self) -> dict[str, Any]:
+        """Keras 3's config: a functional model's layers and connections, a Sequential's
+        layers; a subclassed model's name, trainable and dtype (override it to add yours)."""
+        if self._is_graph:
+            from mpcore.saving import model_config
+            return model_config.get_config(self)
+        return Layer.get_config(self)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+                    ) -> Model:
+        from mpcore.saving import model_config
+        return model_config.model_from_config(cls, config, custom_objects)
+
+    def get_compile_config(self) -> dict[str, Any] | None:
+        """What compile was given (Keras 3's ``compile_config``); None before compile."""
+        from mpcore.saving import model_config
+        return model_config.get_compile_config(self)
+
+    def compile_from_config(self, config: dict[str, Any]) -> None:
+        from mpcore.saving import model_config
+        model_config.compile_from_config(self, config)
+
+    def get_build_config(self) -> dict[str, Any]:
+        from mpcore.saving import model_config
+        return model_config.get_build_config(self)
+
+    def build_from_config(self, config: dict[str, Any]) -> None:
+        from mpcore.saving import model_config
+        model_config.build_from_config(self, config)
 
     def save_checkpoint(self, filepath: str, **extra: Any) -> None:
         """Weights, optimizer slots and iterations, loss-scale state, the step count and
