@@ -46,6 +46,10 @@ class Optimizer(Hyperparameters):
     #: How many settings of the hyperparameters a recorded update is traced for; beyond, it is
     #: kept whole (a rate changed at every step, a warm-up set by a callback, retraces no more).
     _MAX_RECORDED_SETTINGS = 4
+    #: ``apply(grads, variables)`` keeps the variables for a later ``apply(grads)``: a traced
+    #: step gives the same ones at every call (its program reads them), so the trace's list
+    #: stands for each replay's (mpcore.trace_python_state).
+    _trace_ignored_attributes = ("_built_variables",)
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
