@@ -21,10 +21,11 @@ What a replay could not reproduce is refused while tracing, with a message that 
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
 value), creating variables in any trace but the first (a first trace that creates variables, as
 a model's first call does, is run eagerly and not kept; the next call traces again), reading
-``mp.random``'s state, computing with a drawn seed (:mod:`mpcore.trace_seeds`), and an
+``mp.random``'s state, computing with a drawn seed (:mod:`mpcore.trace_seeds`), an
 output a replay could not give back (:mod:`mpcore.trace_outputs`: an object holding tensors, a
-container subclass other than a namedtuple or an OrderedDict). docs/architecture.md lists what
-a replay takes from each call.
+container subclass other than a namedtuple or an OrderedDict), and Python state the step
+changes (:mod:`mpcore.trace_python_state`: an attribute, a container or a global it
+reaches). docs/architecture.md lists what a replay takes from each call.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ import numbers
 import os
 import sys
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -73,8 +74,12 @@ __all__ = ["StateWatch", "watching_whole"]
 MAX_ITEMS = 100_000
 #: NumPy arrays compared by their bytes up to this size (by identity above).
 MAX_ARRAY_BYTES = 1 << 16
+#: ... and up to this many bytes of them in all (a global list of small arrays: a dataset).
+MAX_SNAPSHOT_BYTES = 1 << 24
+_REMOVED: Fingerprint = ("-",)
 _MISSING = object()
 _PLAIN = (str, bytes, bool, type(None))
+_BUILTIN_PLAIN = frozenset((str, bytes, bool, int, float, complex, type(None)))
 _NOT_INSPECTED = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
                   types.MethodWrapperType, types.WrapperDescriptorType, property,
                   classmethod, staticmethod, Tensor, Backend)
@@ -97,7 +102,23 @@ def _origin(module: str) -> str:
     return "package" if any(part in path for part in _SITE) else "user"
 
 
-@functools.cache
+def _by_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
+    """``compute(cls)``, kept while the class lives (classes made in a loop are not held)."""
+    cache: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+
+    def get(cls: type) -> Any:
+        try:
+            return cache[cls]
+        except KeyError:
+            value = cache[cls] = compute(cls)
+            return value
+        except TypeError:                     # (a class that takes no weak reference)
+            return compute(cls)
+
+    return get
+
+
+@_by_class
 def _inspected(cls: type) -> bool:
     """Whether objects of ``cls`` are looked into (see the module docstring)."""
     if issubclass(cls, _NOT_INSPECTED) or getattr(cls, "_trace_opaque", False):
@@ -105,13 +126,13 @@ def _inspected(cls: type) -> bool:
     return _origin(getattr(cls, "__module__", "") or "") != "package"
 
 
-@functools.cache
+@_by_class
 def _ignored(cls: type) -> frozenset[str]:
     return frozenset(name for klass in cls.__mro__
                      for name in klass.__dict__.get("_trace_ignored_attributes", ()))
 
 
-@functools.cache
+@_by_class
 def _slots(cls: type) -> tuple[str, ...]:
     names = []
     for klass in cls.__mro__:
@@ -197,36 +218,58 @@ def _namespace_entries(fn: types.FunctionType) -> Callable[[], dict[Any, Any]]:
     return read
 
 
+def _read(owner: _Owner) -> dict[Any, Any]:
+    """The owner's entries now; none where they cannot be read (an object of the user's whose
+    ``__dict__`` or items raise): not looked into, rather than failing the trace."""
+    try:
+        return owner.read()
+    except Exception:
+        return {}
+
+
 def _describe_object(obj: Any, path: str) -> str:
     name = (getattr(obj, "__dict__", None) or {}).get("name")
     return f"{type(obj).__name__} {name!r}" if isinstance(name, str) else path
 
 
 # --- fingerprints --------------------------------------------------------------------------
-def _fingerprint(value: Any) -> Fingerprint:
-    if isinstance(value, _PLAIN) or (isinstance(value, numbers.Number)
-                                     and type(value) is not DrawnSeed):
-        # (a seed drawn in the step is the trace's value: by identity, as any other object)
-        return ("=", type(value), value)
-    if type(value) is tuple:
-        return ("(", tuple(_fingerprint(v) for v in value))
-    if (type(value).__module__ == "numpy" and hasattr(value, "tobytes")
-            and getattr(value, "nbytes", MAX_ARRAY_BYTES + 1) <= MAX_ARRAY_BYTES):
+def _plain(value: Any) -> bool:
+    # (a seed drawn in the step is the trace's value: by identity, as any other object)
+    kind = type(value)
+    return kind in _BUILTIN_PLAIN or _category(kind) == "plain"
+
+
+def _fingerprint(value: Any, budget: list[int]) -> Fingerprint:
+    """What :func:`unchanged` compares ``value`` by; an array's bytes are kept while
+    ``budget`` (bytes, for the whole snapshot) lasts, identity only after."""
+    kind = type(value)
+    if kind in _BUILTIN_PLAIN or _plain(value):
+        return ("=", kind, value)
+    if _category(kind) == "tuple":
+        return ("(", kind, tuple(_fingerprint(v, budget) for v in value))
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
+        size = getattr(value, "nbytes", MAX_ARRAY_BYTES + 1)
+        if size > MAX_ARRAY_BYTES or size > budget[0]:
+            return ("a", value, None)
+        budget[0] -= size
         return ("a", value, value.tobytes())
     return ("@", value)
 
 
-def _same(a: Fingerprint, b: Fingerprint) -> bool:
-    if a[0] != b[0]:
-        return False
-    if a[0] == "=":
-        x, y = a[2], b[2]
-        return a[1] is b[1] and bool(x is y or x == y or (x != x and y != y))   # (NaN)
-    if a[0] == "(":
-        return len(a[1]) == len(b[1]) and all(_same(x, y) for x, y in zip(a[1], b[1]))
-    if a[0] == "a":
-        return a[1] is b[1] and a[2] == b[2]
-    return a[1] is b[1]
+def unchanged(old: Fingerprint, value: Any) -> bool:
+    """Whether ``value`` is what ``old`` was taken from, unchanged."""
+    kind = old[0]
+    if kind == "=":
+        if not (_plain(value) and type(value) is old[1]):
+            return False
+        x = old[2]
+        return bool(x is value or x == value or (x != x and value != value))   # (NaN)
+    if kind == "(":
+        return (type(value) is old[1] and len(value) == len(old[2])
+                and all(unchanged(o, v) for o, v in zip(old[2], value)))
+    if kind == "a":
+        return value is old[1] and (old[2] is None or value.tobytes() == old[2])
+    return value is old[1]
 
 
 def _show(value: Any) -> str:
@@ -242,51 +285,94 @@ def _show(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _owner(value: Any, path: str, queue: deque[tuple[Any, str]]) -> _Owner | None:
+class _At:
+    """The path of what ``owner`` holds at ``key``, spelled only for a message (a trace
+    spells none of the thousands it walks)."""
+
+    __slots__ = ("key", "owner")
+
+    def __init__(self, owner: _Owner, key: Any) -> None:
+        self.owner, self.key = owner, key
+
+
+#: A path: a string, an :class:`_At`, or ``(format, path)`` (the path put in the format).
+Path = Any
+
+
+def _text(path: Path) -> str:
+    if isinstance(path, str):
+        return path
+    if isinstance(path, _At):
+        return path.owner.label(path.key)
+    return str(path[0].format(_text(path[1])))
+
+
+@_by_class
+def _category(kind: type) -> str:
+    """What a value of type ``kind`` is to the walk (one look-up per value: a trace walks
+    thousands)."""
+    if kind is DrawnSeed:
+        return "leaf"
+    if kind in _BUILTIN_PLAIN or issubclass(kind, (str, bytes, numbers.Number)):
+        return "plain"
+    if issubclass(kind, tuple):                 # (a namedtuple too)
+        return "tuple"
+    if kind is types.MethodType:
+        return "method"
+    if kind is types.FunctionType:
+        return "function"
+    if issubclass(kind, functools.partial):
+        return "partial"
+    if issubclass(kind, (list, dict, set, deque)):
+        return "container"
+    if issubclass(kind, type):
+        return "class"
+    if _inspected(kind):
+        return "object"
+    return "opaque" if getattr(kind, "_trace_opaque", False) else "leaf"
+
+
+def _owner(value: Any, path: Path, queue: deque[tuple[Any, Path]]) -> _Owner | None:
     """The owner ``value`` is (``path`` names it), or None: a leaf, or something looked
     through (a tuple, a bound method, a partial: what they hold is queued)."""
-    if isinstance(value, (str, bytes, numbers.Number)) or value is None:
-        return None
-    if type(value) is tuple:
-        queue.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-        return None
-    if isinstance(value, functools.partial):
+    kind = type(value)
+    category = _category(kind)
+    if category == "object":
+        if _origin(kind.__module__) == "user":        # its class: methods, class attributes
+            queue.append((kind, path))
+        return _Owner(value, functools.partial(_object_entries, value),
+                      lambda k: f"{_describe_object(value, _text(path))} attribute {k!r}")
+    if category == "container":
+        noun = ("key {!r}" if isinstance(value, dict) else
+                "member {}" if isinstance(value, set) else "item {}")
+        name = kind.__name__
+
+        def label(k: Any) -> str:
+            shown = _show(k) if isinstance(value, set) else k
+            return f"{noun.format(shown)} of the {name} in {_text(path)}"
+
+        return _Owner(value, functools.partial(_container_entries, value), label)
+    if category == "tuple":
+        queue.extend((v, ("{}[" + str(i) + "]", path)) for i, v in enumerate(value))
+    elif category == "partial":
         queue.append((value.func, path))
-        queue.extend((v, f"argument {i} of {path}") for i, v in enumerate(value.args))
-        queue.extend((v, f"argument {k!r} of {path}") for k, v in value.keywords.items())
-        return None
-    if isinstance(value, types.MethodType):           # a bound method: its object, its code
-        queue.append((value.__self__, _describe_object(value.__self__, path)))
+        queue.extend((v, (f"argument {i} of {{}}", path)) for i, v in enumerate(value.args))
+        queue.extend((v, (f"argument {k!r} of {{}}", path)) for k, v in value.keywords.items())
+    elif category == "method":                        # a bound method: its object, its code
+        queue.append((value.__self__, path))
         queue.append((value.__func__, path))
-        return None
-    if isinstance(value, (list, dict, set, deque)):
-        where = f"the {type(value).__name__} in {path}"
-        noun = ("key {!r}" if isinstance(value, dict) else "item {}")
-        if isinstance(value, set):
-            return _Owner(value, functools.partial(_container_entries, value),
-                          lambda k: f"member {_show(k)} of {where}")
-        return _Owner(value, functools.partial(_container_entries, value),
-                      lambda k: f"{noun.format(k)} of {where}")
-    if type(value) is types.FunctionType:
-        if not _user_function(value):
-            return None
-        name = value.__qualname__
-        return _Owner(value, _namespace_entries(value), lambda k: f"{k[0]} {k[1]!r} of {name}")
-    if isinstance(value, type):
-        if _origin(getattr(value, "__module__", "") or "") != "user":
-            return None
+    elif category == "function" and _user_function(value):
+        qualname = value.__qualname__
+        return _Owner(value, _namespace_entries(value),
+                      lambda k: f"{k[0]} {k[1]!r} of {qualname}")
+    elif category == "class" and _origin(getattr(value, "__module__", "") or "") == "user":
         return _Owner(value, functools.partial(_class_entries, value),
                       lambda k: f"class attribute {value.__name__}.{k}")
-    if not _inspected(type(value)):
+    elif category == "opaque":
         wrapped = getattr(value, "__wrapped__", None)
-        if getattr(type(value), "_trace_opaque", False) and wrapped is not None:
+        if wrapped is not None:
             queue.append((wrapped, path))             # a traced function: what it traces
-        return None
-    if _origin(type(value).__module__) == "user":     # its class: methods, class attributes
-        queue.append((type(value), path))
-    what = _describe_object(value, path)
-    return _Owner(value, functools.partial(_object_entries, value),
-                  lambda k: f"{what} attribute {k!r}")
+    return None
 
 
 # --- the watch -----------------------------------------------------------------------------
@@ -299,12 +385,13 @@ class StateWatch:
         #: (owner id, key) -> the entry's value after a call kept whole changed it
         self.exempt: dict[tuple[int, Any], Fingerprint] = {}
         self._kept: list[Any] = []        # (what the exemptions name stays alive)
-        roots: list[tuple[Any, str]] = [(fn, "the traced function")]
+        self._budget = [MAX_SNAPSHOT_BYTES]
+        roots: list[tuple[Any, Path]] = [(fn, "the traced function")]
         roots += [(a, f"argument {i}") for i, a in enumerate(args)]
         roots += [(v, f"argument {k!r}") for k, v in kwargs.items()]
         self._walk(roots, self.owners)
 
-    def _walk(self, roots: list[tuple[Any, str]], owners: dict[int, _Owner]) -> None:
+    def _walk(self, roots: list[tuple[Any, Path]], owners: dict[int, _Owner]) -> None:
         queue = deque(roots)
         while queue:
             value, path = queue.popleft()
@@ -314,9 +401,10 @@ class StateWatch:
             if owner is None:
                 continue
             owners[id(value)] = owner
-            entries = owner.read()
-            owner.entries = {k: _fingerprint(v) for k, v in entries.items()}
-            queue.extend((child, owner.label(key)) for key, child in entries.items())
+            entries = _read(owner)
+            owner.entries = {k: _fingerprint(v, self._budget) for k, v in entries.items()}
+            queue.extend((child, _At(owner, key)) for key, child in entries.items()
+                         if type(child) not in _BUILTIN_PLAIN)
 
     # calls kept whole -------------------------------------------------------------------------
     def before_whole(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, _Owner]:
@@ -329,11 +417,12 @@ class StateWatch:
         """What the call changed is made again at each replay: not refused (while it stays
         as the call left it)."""
         for key, owner in before.items():
-            now = {k: _fingerprint(v) for k, v in owner.read().items()}
+            now = _read(owner)
             for entry in owner.entries.keys() | now.keys():
-                old, new = owner.entries.get(entry), now.get(entry)
-                if old is None or new is None or not _same(old, new):
-                    self.exempt[(key, entry)] = new if new is not None else ("-",)
+                old, value = owner.entries.get(entry), now.get(entry, _MISSING)
+                if old is None or value is _MISSING or not unchanged(old, value):
+                    self.exempt[(key, entry)] = (_REMOVED if value is _MISSING else
+                                                 _fingerprint(value, [MAX_ARRAY_BYTES]))
                     self._kept.append(owner.obj)
 
     # the end of the trace ---------------------------------------------------------------------
@@ -344,22 +433,22 @@ class StateWatch:
         operands = _constant_operands(steps)
         out: list[str] = []
         for key, owner in self.owners.items():
-            now = owner.read()
+            now = _read(owner)
             for entry in [*owner.entries, *(k for k in now if k not in owner.entries)]:
                 old = owner.entries.get(entry)
                 value = now.get(entry, _MISSING)
-                new = None if value is _MISSING else _fingerprint(value)
-                if old is not None and new is not None and (
-                        _same(old, new) or (old[0] == "a" and id(old[1]) in operands)):
+                gone = value is _MISSING
+                if old is not None and not gone and (
+                        unchanged(old, value) or (old[0] == "a" and id(old[1]) in operands)):
                     continue
                 exempt = self.exempt.get((key, entry))
-                if exempt is not None and (_same(exempt, new) if new is not None
-                                           else exempt == ("-",)):
+                if exempt is not None and (exempt is _REMOVED if gone else
+                                           exempt is not _REMOVED and unchanged(exempt, value)):
                     continue
                 label = owner.label(entry)
                 if old is None:
                     out.append(f"{label} was added ({_show(value)})")
-                elif new is None:
+                elif gone:
                     out.append(f"{label} was removed")
                 else:
                     out.append(f"{label} changed from {_show(_value_of(old))} to "
@@ -410,7 +499,7 @@ def _value_of(fingerprint: Fingerprint) -> Any:
     if fingerprint[0] == "=":
         return fingerprint[2]
     if fingerprint[0] == "(":
-        return tuple(_value_of(f) for f in fingerprint[1])
+        return tuple(_value_of(f) for f in fingerprint[2])
     return fingerprint[1]
 
 

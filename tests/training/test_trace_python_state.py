@@ -6,6 +6,7 @@ BatchNorm statistics, seeds, the optimizer, the loss scale) trains as eagerly.""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -268,3 +269,42 @@ def test_setting_state_to_the_value_it_has_is_not_a_change() -> None:
     for _ in range(3):
         step(_x())
     assert step.tracing_count == 1
+
+
+class LazySeed(layers.Layer):
+    """Draws its seed at the first call only: a replay would draw at every call."""
+
+    def __init__(self) -> None:
+        super().__init__(name="lazy")
+        self.seed: Any = None
+
+    def call(self, x: Any) -> Any:
+        if self.seed is None:
+            self.seed = mp.random.next_seed()
+        return mp.ops.dropout(x, 0.5, seed=self.seed)
+
+
+def test_a_seed_drawn_only_while_an_attribute_is_unset_is_refused() -> None:
+    layer = LazySeed()
+    step = mp.function(lambda x: layer(x))
+    with pytest.raises(mp.TraceError, match="LazySeed 'lazy' attribute 'seed' changed from None"):
+        step(_x())
+
+
+_LOG = logging.getLogger("mpcore.tests.trace_python_state")
+
+
+def test_objects_of_packages_are_not_looked_into() -> None:
+    """A logger's level cache changes at its first use in the step: the standard library's
+    objects are compared by identity, not looked into."""
+    fresh = logging.getLogger("mpcore.tests.trace_python_state.fresh")
+
+    @mp.function
+    def step(x: Any) -> Any:
+        _LOG.debug("step")
+        fresh.isEnabledFor(logging.INFO)
+        return x + 1.0
+
+    for _ in range(2):
+        step(_x())
+    assert step.tracing_count == 1 and step.eager_reason is None
