@@ -46,7 +46,8 @@ class Counter(layers.Layer):
 
 CASES = {"int": "'calls' changed from 0 to 1", "tensor": "'last' changed from None to a ",
          "list": "item 0 of the list in Counter 'counter' attribute 'history' was added (1)",
-         "float": "attribute 'scale' was added (0.5)", "array": "attribute 'counts' changed"}
+         "float": "attribute 'scale' was added (0.5)",
+         "array": "attribute 'counts' (a ndarray) was changed in place"}
 
 
 def _x() -> mp.Tensor:
