@@ -253,7 +253,7 @@ def owner_of(value: Any, path: Path, queue: deque[tuple[Any, Path]]) -> Owner | 
         if _origin(kind.__module__) == "user":        # its class: methods, class attributes
             queue.append((kind, path))
         return Owner(value, functools.partial(_object_entries, value),
-                      lambda k: f"{_describe_object(value, text(path))} attribute {k!r}")
+                 lambda k: f"{_describe_object(value, text(path))} attribute {k!r}")
     if category == "container":
         noun = ("key {!r}" if isinstance(value, dict) else
                 "member {}" if isinstance(value, set) else "item {}")
@@ -276,10 +276,10 @@ def owner_of(value: Any, path: Path, queue: deque[tuple[Any, Path]]) -> Owner | 
     elif category == "function" and _user_function(value):
         qualname = value.__qualname__
         return Owner(value, _namespace_entries(value),
-                      lambda k: f"{k[0]} {k[1]!r} of {qualname}")
+                     lambda k: f"{k[0]} {k[1]!r} of {qualname}")
     elif category == "class" and _origin(getattr(value, "__module__", "") or "") == "user":
         return Owner(value, functools.partial(_class_entries, value),
-                      lambda k: f"class attribute {value.__name__}.{k}")
+                     lambda k: f"class attribute {value.__name__}.{k}")
     elif category == "opaque":
         wrapped = getattr(value, "__wrapped__", None)
         if wrapped is not None:

@@ -258,7 +258,29 @@ def test_a_custom_loop_with_an_optimizer_and_loss_scale_replays() -> None:
     assert int(opt.iterations) == 4 and float(mean._count) == 4.0
 
 
+def test_the_optimizer_changed_outside_its_update_is_refused() -> None:
+    """Only what the update itself changes (kept whole, or recorded with its Python work)
+    replays: the step's own change to the optimizer is refused."""
+    dense = layers.Dense(2)
+    opt = mp.optimizers.SGD(0.1)
+
+    @mp.function
+    def step(x: Any) -> Any:
+        with mp.GradientTape() as tape:
+            loss = mp.ops.mean(dense(x))
+        opt.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables),
+                                dense.trainable_variables))
+        opt.steps_noted = getattr(opt, "steps_noted", 0) + 1
+        return loss
+
+    step(_x())                                   # creates the variables: run eagerly
+    with pytest.raises(mp.TraceError, match="SGD 'SGD' attribute 'steps_noted' changed from 1"):
+        step(_x())
+
+
 def test_setting_state_to_the_value_it_has_is_not_a_change() -> None:
+    """Nor is a layer without weights built by its first call (its ``built`` flag is set
+    once, as eagerly)."""
     layer = Counter("none", name="quiet")
 
     @mp.function
