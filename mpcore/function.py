@@ -90,8 +90,7 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
             # Python work with on_replay: what they change, each replay changes again
             with _python_state.watching_whole(recorder.state, args, kwargs):
                 check = getattr(args[0], unless)
-                recorded = check() is not None
-                if recorded:
+                if check() is not None:
                     recorder.guards.setdefault(check, None)
                     return method(*args, **kwargs)
         # an iterator argument (zip(grads, variables)) is read once: keep what it gave

@@ -44,11 +44,15 @@ What is not refused:
   decides so (called at every call);
 - an array that a recorded kernel updates in place (a constant operand of the program: each
   replay writes it again);
-- attributes a class declares in ``_trace_ignored_attributes`` (a tuple of names, inherited
-  and combined over the class's bases): state mpcore's own machinery sets in a step where the
-  next eager call would leave it as it is (a layer's ``built`` flag and build shape, set by its
-  first call; the compiled loss's per-output losses, written and read within the same step;
-  the variables an optimizer's ``apply`` keeps). Each declaration says why;
+- attributes a class declares set once, in ``_trace_set_once_attributes`` (a tuple of names,
+  inherited and combined over the class's bases): their first setting, from absent, None or
+  False, is what every later eager call leaves as it is, so a replay that does not make it
+  changes nothing (a layer's ``built`` flag and build shape, set by its first call, also in a
+  step for a layer without weights; the variables an optimizer's ``apply`` keeps for a later
+  ``apply(grads)``, rebound only to other variables). Any later change is refused;
+- attributes a class declares in ``_trace_ignored_attributes`` (the same way): state a step
+  writes and reads itself, which nothing reads after it (the compiled loss's per-output
+  losses). Each declaration says why;
 - objects whose class sets ``_trace_opaque = True`` (a traced function, whose ``__wrapped__``
   is looked into instead; the functional graph's KerasTensors and Nodes, which no step
   changes), and tensors, variables, backends, modules, classes and functions of mpcore or of
@@ -205,6 +209,9 @@ class StateWatch:
                 old = entries.get(entry, MISSING)
                 value = now.get(entry, MISSING)
                 gone = value is MISSING
+                if (not gone and entry in owner.set_once
+                        and (old is MISSING or old is None or old is False)):
+                    continue                    # (set by a first call, as eagerly: see above)
                 if old is not MISSING and not gone and _same(old, value):
                     before = owner.arrays.get(entry)
                     if before is None or value.tobytes() == before:

@@ -82,6 +82,12 @@ def _ignored(cls: type) -> frozenset[str]:
 
 
 @_by_class
+def _set_once(cls: type) -> frozenset[str]:
+    return frozenset(name for klass in cls.__mro__
+                     for name in klass.__dict__.get("_trace_set_once_attributes", ()))
+
+
+@_by_class
 def _slots(cls: type) -> tuple[str, ...]:
     names = []
     for klass in cls.__mro__:
@@ -109,11 +115,13 @@ class Owner:
     """Something whose entries are compared: ``read()`` gives them now, ``label(key)`` names
     one in a message (and is the path of what it holds)."""
 
-    __slots__ = ("arrays", "entries", "label", "obj", "read")
+    __slots__ = ("arrays", "entries", "label", "obj", "read", "set_once")
 
     def __init__(self, obj: Any, read: Callable[[], dict[Any, Any]],
-                 label: Callable[[Any], str]) -> None:
+                 label: Callable[[Any], str], set_once: frozenset[str] = frozenset()) -> None:
         self.obj, self.read, self.label = obj, read, label
+        #: attributes whose first setting (from absent, None or False) is not a change
+        self.set_once = set_once
         #: the entries as they were (the values themselves: held, so no id is reused)
         self.entries: dict[Any, Any] = {}
         #: the bytes of the NumPy arrays among them (an update in place), by key
@@ -253,7 +261,8 @@ def owner_of(value: Any, path: Path, queue: deque[tuple[Any, Path]]) -> Owner | 
         if _origin(kind.__module__) == "user":        # its class: methods, class attributes
             queue.append((kind, path))
         return Owner(value, functools.partial(_object_entries, value),
-                 lambda k: f"{_describe_object(value, text(path))} attribute {k!r}")
+                     lambda k: f"{_describe_object(value, text(path))} attribute {k!r}",
+                     _set_once(kind))
     if category == "container":
         noun = ("key {!r}" if isinstance(value, dict) else
                 "member {}" if isinstance(value, set) else "item {}")

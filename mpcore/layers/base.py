@@ -91,7 +91,7 @@ class Layer:
     #: Set by the first call (a layer without weights builds in a traced step): every later
     #: call finds them so and leaves them, so a replay that does not set them changes nothing
     #: eager execution would (mpcore.trace_python_state).
-    _trace_ignored_attributes = ("built", "_build_shape", "_input_rule")
+    _trace_set_once_attributes = ("built", "_build_shape", "_input_rule")
 
     def __init__(self, *, name: str | None = None, dtype: Any = None, trainable: bool = True,
                  input_shape: Sequence[int | None] | None = None,

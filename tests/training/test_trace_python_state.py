@@ -331,3 +331,53 @@ def test_objects_of_packages_are_not_looked_into() -> None:
     for _ in range(2):
         step(_x())
     assert step.tracing_count == 1 and step.eager_reason is None
+
+
+class LazyTable(layers.Layer):
+    """A cache set by the first call and left after: declared set once."""
+
+    _trace_set_once_attributes = ("table",)
+
+    def __init__(self) -> None:
+        super().__init__(name="lazy_table")
+        self.table: Any = None
+
+    def call(self, x: Any, width: int = 4) -> Any:
+        if self.table is None or len(self.table) != width:
+            self.table = tuple(range(width))
+        return x * float(len(self.table))
+
+
+def test_state_declared_set_once_may_be_set_by_a_trace_but_not_changed() -> None:
+    layer = LazyTable()
+    step = mp.function(lambda x, width: layer(x, width=width))
+    for _ in range(2):
+        step(_x(), 4)
+    assert step.tracing_count == 1 and layer.table == (0, 1, 2, 3)
+    with pytest.raises(mp.TraceError, match=r"LazyTable 'lazy_table' attribute 'table' changed "
+                                            r"from \(0, 1, 2, 3\) to \(0, 1\)"):
+        step(_x(), 2)
+
+
+def test_one_optimizer_applied_to_other_variables_by_another_step_is_refused() -> None:
+    """``apply`` keeps its variables for a later ``apply(grads)``: set once by a step, but
+    another traced step's other variables would be a change its replays do not make."""
+    first, second = layers.Dense(2), layers.Dense(3)
+    opt = mp.optimizers.SGD(0.1)
+
+    def stepping(dense: Any) -> Any:
+        @mp.function
+        def step(x: Any) -> Any:
+            with mp.GradientTape() as tape:
+                loss = mp.ops.mean(dense(x))
+            opt.apply(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables)
+            return loss
+        return step
+
+    one, two = stepping(first), stepping(second)
+    for _ in range(3):
+        one(_x())                        # (the first call builds: then traced and replayed)
+    assert one.tracing_count == 2 and one.eager_reason is None
+    two(_x())                            # builds: run eagerly
+    with pytest.raises(mp.TraceError, match="SGD 'SGD' attribute '_built_variables' changed"):
+        one(mp.constant(X[:8]))          # a new shape: traced again, the other variables kept
