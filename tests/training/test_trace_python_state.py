@@ -65,15 +65,48 @@ def test_a_layer_changing_python_state_in_a_function_is_refused(change: str) -> 
     assert "a replay does not run Python code" in message and "mp.Variable" in message
 
 
+class OwnStep(mp.Model):
+    """An overridden train_step (Keras 3's), traced under jit_compile as the built-in one."""
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = data
+        with mp.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("step", ["built-in", "overridden"])
 @pytest.mark.parametrize("change", list(CASES))
-def test_a_layer_changing_python_state_in_fit_is_refused(change: str) -> None:
+def test_a_layer_changing_python_state_in_fit_is_refused(change: str, step: str) -> None:
     inp = mp.Input((4,))
     out = layers.Dense(2)(Counter(change, name="counter")(layers.Dense(3)(inp)))
-    model = mp.Model(inp, out, name="m")
+    model = (mp.Model if step == "built-in" else OwnStep)(inp, out, name="m")
     model.compile(optimizer="sgd", loss=mp.losses.SparseCategoricalCrossentropy(
         from_logits=True), jit_compile=True)
-    with pytest.raises(mp.TraceError, match=r"Counter 'counter'.*while tracing the train step "
-                                            r"of model 'm'"):
+    kind = "train" if step == "built-in" else "custom_train"
+    with pytest.raises(mp.TraceError, match=rf"Counter 'counter'.*while tracing the {kind} "
+                                            r"step of model 'm'"):
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+
+
+_STATS = {"steps": 0}
+
+
+class GlobalCounting(OwnStep):
+    def train_step(self, data: Any) -> dict[str, Any]:
+        _STATS["steps"] += 1
+        return super().train_step(data)
+
+
+def test_an_overridden_train_step_changing_a_global_dict_is_refused() -> None:
+    inp = mp.Input((4,))
+    model = GlobalCounting(inp, layers.Dense(2)(inp), name="g")
+    model.compile(optimizer="sgd", loss=mp.losses.SparseCategoricalCrossentropy(
+        from_logits=True), jit_compile=True)
+    with pytest.raises(mp.TraceError, match=r"key 'steps' of the dict in global '_STATS' of "
+                                            r"GlobalCounting.train_step changed from \d+ to"):
         model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
 
 
