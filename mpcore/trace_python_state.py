@@ -52,16 +52,17 @@ What is not refused:
   ``apply(grads)``, rebound only to other variables). Any later change is refused;
 - attributes a class declares in ``_trace_ignored_attributes`` (the same way): state a step
   writes and reads itself, which nothing reads after it (the compiled loss's per-output
-  losses). Each declaration says why;
+  losses), or that no call on tensors writes (a layer's input rule, set by its build, and its
+  functional-graph nodes). Each declaration says why;
 - objects whose class sets ``_trace_opaque = True`` (a traced function, whose ``__wrapped__``
   is looked into instead; the functional graph's KerasTensors and Nodes, which no step
   changes), and tensors, variables, backends, modules, classes and functions of mpcore or of
   packages: entries that hold them compare by identity, and are not looked into.
 
 The snapshot is taken at each trace, never at a replay: replays cost the same as before. For
-a ResNet of 179 layers (``benchmarks/trace_python_state.py``: about 1000 lists, dicts and
-objects watched) the check costs about 9 ms per trace (snapshot ~6 ms, comparison ~2 ms,
-around the optimizer's update ~1 ms), about a tenth of the 85 ms its training step takes to
+a ResNet of 179 layers (``benchmarks/trace_python_state.py``: about 700 lists, dicts and
+objects watched) the check costs about 7 ms per trace (snapshot ~4 ms, comparison ~2 ms,
+around the optimizer's update ~1 ms), under a tenth of the 82 ms its training step takes to
 trace on an idle 2-core CPU; a step traces once per signature.
 """
 
@@ -93,7 +94,6 @@ MAX_ARRAY_BYTES = 1 << 16
 #: ... and up to this many bytes of them in all (a global list of small arrays: a dataset).
 MAX_SNAPSHOT_BYTES = 1 << 24
 _REMOVED = object()
-_LEAVES = ("plain", "leaf")
 
 
 # --- comparing values ----------------------------------------------------------------------
@@ -112,10 +112,6 @@ def _same(old: Any, new: Any) -> bool:
     if category == "tuple":
         return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new))
     return False
-
-
-def _is_array(value: Any) -> bool:
-    return type(value).__module__ == "numpy" and hasattr(value, "tobytes")
 
 
 @contextlib.contextmanager
@@ -153,6 +149,7 @@ class StateWatch:
             self._walk_all(deque(roots), owners)
 
     def _walk_all(self, queue: deque[tuple[Any, Path]], owners: dict[int, Owner]) -> None:
+        append, plain, budget = queue.append, BUILTIN_PLAIN, self._budget   # (the hot loop)
         while queue:
             value, path = queue.popleft()
             if id(value) in owners:
@@ -164,14 +161,16 @@ class StateWatch:
             owner.entries = entries = read(owner)
             for key, child in entries.items():
                 kind = type(child)
-                if kind in BUILTIN_PLAIN:
+                if kind in plain:
                     continue
-                if kind_of(kind) not in _LEAVES:      # (tensors, variables: not queued)
-                    queue.append((child, At(owner, key)))
-                if _is_array(child):
+                category = kind_of(kind)
+                if category != "leaf":
+                    if category != "plain":
+                        append((child, At(owner, key)))
+                elif kind.__module__ == "numpy" and hasattr(child, "tobytes"):
                     size = getattr(child, "nbytes", MAX_ARRAY_BYTES + 1)
-                    if size <= MAX_ARRAY_BYTES and size <= self._budget[0]:
-                        self._budget[0] -= size
+                    if size <= MAX_ARRAY_BYTES and size <= budget[0]:
+                        budget[0] -= size
                         owner.arrays[key] = child.tobytes()
 
     # calls kept whole -------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import numbers
 import os
 import sys
 import types
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +28,7 @@ __all__ = ["BUILTIN_PLAIN", "MAX_ITEMS", "MISSING", "At", "Owner", "Path", "kind
 #: Containers compared by length only above this many items (a dataset held in a global).
 MAX_ITEMS = 100_000
 MISSING = object()
+_CACHED_CLASSES = 4096
 _PLAIN = (str, bytes, bool, type(None))
 BUILTIN_PLAIN = frozenset((str, bytes, bool, int, float, complex, type(None)))
 _NOT_INSPECTED = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
@@ -52,17 +52,18 @@ def _origin(module: str) -> str:
 
 
 def _by_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
-    """``compute(cls)``, kept while the class lives (classes made in a loop are not held)."""
-    cache: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+    """``compute(cls)``, cached: a walk asks once per value. The cache holds the classes it
+    saw, up to :data:`_CACHED_CLASSES` (then starts again: classes made in a loop are not
+    held forever; a weak cache costs a weak reference per look-up)."""
+    cache: dict[type, Any] = {}
 
     def get(cls: type) -> Any:
-        try:
-            return cache[cls]
-        except KeyError:
+        value = cache.get(cls, MISSING)
+        if value is MISSING:
+            if len(cache) >= _CACHED_CLASSES:
+                cache.clear()
             value = cache[cls] = compute(cls)
-            return value
-        except TypeError:                     # (a class that takes no weak reference)
-            return compute(cls)
+        return value
 
     return get
 
