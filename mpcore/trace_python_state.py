@@ -10,8 +10,10 @@ every call. ``tf.function`` lets that happen silently; mpcore refuses it with a
 
 How it is seen: before the step runs, :class:`StateWatch` takes a shallow snapshot of the Python
 state the step can reach, and after it compares (only for a trace that is kept: a first trace
-that creates variables is run eagerly and never replayed, so what it changes is right). What
-is looked at, from the traced callable:
+that creates variables is run eagerly and never replayed, so what it changes is right). So the
+refusal comes at the trace's end, as the other refusals only a step's end decides: the call
+ran eagerly to its end (its changes made once, as eagerly; under ``fallback`` nothing runs
+twice). What is looked at, from the traced callable:
 
 - the object of a bound method (a model's step: the model), the non-tensor arguments, a
   callable object, ``functools.partial``'s function and arguments;
@@ -21,7 +23,8 @@ is looked at, from the traced callable:
   mpcore's classes (layers, sublayers, metrics, the optimizer, the loss scale) and of the
   user's classes, with the user's classes' own attributes (a counter kept on the class) and
   methods (their globals), but not the objects of the standard library or of installed
-  packages (a logger's level cache changes for reasons of its own); and the items of lists,
+  packages (a logger's level cache changes for reasons of its own), unless their class
+  derives from one of mpcore's (a layer from a package); and the items of lists,
   dicts, sets and deques (tuples, namedtuples included, are looked through).
 
 An entry (an attribute, a key, an item, a global) has changed when it was added or removed,

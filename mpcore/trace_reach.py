@@ -73,7 +73,9 @@ def _inspected(cls: type) -> bool:
     """Whether objects of ``cls`` are looked into (see the module docstring)."""
     if issubclass(cls, _NOT_INSPECTED) or getattr(cls, "_trace_opaque", False):
         return False
-    return _origin(getattr(cls, "__module__", "") or "") != "package"
+    # (a layer, metric or optimizer from an installed package is mpcore's kind all the same)
+    return any(_origin(getattr(klass, "__module__", "") or "") != "package"
+               for klass in cls.__mro__ if klass is not object)
 
 
 @_by_class
