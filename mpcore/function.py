@@ -21,10 +21,11 @@ What a replay could not reproduce is refused while tracing, with a message that 
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
 value), creating variables in any trace but the first (a first trace that creates variables, as
 a model's first call does, is run eagerly and not kept; the next call traces again), reading
-``mp.random``'s state, computing with a drawn seed (:mod:`mpcore.trace_seeds`), and an
+``mp.random``'s state, computing with a drawn seed (:mod:`mpcore.trace_seeds`), an
 output a replay could not give back (:mod:`mpcore.trace_outputs`: an object holding tensors, a
-container subclass other than a namedtuple or an OrderedDict). docs/architecture.md lists what
-a replay takes from each call.
+container subclass other than a namedtuple or an OrderedDict), and Python state the step
+changes (:mod:`mpcore.trace_python_state`: an attribute, a container or a global it
+reaches). docs/architecture.md lists what a replay takes from each call.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mpcore import tensor as _tensor
 from mpcore import trace_arguments as _args
 from mpcore import trace_hooks as _hooks
 from mpcore import trace_outputs as _outputs
+from mpcore import trace_python_state as _python_state
 from mpcore import trace_seeds as _seeds
 from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
@@ -84,16 +86,20 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
         if recorder is None or recorder.whole_depth:
             return method(*args, **kwargs)
         if unless is not None:
-            check = getattr(args[0], unless)
-            if check() is not None:
-                recorder.guards.setdefault(check, None)
-                return method(*args, **kwargs)
+            # the guard runs at every call, and a call recorded kernel by kernel records its
+            # Python work with on_replay: what they change, each replay changes again
+            with _python_state.watching_whole(recorder.state, args, kwargs):
+                check = getattr(args[0], unless)
+                if check() is not None:
+                    recorder.guards.setdefault(check, None)
+                    return method(*args, **kwargs)
         # an iterator argument (zip(grads, variables)) is read once: keep what it gave
         args = tuple(list(a) if _is_iterator(a) else a for a in args)
         spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec(kwargs)])
         recorder.whole_depth += 1
         try:
-            out = method(*args, **kwargs)
+            with _python_state.watching_whole(recorder.state, args, kwargs):
+                out = method(*args, **kwargs)
         finally:
             recorder.whole_depth -= 1
         step = WholeCall(method, spec, recorder.tensor_bind(out),
@@ -226,6 +232,10 @@ def in_kept_whole() -> bool:
 class Function:
     """A function whose calls replay a recorded kernel program (see the module docstring)."""
 
+    #: Not looked into for Python state a trace changes (its own tracing count, programs):
+    #: what it traces, its ``__wrapped__``, is (mpcore.trace_python_state).
+    _trace_opaque = True
+
     def __init__(self, fn: Callable[..., Any], fallback: bool = False,
                  key: Callable[[], Any] | None = None) -> None:
         functools.update_wrapper(self, fn)
@@ -332,6 +342,7 @@ class Function:
         # would be captured as a constant, stale once the variable changes; the trace casts
         # afresh, from the variable, and so does every replay
         _tape.state.generation += 1
+        recorder.state = _python_state.StateWatch(self._fn, args, kwargs)
         _local.recorder = recorder
         _install_hooks()
         try:        # (the hooks go whatever raises, the rewrite's session included)
@@ -355,7 +366,8 @@ class Function:
         if recorder.refused is not None and not self._fallback:
             raise TraceError(recorder.refused)      # refused, and the step swallowed it
         if recorder.refused is None and not recorder.created:   # (a trace that is kept)
-            recorder.refused = _seeds.seed_refusal(recorder, self.__name__)
+            recorder.refused = (_seeds.seed_refusal(recorder, self.__name__)
+                                or recorder.state.refusal(self.__name__, recorder.steps))
             if recorder.refused is not None and not self._fallback:
                 raise TraceError(recorder.refused)
         if recorder.created and self._traced_once:

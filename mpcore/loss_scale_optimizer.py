@@ -243,7 +243,7 @@ class LossScaleOptimizer(Optimizer):
             trainable_variables = getattr(self._inner, "_built_variables", None)
         if trainable_variables is None:
             raise ValueError("apply(grads) needs trainable_variables the first time")
-        self._inner._built_variables = list(trainable_variables)
+        self._inner._keep_built_variables(list(trainable_variables))
         return self.apply_gradients(zip(self.get_unscaled_gradients(list(grads)),
                                         trainable_variables))
 

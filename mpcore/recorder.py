@@ -52,6 +52,8 @@ class Recorder:
         self.backends: dict[int, Any] = {}
         #: checks whose values the trace depends on (see ``function.kept_whole``), in order
         self.guards: dict[Callable[[], Any], None] = {}
+        #: the Python state the step can reach, as it was (trace_python_state.StateWatch)
+        self.state: Any = None
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:

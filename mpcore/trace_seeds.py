@@ -23,8 +23,10 @@ Python arithmetic (``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.r
 went to a random op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys
 and kernels.
 
-Python state is the trace's, as ``tf.function``'s is: a step that draws only when an attribute
-is unset (``if self.seed is None: self.seed = next_seed()``) draws at every replay.
+A step that draws only when an attribute is unset (``if self.seed is None: self.seed =
+next_seed()``) would draw at every replay, where eager execution draws once: the trace that
+sets the attribute is refused (:mod:`mpcore.trace_python_state`), unless it is a first trace
+that creates variables (run eagerly, never replayed; the next trace finds the attribute set).
 """
 
 from __future__ import annotations

@@ -88,6 +88,14 @@ class Layer:
 
     #: Whether __call__ casts floating inputs to the compute dtype (Model: no, its layers do).
     _autocast = True
+    #: Set by the first call (a layer without weights builds in a traced step): every later
+    #: call finds them so and leaves them, so a replay that does not set them changes nothing
+    #: eager execution would (mpcore.trace_python_state).
+    _trace_set_once_attributes = ("built", "_build_shape")
+    #: Written by build (the input rule) and by calls on KerasTensors (the functional graph's
+    #: nodes), never by a call on tensors: not watched in a traced step, whose walk of a
+    #: large model they would lengthen by a quarter.
+    _trace_ignored_attributes = ("_input_rule", "_inbound_nodes")
 
     def __init__(self, *, name: str | None = None, dtype: Any = None, trainable: bool = True,
                  input_shape: Sequence[int | None] | None = None,

@@ -19,6 +19,10 @@ Shape = tuple[int | None, ...]
 class KerasTensor:
     """A placeholder of the functional API: a shape (batch axis None) and a dtype."""
 
+    #: The functional graph is made where a model is defined; a step, on tensors, never changes
+    #: it: not looked into for a traced step's Python state (mpcore.trace_python_state).
+    _trace_opaque = True
+
     def __init__(self, shape: Shape, dtype: str, name: str | None = None,
                  node: Node | None = None) -> None:
         self.shape: Shape = tuple(shape)
@@ -89,6 +93,8 @@ class Node:
     """One call of a layer in the functional graph: its first argument (``inputs``), the
     other positional and keyword arguments of the call (``args``, ``kwargs``: KerasTensors
     among them are inputs too, as the value of ``mha(query, value)``), and the outputs."""
+
+    _trace_opaque = True        # (as KerasTensor's: the graph, which no step changes)
 
     def __init__(self, layer: Layer, inputs: Any, outputs: Any, args: tuple[Any, ...] = (),
                  kwargs: dict[str, Any] | None = None) -> None:

@@ -70,6 +70,11 @@ class CompileLoss:
     output's loss; :attr:`last` holds each output's own loss of the last call (for its
     ``<output>_loss`` log)."""
 
+    #: Each call's own per-output losses, read by the same step right after (its output loss
+    #: trackers) and by nothing later: a replay's come from its program, so a traced step may
+    #: leave the trace's there (mpcore.trace_python_state).
+    _trace_ignored_attributes = ("last",)
+
     def __init__(self, loss: Any, loss_weights: Any, names: list[str]) -> None:
         self.names = names
         specs = _by_output("loss", loss, names, single_ok=True)

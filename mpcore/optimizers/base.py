@@ -46,6 +46,11 @@ class Optimizer(Hyperparameters):
     #: How many settings of the hyperparameters a recorded update is traced for; beyond, it is
     #: kept whole (a rate changed at every step, a warm-up set by a callback, retraces no more).
     _MAX_RECORDED_SETTINGS = 4
+    #: ``apply`` keeps its variables for a later ``apply(grads)``, rebinding them only to other
+    #: variables (:meth:`_keep_built_variables`): set by the first call, a traced step's replay
+    #: leaves them as eager execution would; another traced step's other variables are a
+    #: change a replay would not make, refused (mpcore.trace_python_state).
+    _trace_set_once_attributes = ("_built_variables",)
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
@@ -272,6 +277,15 @@ class Optimizer(Hyperparameters):
                       self.last_variables)
         return True if flag is None else flag
 
+    def _keep_built_variables(self, variables: list[Variable]) -> None:
+        """Keep ``apply``'s variables for a later ``apply(grads)``. The same ones again are
+        left as they are: a traced step's replay runs no Python, and a trace that changed
+        Python state would be refused (mpcore.trace_python_state)."""
+        kept = getattr(self, "_built_variables", None)
+        if kept is None or len(kept) != len(variables) or any(
+                a is not b for a, b in zip(kept, variables)):
+            self._built_variables = variables
+
     def apply(self, grads: Sequence[Tensor | None],
               trainable_variables: Sequence[Variable] | None = None) -> bool | Tensor:
         """Keras 3's ``optimizer.apply(grads, trainable_variables)``: :meth:`apply_gradients`
@@ -285,7 +299,7 @@ class Optimizer(Hyperparameters):
         if len(grads) != len(trainable_variables):
             raise ValueError(f"apply: {len(grads)} gradients for {len(trainable_variables)} "
                              "variables")
-        self._built_variables = trainable_variables
+        self._keep_built_variables(trainable_variables)
         return self.apply_gradients(zip(grads, trainable_variables))
 
     def compute_gradients(self, loss: Any, var_list: VarList, tape: Any = None
