@@ -17,15 +17,20 @@ import mpcore as mp
 from mpcore.program import Assign, Program, WholeCall, evaluate, reads, step_reads
 
 #: The cpu backend's own kernels play the part of the CUDA backend's (audited) ones; plugin
-#: kernels (the oneDNN GEMMs, where that plugin is installed) stay untrusted.
+#: kernels (the oneDNN GEMMs, where that plugin is installed) stay untrusted. The ONNX
+#: Runtime plugin is off here: its float16 arithmetic (a wrapper over the CPU's own kernels,
+#: which CUDA does not have) would put every float16 multiply on the host.
 CPU_OWN = gp.own_kernel(("mpcore_cpu", "mpcore_xp"))
 RNG = np.random.default_rng(4)
 
 
 @pytest.fixture(autouse=True)
-def _cpu() -> Any:
+def _cpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from mpcore_cpu import CpuBackend
+
     previous = mp.get_backend()
-    mp.set_backend("cpu")
+    monkeypatch.setenv("MPCORE_ONNXRUNTIME", "off")
+    mp.set_backend(CpuBackend())
     yield
     mp.set_backend(previous.name)
     mp.set_global_policy(None)
