@@ -28,6 +28,7 @@ import re
 import secrets
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from mpcore import random as _random
@@ -130,14 +131,23 @@ def atomic_write(path: str | os.PathLike[str], payload: Any) -> None:
     Under a distribution it is called on every rank (as fit is): rank 0 writes (the ranks hold
     the same state) and every rank waits until the file is complete, so a restore right after
     reads it."""
+    write_on_rank_zero(path, lambda f: _write_payload(f, payload),
+                       "save_weights/save_checkpoint")
+
+
+def write_on_rank_zero(path: str | os.PathLike[str], write: Callable[[Any], None],
+                       calls: str) -> None:
+    """``write(file)`` into ``path`` atomically (:func:`write_file`); under a distribution
+    rank 0 writes and every rank waits until the file is complete. ``calls`` names the
+    methods every rank must call (the wait's timeout message says so)."""
     dist = _distribution.distribution()
     if dist is None or dist.rank == 0:
-        _write(path, payload)
+        write_file(path, write)
     if dist is not None:
         # the wait's name is in its timeout message: `if rank() == 0: model.save_weights(p)`
         # is the usual cause, so the message says what to do instead
         _faults.agree(dist.engine, f"rank 0 writing {os.fspath(path)}; under a distribution "
-                      "every rank calls save_weights/save_checkpoint, not rank 0 alone", (), [])
+                      f"every rank calls {calls}, not rank 0 alone", (), [])
 
 
 def _refused(path: str, what: str, exc: OSError) -> OSError:
@@ -149,7 +159,10 @@ def _refused(path: str, what: str, exc: OSError) -> OSError:
     return error
 
 
-def _write(path: str | os.PathLike[str], payload: Any) -> None:
+def write_file(path: str | os.PathLike[str], write: Callable[[Any], None]) -> None:
+    """``write(file)`` into a temporary file beside ``path``, fsynced, then ``os.replace``-d
+    over it (see the module's docstring); the folder's stale temporaries removed first. An
+    OSError names ``path`` and why, in the type the OS gave."""
     shown = os.fspath(path)
     target = os.path.abspath(shown)
     folder = os.path.dirname(target)
@@ -167,19 +180,15 @@ def _write(path: str | os.PathLike[str], payload: Any) -> None:
     except OSError as exc:
         raise _refused(shown, f"cannot create a file in its folder {folder!r}", exc) from exc
     try:
-        _write_temporary(fd, tmp, target, payload)
+        _write_temporary(fd, tmp, target, write)
     except OSError as exc:
         raise _refused(shown, "writing it failed", exc) from exc
 
 
-def _write_temporary(fd: int, tmp: str, target: str, payload: Any) -> None:
+def _write_temporary(fd: int, tmp: str, target: str, write: Callable[[Any], None]) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(bytes(HEADER.size))
-            body = _HashingWriter(f)
-            pickle.dump(payload, body, protocol=pickle.HIGHEST_PROTOCOL)
-            f.seek(0)
-            f.write(HEADER.pack(MAGIC, body.size, body.sha.digest()))
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -187,6 +196,16 @@ def _write_temporary(fd: int, tmp: str, target: str, payload: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_payload(f: Any, payload: Any) -> None:
+    """The checksummed container: the header's place, the pickle (hashed as it is written),
+    then the header."""
+    f.write(bytes(HEADER.size))
+    body = _HashingWriter(f)
+    pickle.dump(payload, body, protocol=pickle.HIGHEST_PROTOCOL)
+    f.seek(0)
+    f.write(HEADER.pack(MAGIC, body.size, body.sha.digest()))
 
 
 def _verify(f: Any, path: str, expected: str) -> None:

@@ -141,6 +141,21 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
     assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
 
 
+def small_classifier(seed: int = 5, jit_compile: bool | str = "auto") -> Any:
+    """8 inputs, Dense(16, relu), a 3-class softmax, SGD(0.1), sparse cross-entropy and
+    accuracy: the model of the data tests (generators, PyDataset, sample weights)."""
+    import mpcore as mp
+    from mpcore import layers
+
+    mp.random.set_seed(seed)
+    inputs = mp.Input((8,))
+    x = layers.Dense(16, activation="relu")(inputs)
+    model = mp.Model(inputs, layers.Dense(3, activation="softmax")(x))
+    model.compile(optimizer=mp.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=jit_compile)
+    return model
+
+
 def mlp_and_optimizer(policy: str, seed: int = 3, hidden: int = 1) -> tuple[Any, Any]:
     """A small softmax MLP (20 inputs, Dropout, 4 classes) under ``policy``, and Adam, wrapped
     in a LossScaleOptimizer for mixed_float16: the model of the traced-step tests."""

@@ -14,13 +14,11 @@ import datetime
 import io
 import json
 import os
-import secrets
 import zipfile
 from collections.abc import Callable
 from typing import Any
 
-from mpcore.distribution import api as _distribution
-from mpcore.distribution import faults as _faults
+from mpcore import checkpoint as _checkpoint
 from mpcore.saving import serialization, weights_h5
 
 CONFIG = "config.json"
@@ -40,43 +38,11 @@ def _h5py() -> Any:
 
 
 def _atomic(path: str, write: Callable[[Any], None]) -> None:
-    """Write through ``write(file)`` to a temporary file beside ``path``, fsync, rename. Under
-    a distribution every rank calls it (as save_weights): rank 0 writes, the ranks hold the
-    same state, and every rank waits until the file is complete."""
-    dist = _distribution.distribution()
-    if dist is None or dist.rank == 0:
-        _write_file(path, write)
-    if dist is not None:
-        _faults.agree(dist.engine, f"rank 0 writing {path}; under a distribution every rank "
-                      "calls model.save/save_weights, not rank 0 alone", (), [])
-
-
-def _write_file(path: str, write: Callable[[Any], None]) -> None:
-    target = os.path.abspath(path)
-    if os.path.isdir(target):
-        raise IsADirectoryError(f"cannot save to {path!r}: it is a folder; give a file name "
-                                "in it")
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    # created with mode 0666 less the umask, as the target would be (mkstemp's is 0600)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    while True:
-        tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write through ``write(file)`` atomically, as mpcore's checkpoints are written (a
+    temporary file beside ``path``, fsynced, renamed). Under a distribution every rank calls
+    it (as save_weights): rank 0 writes, the ranks hold the same state, and every rank waits
+    until the file is complete."""
+    _checkpoint.write_on_rank_zero(path, write, "model.save/save_weights")
 
 
 def _check_target(filepath: Any, suffix: str, overwrite: bool) -> str:

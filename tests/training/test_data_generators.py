@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import small_classifier
 
 import mpcore as mp
 from mpcore import layers
@@ -25,13 +26,7 @@ Y = RNG.integers(0, 3, 96).astype(np.int32)
 
 
 def _model(seed: int = 5, jit_compile: bool | str = "auto") -> mp.Model:
-    mp.random.set_seed(seed)
-    inputs = mp.Input((8,))
-    x = layers.Dense(16, activation="relu")(inputs)
-    model = mp.Model(inputs, layers.Dense(3, activation="softmax")(x))
-    model.compile(optimizer=mp.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=jit_compile)
-    return model
+    return small_classifier(seed, jit_compile)
 
 
 def _batches(x: np.ndarray = X, y: np.ndarray | None = Y, size: int = 16,
