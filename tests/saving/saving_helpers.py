@@ -6,7 +6,9 @@ jax for convolutions; jax, TensorFlow and PyTorch are each hundreds of MB), so t
 environment does not install it. The Keras-written files were made once by
 ``make_keras_files.py`` and are committed with Keras' predictions; the checks that Keras 3
 reads mpcore's files run Keras in a subprocess, with ``MPCORE_KERAS_PYTHON`` (an interpreter
-that has Keras 3 and jax) or the test interpreter where it has them, and skip otherwise.
+that has Keras 3 and jax) or the test interpreter where it has them, and skip otherwise
+(``.ci/run`` makes such an interpreter in a virtual environment of its own and sets it: there
+an unusable one fails the checks).
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ def keras_python() -> str | None:
 def run_keras(script: str, *args: str) -> dict[str, Any]:
     """Run ``script`` under Keras 3 (NumPy backend); it prints one JSON object last."""
     python = keras_python()
+    if python is None and os.environ.get("MPCORE_KERAS_PYTHON"):
+        pytest.fail(f"MPCORE_KERAS_PYTHON={os.environ['MPCORE_KERAS_PYTHON']} does not import "
+                    "Keras 3 with its NumPy backend (it needs keras and jax)")
     if python is None:
         pytest.skip("Keras 3 with a backend is not importable here (its NumPy backend needs "
                     "jax); set MPCORE_KERAS_PYTHON to an interpreter that has keras and jax")
