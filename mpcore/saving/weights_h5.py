@@ -143,10 +143,21 @@ def optimizer_entries(optimizer: Any, var_list: list[Any], path: str) -> list[En
 
 
 def _iterations_slot(optimizer: Any) -> Slot:
-    def write(value: Any) -> None:
-        optimizer.iterations = int(value)
+    """Keras' ``iterations``: the calls of ``apply``. mpcore counts the updates, and the
+    micro-steps of a gradient accumulation apart: N updates and k micro-steps are N*steps + k
+    calls (Keras 3's count; its accumulators hold the sum of the k gradients, as mpcore's)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
 
-    return Slot("iterations", (), lambda: optimizer.iterations, write, "int64")
+    def steps() -> int:
+        return inner.gradient_accumulation_steps or 1
+
+    def read() -> int:
+        return int(inner.iterations) * steps() + inner._micro_steps
+
+    def write(value: Any) -> None:
+        inner.iterations, inner._micro_steps = divmod(int(value), steps())
+
+    return Slot("iterations", (), read, write, "int64")
 
 
 def _to_float32(value: float) -> float:
@@ -166,11 +177,6 @@ def _set_scale_state(scale: Any, key: str, value: Any) -> None:
 def _optimizer_slots(optimizer: Any, var_list: list[Any]) -> list[Slot]:
     from mpcore import optimizers
 
-    if (optimizer.gradient_accumulation_steps or 1) > 1:
-        raise NotImplementedError(
-            f"optimizer {optimizer.name!r}: saving the state of gradient accumulation in "
-            "Keras' format is not supported yet; use model.save_checkpoint(), or save "
-            "with include_optimizer=False")
     optimizer.build(var_list)
     slots = [_iterations_slot(optimizer)]
     if not callable(optimizer._learning_rate):
@@ -182,6 +188,9 @@ def _optimizer_slots(optimizer: Any, var_list: list[Any]) -> list[Slot]:
 
         slots.append(Slot("learning_rate", (), lambda: float(optimizer.learning_rate),
                           set_rate))
+    if (optimizer.gradient_accumulation_steps or 1) > 1:
+        # Keras 3 builds the accumulators before the subclass's slots
+        slots += [_variable_slot(optimizer._accumulator(v)) for v in var_list]
     names = optimizer.slot_names()
 
     def column(name: str) -> list[Slot]:
