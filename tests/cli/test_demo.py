@@ -59,6 +59,36 @@ def test_demo_policy_units_and_plot(tmp_path: Path) -> None:
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_demo_mixed_float8(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 35: the demo trains the guide's model with FP8 GEMMs against float32; the
+    10-wide output layer stays in mixed_bfloat16, the hidden ones keep their FP8 scales."""
+    assert cli.main(["demo", "--policy", "mixed_float8", "--units", "32", "--epochs", "2",
+                     "--batch-size", "256", "--verbose", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Mixed policy: mixed_float8 (chosen with --policy)" in out
+    assert "Mixed precision compatibility check (mixed_float8)" in out
+    table = out[out.index("Results on"):].splitlines()
+    rows = {line.split()[0]: line.split() for line in table[2:4]}
+    assert set(rows) == {"float32", "mixed_float8"}
+    # 2 epochs of 25 steps: both well past chance, FP8 within a few points of float32
+    assert 0.7 < float(rows["mixed_float8"][1]) <= 1.0
+    assert abs(float(rows["mixed_float8"][1]) - float(rows["float32"][1])) < 0.05
+    assert "that mixed_float8 is not fast here: FP8 is emulated" in out
+
+
+def test_demo_builds_the_fp8_model_with_a_bfloat16_output_layer() -> None:
+    import mpcore as mp
+
+    with mp.policy_scope("mixed_float8"):
+        model = demo.build_model(16)
+    policies = {la.name: la.dtype_policy.name for la in model.layers
+                if isinstance(la, mp.layers.Dense)}
+    assert policies == {"dense_1": "mixed_float8", "dense_2": "mixed_float8",
+                        "dense_logits": "mixed_bfloat16"}
+    assert hasattr(model.get_layer("dense_1"), "inputs_scale")
+    assert not hasattr(model.get_layer("dense_logits"), "inputs_scale")
+
+
 def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     # every argument in detail: tests/cli/test_demo_setup.py
     for args, message in ((["--policy", "float8"], "invalid choice"),

@@ -154,7 +154,7 @@ def test_positive_int_rejects_what_is_not_a_whole_number(text: str) -> None:
     ({"batch_size": -5}, "batch_size must be a whole number >= 1, got -5"),
     ({"batch_size": 2.5}, "batch_size must be a whole number >= 1, got 2.5"),
     ({"policy": "float32"}, "policy must be a mixed policy, one of mixed_float16, "
-                            "mixed_bfloat16, got 'float32'"),
+                            "mixed_bfloat16, mixed_float8, got 'float32'"),
     ({"verbose": 3}, "verbose must be 0, 1 or 2, got 3"),
     ({"plot": "/proc/nope/x.png"}, "plot: the folder of '/proc/nope/x.png'"),
 ])
