@@ -154,3 +154,27 @@ def test_bad_arguments_name_the_valid_choices() -> None:
         mp.ops.quantize_fp8(x, mp.constant([1.0, 2.0]), "e4m3")
     with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'format'"):
         float8.dequantize(float8.quantize(x, 1.0)[0], 1.0)  # type: ignore[call-arg]
+
+
+SIXTEEN_BIT = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_every_16_bit_pattern_times_power_of_two_scales(backend: mp.Backend, dtype: str,
+                                                         fmt: str) -> None:
+    """The issue's bar: all 65,536 bit patterns of the 16-bit input (ties, subnormals, the
+    448/57344 boundaries, Inf, NaN of either sign), at scales that push values into both
+    ends of the format's range, give ml_dtypes' codes of the clipped product bit for bit."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(SIXTEEN_BIT[dtype])
+    held = x.astype(np.float32)
+    t = mp.constant(x, dtype=dtype)
+    assert np.array_equal(t.numpy().view(np.uint16), x.view(np.uint16))  # nothing lost on load
+    for k in (-16, -7, 0, 1, 9, 24):
+        codes, amax = float8.quantize(t, 2.0 ** k, fmt)
+        got, want = codes.numpy(), _reference(held, 2.0 ** k, fmt)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (f"scale 2**{k}: {bad.size} codes differ, first input bits "
+                               f"{x.view(np.uint16)[bad[:4]].tolist()}: got "
+                               f"{got[bad[:4]].tolist()}, want {want[bad[:4]].tolist()}")
+        assert np.isnan(float(amax))   # the NaN patterns are in x: its amax is NaN
