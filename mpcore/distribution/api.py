@@ -52,6 +52,8 @@ class DataParallel:
         #: weight (None: 1/world_size, the custom loop's equal shards).
         self.batch_fraction: float | None = None
         self._layouts: dict[tuple[int, ...], Any] = {}
+        #: The variable sets whose FP8 state the ranks have checked to match.
+        self._float8_checked: set[tuple[int, ...]] = set()
 
     @property
     def rank(self) -> int:

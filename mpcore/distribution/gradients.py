@@ -13,6 +13,13 @@ variables also takes rank 0's values first, so every replica starts from the sam
 
 The "all finite" flag is then MIN-all-reduced before the loss scale reads it: every rank skips
 the same steps and keeps the same scale.
+
+Under ``mixed_float8`` each trained FP8 layer's scaling state is reconciled first, in one
+all-reduce (:func:`reduce_float8_state`): the amax histories MAX-reduced, so the amax every
+rank keeps for this step is the largest over the global batch, and the scales MIN-reduced
+(the scale of the largest amax; under current scaling recomputed from the global amax). Ranks
+whose data differ would otherwise keep different scales, quantise with them under delayed
+scaling, and drift apart.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from mpcore.tensor import Tensor, Variable
 HEADER = ("layout", "loss_scale", "iterations", "random_counter", "rewrite")
 STATE_POINT = "the training state (layout, loss scale, step, random counter, graph rewrite)"
 TRAINED_VARIABLES = "the variables to train"
-_faults.known(STATE_POINT, _faults.tensors_point(TRAINED_VARIABLES))
+FLOAT8_STATE = "the FP8 scaling state (scales and amax histories)"
+_faults.known(STATE_POINT, _faults.tensors_point(TRAINED_VARIABLES),
+              _faults.tensors_point(FLOAT8_STATE))
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
     if layout is None:
         layout = _new_layout(dist, grads, variables)
     _check_header(dist, layout, optimizer)
+    reduce_float8_state(dist, variables, key)
     fraction = dist.batch_fraction
     dist.batch_fraction = None
     weight = 1.0 / dist.world_size if fraction is None else fraction
@@ -89,6 +99,46 @@ def average_gradients(grads: list[Tensor], variables: Sequence[Variable],
         for i, total in zip(bucket, totals):
             out[i] = total
     return out  # type: ignore[return-value]
+
+
+def reduce_float8_state(dist: Any, variables: Sequence[Variable],
+                        key: tuple[int, ...]) -> None:
+    """The FP8 state of the layers trained here made the same on every rank: each amax
+    history MAX-reduced (this step's entry becomes the global amax; the older entries are
+    already equal), each scale MIN-reduced (as a MAX of its negation, exact, so the whole
+    state travels in one all-reduce). A delayed-scaling step quantised with scales from the
+    (agreed) history, so its scale was the same everywhere already; a current-scaling step
+    quantised with its own amax's scale, and keeps the scale of the global amax (the
+    previous one where that is zero or not finite, as the recipe says). Not a collective
+    without FP8 layers."""
+    from mpcore.mixed_precision.float8 import states_of
+
+    states = states_of(variables)
+    if not states:
+        return
+    operands = [op for state in states for op in state.operands]
+    if key not in dist._float8_checked:   # once per variable set: ranks with other recipes
+        _faults.check_same_tensors(        # would exchange buffers of other sizes
+            dist.engine, FLOAT8_STATE, [t for op in operands for t in (op.scale,
+                                                                        op.amax_history)])
+        dist._float8_checked.add(key)
+    flat = ops.concat([*(op.amax_history for op in operands),
+                       *(ops.reshape(ops.negative(op.scale), (1,)) for op in operands)])
+    total = dist.engine.allreduce(flat, "max")
+    offset = 0
+    histories = []
+    for op in operands:
+        n = op.amax_history.shape[0]
+        histories.append(total[offset:offset + n])
+        offset += n
+    for i, (op, history) in enumerate(zip(operands, histories)):
+        scale = ops.reshape(ops.negative(total[offset + i:offset + i + 1]), ())
+        recipe = op.recipe
+        if not recipe.delayed:
+            scale = ops.fp8_scale(ops.reshape(history[0:1], ()), scale, op.format,
+                                  recipe.margin, recipe.power_of_two_scales)
+        op.amax_history.assign(history)
+        op.scale.assign(scale)
 
 
 def wire_dtype(dtype: str) -> str:

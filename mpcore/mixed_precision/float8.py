@@ -20,6 +20,8 @@ so a traced step replays the recipe bit for bit.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from mpcore import ops
@@ -40,7 +42,7 @@ from mpcore.tensor import Tensor, Variable
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "CODE_FORMATS", "FORMATS", "CurrentScaling", "DelayedScaling",
            "OperandScaling", "Quantized", "Recipe", "dequantize", "get", "quantize",
-           "serialize"]
+           "serialize", "states_of"]
 
 
 def quantize(x: Any, scale: Any, format: str = "e4m3") -> tuple[Tensor, Tensor]:  # noqa: A002
@@ -128,10 +130,16 @@ class Float8Dense:
         self.inputs = OperandScaling(layer, "inputs", recipe, fwd)
         self.kernel = OperandScaling(layer, "kernel", recipe, fwd)
         self.outputs_grad = OperandScaling(layer, "outputs_grad", recipe, bwd)
+        self.recipe = recipe
+        self.operands = (self.inputs, self.kernel, self.outputs_grad)
         for prefix in ("inputs", "kernel", "outputs_grad"):   # Keras 3's attribute names
             operand = getattr(self, prefix)
             setattr(layer, f"{prefix}_scale", operand.scale)
             setattr(layer, f"{prefix}_amax_history", operand.amax_history)
+        # found from the kernel by the optimizer's step under mp.distribution, which sees the
+        # trained variables only (weak: the registry keeps no layer alive)
+        self._kernel = weakref.ref(layer.kernel)
+        _BY_KERNEL[id(layer.kernel)] = weakref.ref(self)
 
     def dot(self, x: Tensor, kernel: Variable, training: bool | None) -> Tensor:
         """``x @ kernel`` (float32) through FP8 GEMMs, forward and backward. A training call
@@ -147,3 +155,18 @@ class Float8Dense:
             return grad_state.quantize(g, update)
 
         return ops.float8_dot(x, kernel, qx, qw, grad_quantizer)
+
+
+_BY_KERNEL: dict[int, weakref.ref[Float8Dense]] = {}
+
+
+def states_of(variables: Sequence[Variable]) -> list[Float8Dense]:
+    """The FP8 state of the layers whose kernels are among ``variables``, in their order
+    (the same on every rank of a data-parallel job, as the variables are)."""
+    out = []
+    for v in variables:
+        ref = _BY_KERNEL.get(id(v))
+        state = ref() if ref is not None else None
+        if state is not None and state._kernel() is v:   # not a reused id of a dead kernel
+            out.append(state)
+    return out
