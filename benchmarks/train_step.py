@@ -6,12 +6,18 @@ cross-entropy), per policy and backend. One JSON line per configuration.
     python benchmarks/train_step.py --quick             # tiny sizes (a smoke run)
     python benchmarks/train_step.py --interleave 8 --policy float32 mixed_float16
     python benchmarks/train_step.py --path fit --jit     # traced steps (mp.function)
+    python benchmarks/train_step.py --path fit --interleave 7 --policy mixed_bfloat16 mixed_float8
 
 ``--interleave ROUNDS`` builds every policy's trainer in one process and times them in turn,
 round after round (the order reversed every other round), so each policy's speed against
 float32 is paired with a float32 run of the same minute: ``vs_float32_paired``, the median of
 the per-round ratios, is the steadier figure on a VM whose speed drifts (``compare.py``'s runs
 of one policy are separate processes, minutes apart).
+
+``mixed_float8`` (FP8 GEMMs in the hidden Dense layers, the output layer in mixed_bfloat16, as
+``mpcore demo`` builds it) runs with ``--path fit`` only: FP8 lives in the Dense layer, which
+the hand-written loop does not use. With ``--interleave``, every policy's ratio to the first
+policy given (not float32) is reported too (``vs_first_rounds``, ``vs_first_paired``).
 
 ``--path loop`` is the guide's custom training loop written with the core API: GradientTape,
 ``mp.ops.dense`` (the Dense layer's fused matmul + bias + relu),
@@ -47,7 +53,9 @@ import numpy as np
 import mpcore as mp
 from mpcore.demo import build_model
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "mixed_float8")
+#: What runs without --policy (mixed_float8 is asked for: it needs --path fit).
+DEFAULT_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 #: Traced steps (``--jit``) for every trainer this process builds.
 JIT = False
 # Keras RMSprop defaults, as the guide uses them
@@ -330,13 +338,19 @@ def interleaved(backend: mp.Backend, path: str, policies: list[str], units: int,
             ratios = [f / t for f, t in zip(times["float32"], times[p])]
             record["vs_float32_rounds"] = [round(x, 3) for x in ratios]
             record["vs_float32_paired"] = round(statistics.median(ratios), 3)
+        first = live[0]
+        if first != "float32":   # e.g. mixed_float8 against mixed_bfloat16, round by round
+            ratios = [f / t for f, t in zip(times[first], times[p])]
+            record["vs_first"] = first
+            record["vs_first_rounds"] = [round(x, 3) for x in ratios]
+            record["vs_first_paired"] = round(statistics.median(ratios), 3)
     return [records[p] for p in policies]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", nargs="+", choices=("loop", "fit"), default=["loop"])
-    ap.add_argument("--policy", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--policy", nargs="+", choices=POLICIES, default=list(DEFAULT_POLICIES))
     ap.add_argument("--backend", action="append", default=None,
                     help="a backend name (repeatable; default: the current backend)")
     ap.add_argument("--units", type=int, default=None, help="hidden width (default 1024)")
@@ -351,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="traced steps: fit with compile(jit_compile=True); the loop's forward "
                          "and backward through mp.function")
     a = ap.parse_args(argv)
+    if "mixed_float8" in a.policy and "loop" in a.path:
+        ap.error("mixed_float8 needs --path fit (its FP8 GEMMs live in the Dense layer; the "
+                 "loop path multiplies with mp.ops.dense); valid paths for it: fit")
     global JIT
     JIT = a.jit
     units = a.units or (32 if a.quick else 1024)

@@ -114,7 +114,7 @@ def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
         return np.asarray(values).astype(NUMPY_DTYPES[dtype]).astype(np.float64)
 
 
-def train_guide_on_mnist(policy: str, data: Any) -> tuple[Any, float]:
+def train_guide_on_mnist(policy: str | mp.Policy, data: Any) -> tuple[Any, float]:
     """The guide's model (64 units) trained on ``data`` with ``policy`` on the current backend
     (5 epochs, batch 128, validation_split 0.2, seed 0): the model and its test accuracy."""
     from mpcore import demo

@@ -85,6 +85,24 @@ def test_train_step_fit_runs_or_says_why_not() -> None:
     assert "samples_per_s" in r or r["skipped"]
 
 
+def test_train_step_mixed_float8_against_mixed_bfloat16() -> None:
+    """Issue 35's CPU cost figure: FP8 (emulated) paired round by round with the first policy
+    given; the loop path, which has no Dense layer, refuses it naming the valid path."""
+    records = run("train_step.py", "--quick", "--path", "fit", "--interleave", "3",
+                  "--policy", "mixed_bfloat16", "mixed_float8", "--backend", "cpu")
+    bf16, fp8 = records
+    assert fp8["policy"] == "mixed_float8" and fp8["fast"] is False
+    assert "emulated" in fp8["why"] and 0 < fp8["loss"] < 10
+    assert bf16["vs_first_rounds"] == [1.0, 1.0, 1.0] and fp8["vs_first"] == "mixed_bfloat16"
+    expected = [round(a / b, 3) for a, b in zip(bf16["ms_per_step_rounds"],
+                                                fp8["ms_per_step_rounds"])]
+    assert fp8["vs_first_rounds"] == pytest.approx(expected, abs=0.01)
+    proc = subprocess.run([sys.executable, str(BENCH / "train_step.py"), "--quick",
+                           "--policy", "mixed_float8"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2 and "valid paths for it: fit" in proc.stderr
+
+
 def test_train_step_jit_traces_both_paths_and_reports_the_program() -> None:
     records = run("train_step.py", "--quick", "--path", "loop", "fit", "--policy", "float32",
                   "mixed_float16", "--jit")

@@ -208,9 +208,12 @@ def test_a_tiny_regression_trains_as_mixed_bfloat16_does() -> None:
     assert fp8 < 0.1 and fp8 < bf16 * 3 + 0.02, (fp8, bf16)
 
 
-@pytest.mark.slow  # 5 epochs twice
-def test_mnist_within_one_point_of_mixed_bfloat16(backend: mp.Backend,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.slow  # 5 epochs, three times
+def test_mnist_within_one_and_two_points_of_mixed_bfloat16(
+        backend: mp.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's bar: the guide's model (its 10-wide output layer in mixed_bfloat16, as
+    demo.build_model makes it under mixed_float8) within 1 point of mixed_bfloat16's test
+    accuracy under current scaling, 2 points under delayed scaling."""
     from conftest import SHARED_MNIST, train_guide_on_mnist
 
     if not os.path.isdir(SHARED_MNIST):
@@ -218,11 +221,15 @@ def test_mnist_within_one_point_of_mixed_bfloat16(backend: mp.Backend,
     monkeypatch.setenv("MPCORE_DATA_DIR", str(SHARED_MNIST))
     data = mp.datasets.mnist.load()
     _, bf16 = train_guide_on_mnist("mixed_bfloat16", data)
-    model, fp8 = train_guide_on_mnist("mixed_float8", data)
-    print(f"{backend.name}: mixed_bfloat16 {bf16:.4f}, mixed_float8 {fp8:.4f}")
-    assert fp8 >= 0.88 and abs(fp8 - bf16) <= 0.01, (fp8, bf16)
-    dense = [la for la in model.layers if isinstance(la, mp.layers.Dense)]
-    assert dense and all(float(la.inputs_scale.numpy()) != 1.0 for la in dense)
+    for recipe, bar in ((CurrentScaling(), 0.01), (DelayedScaling(), 0.02)):
+        model, fp8 = train_guide_on_mnist(mp.Policy("mixed_float8", float8_recipe=recipe),
+                                          data)
+        print(f"{backend.name}: mixed_bfloat16 {bf16:.4f}, mixed_float8 {recipe} {fp8:.4f}")
+        assert fp8 >= 0.88 and bf16 - fp8 <= bar, (recipe, fp8, bf16)
+        assert model.get_layer("dense_logits").dtype_policy.name == "mixed_bfloat16"
+        hidden = [model.get_layer(name) for name in ("dense_1", "dense_2")]
+        assert all(la.dtype_policy == mp.Policy("mixed_float8", float8_recipe=recipe)
+                   and float(la.inputs_scale.numpy()) != 1.0 for la in hidden)
 
 
 def test_keras_spellings() -> None:

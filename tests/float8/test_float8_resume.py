@@ -50,7 +50,8 @@ def _fp8_state(model: mp.Model) -> list[np.ndarray]:
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b):
-        np.testing.assert_array_equal(np.atleast_1d(x).view(np.uint8), np.atleast_1d(y).view(np.uint8))
+        np.testing.assert_array_equal(np.atleast_1d(x).view(np.uint8),
+                                      np.atleast_1d(y).view(np.uint8))
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
