@@ -73,13 +73,19 @@ class Steps:
         too): the built-in fused step, then the running metrics as a dict of floats. Override
         it to customise training, returning ``{m.name: m.result() for m in self.metrics}``."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._train_batch(x, y, sample_weight)  # type: ignore[attr-defined]
+        # the step's computation itself, not _train_batch: called as super().train_step(data)
+        # from an overridden step, this runs inside that step's trace, where _train_batch's
+        # own trace (cached on the model) and step count (the loop counts the overridden
+        # step) would be Python state the trace refuses
+        _, y_pred = self._train_compute(x, y, sample_weight)  # type: ignore[attr-defined]
+        self._update_after_step(y, y_pred)  # type: ignore[attr-defined]
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def test_step(self, data: Any, y: Any = None) -> dict[str, Any]:
         """One evaluation step on ``data``: the built-in step, then the running metrics."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._test_batch(x, y, sample_weight)  # type: ignore[attr-defined]
+        _, y_pred = self._test_compute(x, y, sample_weight)  # type: ignore[attr-defined]
+        self._update_after_step(y, y_pred)  # type: ignore[attr-defined]  (as train_step)
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def predict_step(self, data: Any) -> Any:
