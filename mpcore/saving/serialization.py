@@ -193,6 +193,11 @@ def deserialize_keras_object(config: Any, custom_objects: dict[str, Any] | None 
     return instance
 
 
+class UnknownObjectError(TypeError):
+    """A class or function of a config that is neither built in nor registered (a TypeError,
+    as Keras raises)."""
+
+
 def _find(name: str, registered_name: str | None, module: str | None,
           custom_objects: dict[str, Any] | None, kind: str) -> Any:
     for key in (registered_name, name):
@@ -210,7 +215,7 @@ def _find(name: str, registered_name: str | None, module: str | None,
         if isinstance(found, types.FunctionType):
             return found
     where = f" (module {module!r})" if module else ""
-    raise TypeError(
+    raise UnknownObjectError(
         f"Could not locate {kind} {name!r}{where}: it is not one of mpcore's built-ins. If "
         f"it is a custom {kind}, register it with "
         f"@mp.saving.register_keras_serializable(package=...) before loading, or pass it "
@@ -228,6 +233,10 @@ def _instantiate(cls: Any, inner: dict[str, Any], custom_objects: dict[str, Any]
         if not hasattr(cls, "from_config"):
             raise TypeError(f"cannot rebuild {cls!r}: it has no from_config() method")
         return cls.from_config(inner)
+    except UnknownObjectError:
+        # a class missing from the registry (of a layer inside this model) says all there is
+        # to say; the wrapper below would blame get_config() and print the whole model's config
+        raise
     except TypeError as exc:
         raise TypeError(f"{getattr(cls, '__name__', cls)} could not be rebuilt from its config "
                         f"({exc}); a get_config() that returns layers or other objects needs "

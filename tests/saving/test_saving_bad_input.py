@@ -104,6 +104,13 @@ def test_unknown_class_names_it_and_the_ways_to_register(tmp_path: Path) -> None
                                         r"custom_objects=\{'MyPackage>FancyDense'"):
         mp.models.load_model(path)
 
+    # the missing class is the whole message: not wrapped in "Model could not be rebuilt",
+    # whose hint blames get_config() and whose dump is the whole model's config
+    with pytest.raises(TypeError) as caught:
+        mp.models.load_model(path)
+    assert "could not be rebuilt" not in str(caught.value)
+    assert "get_config" not in str(caught.value)
+
     # the weights file names layers by class (Keras' rule): the class given for the
     # registered name must be the one that was saved (here, in truth, a Dense)
     model = mp.models.load_model(path, custom_objects={"MyPackage>FancyDense": L.Dense})
