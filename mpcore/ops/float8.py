@@ -15,6 +15,8 @@ infinity becomes the largest value, NaN stays NaN), because ml_dtypes' casts do 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -80,6 +82,11 @@ def _kernel(be: Any, name: str) -> Callable[..., Any]:
 
 
 def _scale_tensor(scale: TensorLike, be: Any, what: str) -> Tensor:
+    # a number is checked here, on the host (a tensor's value would need a read): a zero,
+    # negative or NaN multiplier gives codes of zeros, flipped signs or NaNs, never an error
+    if isinstance(scale, numbers.Real) and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{what}: scale must be a finite number > 0 (a multiplier: codes = "
+                         f"saturate(x * scale)), got {scale!r}")
     s = scale if isinstance(scale, Tensor) else constant(scale, dtype="float32", backend=be)
     if s.shape != () or s._dtype != "float32":
         raise ValueError(f"{what}: a scale is a float32 tensor of shape (), got dtype {s.dtype} "

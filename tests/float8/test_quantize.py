@@ -154,3 +154,26 @@ def test_bad_arguments_name_the_valid_choices() -> None:
         mp.ops.quantize_fp8(x, mp.constant([1.0, 2.0]), "e4m3")
     with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'format'"):
         float8.dequantize(float8.quantize(x, 1.0)[0], 1.0)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("scale", [0.0, -2.0, float("nan"), float("inf")])
+def test_a_scale_that_is_no_positive_finite_multiplier_is_refused(scale: float) -> None:
+    # it gave codes of zeros (0), flipped signs (-2) or all NaN codes, with no error
+    with pytest.raises(ValueError, match=r"float8\.quantize: scale must be a finite number > 0"):
+        float8.quantize(np.ones(3, np.float32), scale, "e4m3")
+    with pytest.raises(ValueError, match=r"float8\.dequantize: scale must be a finite number"):
+        float8.dequantize(np.zeros(3, np.uint8), scale, format="e4m3")
+    with pytest.raises(ValueError, match=r"quantize_fp8: scale must be a finite number > 0"):
+        mp.ops.quantize_fp8(mp.constant([1.0]), scale, "e4m3")
+
+
+def test_dequantize_takes_codes_as_a_numpy_array_as_quantize_takes_x() -> None:
+    # a NumPy array of codes was "'numpy.ndarray' object has no attribute 'backend'", before
+    # the format, the dtype or the codes' own dtype were checked
+    codes, _ = float8.quantize(np.array([1.5, -3.0], np.float32), 4.0, "e4m3")
+    back = float8.dequantize(codes.numpy(), 4.0, format="e4m3")
+    assert back.numpy().tolist() == [1.5, -3.0]
+    with pytest.raises(ValueError, match="valid formats: e4m3, e5m2"):
+        float8.dequantize(codes.numpy(), 4.0, format="fp8")
+    with pytest.raises(TypeError, match="codes must be a uint8 tensor"):
+        float8.dequantize(np.zeros(2, np.float32), 4.0, format="e4m3")
