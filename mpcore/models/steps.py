@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpcore import ops
+from mpcore.models import compile_utils as _compile
 from mpcore.tensor import Tensor
 
 
@@ -101,6 +103,34 @@ class Steps:
             raise RuntimeError("compute_loss needs a loss: model.compile(loss=...), or "
                                "compute the loss in train_step yourself")
         return self.loss(y, y_pred, sample_weight)  # type: ignore[no-any-return]
+
+    def compute_metrics(self, x: Any, y: Any, y_pred: Any,
+                        sample_weight: Any = None) -> dict[str, Any]:
+        """Keras 3's ``Model.compute_metrics``: the compiled metrics updated from ``y`` and
+        ``y_pred``, then :meth:`get_metrics_result`. As in Keras 3 the loss tracker is the
+        step's to update, and ``x`` is not used; ``sample_weight`` is not either (the
+        compiled metrics are unweighted: Keras 3 weights only ``weighted_metrics``)."""
+        del x, sample_weight
+        loss = self._compile_loss  # type: ignore[attr-defined]
+        names = loss.names if loss is not None else ["output"]
+        ys = _compile.outputs_list(y, names, "y")
+        preds = _compile.outputs_list(y_pred, names, "y_pred")
+        for metric in self.compiled_metrics:
+            i = getattr(metric, "output", 0)   # which output a metric of several belongs to
+            metric.update_state(ys[i], ops.stop_gradient(preds[i]))
+        return self.get_metrics_result()
+
+    def get_metrics_result(self) -> dict[str, Any]:
+        """Keras 3's: each of :attr:`metrics`' ``result()`` by name (a metric whose result is
+        a dict adds its items); device values inside a traced step, as ``result()`` is."""
+        out: dict[str, Any] = {}
+        for metric in self.metrics:
+            result = metric.result()
+            if isinstance(result, dict):
+                out.update(result)
+            else:
+                out[metric.name] = result
+        return out
 
     @property
     def metrics(self) -> list[Any]:
