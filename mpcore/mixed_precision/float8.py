@@ -36,7 +36,7 @@ from mpcore.mixed_precision.recipes import (
 from mpcore.ops.dispatch import autocast_scope
 from mpcore.ops.float8 import FORMATS as CODE_FORMATS
 from mpcore.ops.float8 import Quantized, float8_format
-from mpcore.ops.float8 import _scale_tensor as check_scale
+from mpcore.ops.float8 import scale_tensor as check_scale
 from mpcore.tensor import Tensor, Variable
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "CODE_FORMATS", "FORMATS", "CurrentScaling", "DelayedScaling",
