@@ -84,6 +84,12 @@ class Policy:
         if not isinstance(name, str):
             raise TypeError(f"policy name must be a string, got {type(name).__name__} {name!r}; "
                             f"valid names: {_VALID}")
+        if name == "float8_from_float32":
+            # a Keras 3 name that the README says mpcore refuses: say why, not "unknown"
+            raise ValueError("Keras' 'float8_from_float32' (FP8 GEMMs in a float32 model) is "
+                             "not supported: use 'mixed_float8' (Keras' "
+                             "'float8_from_mixed_bfloat16'), or quantize('float8') a "
+                             f"mixed_bfloat16 model; valid names: {_VALID}")
         if name not in POLICIES and name not in _dtypes.ALL:
             raise ValueError(f"unknown policy {name!r}; valid names: {_VALID}")
         auto = isinstance(self.loss_scale, str) and self.loss_scale == _AUTO

@@ -248,10 +248,15 @@ class StateWatch:
             return None
         more = f" (and {len(changes) - 1} more: {'; '.join(changes[1:3])})" if len(
             changes) > 1 else ""
+        # a model's step is traced by compile(jit_compile=...), not by an mp.function the
+        # user wrote: name the switch they have (Model._step names its steps so)
+        untraced = ("compile the model with jit_compile=False (or \"auto\": such a step then "
+                    "runs eagerly)" if " step of model " in name
+                    else "call the function without mp.function")
         return (f"{changes[0]} while tracing {name}{more}: a replay does not run Python code, "
                 "so it would not change it again (and a tensor kept there would stay the "
                 "trace's). Keep such state in a mp.Variable (updated with assign), or change "
-                "it outside the step, or call the function without mp.function.")
+                f"it outside the step, or {untraced}.")
 
 
 def _constant_operands(steps: Sequence[Any]) -> set[int]:

@@ -38,6 +38,7 @@ from mpcore.mixed_precision.recipes import (
 from mpcore.ops.dispatch import autocast_scope
 from mpcore.ops.float8 import FORMATS as CODE_FORMATS
 from mpcore.ops.float8 import Quantized, float8_format
+from mpcore.ops.float8 import scale_tensor as check_scale
 from mpcore.tensor import Tensor, Variable
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "CODE_FORMATS", "FORMATS", "CurrentScaling", "DelayedScaling",
@@ -53,20 +54,23 @@ def quantize(x: Any, scale: Any, format: str = "e4m3") -> tuple[Tensor, Tensor]:
     x = x if isinstance(x, Tensor) else ops.constant(x, dtype="float32")
     if x.dtype not in ("float16", "bfloat16", "float32"):
         x = ops.cast(x, "float32")
-    return ops.quantize_fp8(x, _scale(scale, x), format)
+    return ops.quantize_fp8(x, _scale(scale, x, "float8.quantize"), format)
 
 
-def dequantize(codes: Tensor, scale: Any, dtype: str = "float32", *,
+def dequantize(codes: Any, scale: Any, dtype: str = "float32", *,
                format: str) -> Tensor:  # noqa: A002
     """``decode(codes) * (1 / scale)`` in ``dtype``. ``format`` is required: codes are plain
     bits, and decoding e5m2 codes as e4m3 would be a silent wrong result."""
-    return ops.dequantize_fp8(codes, _scale(scale, codes), format, dtype)
+    # codes kept on the host (a uint8 NumPy array) are taken as quantize takes x; their dtype
+    # is checked by the op, which names what it needs
+    codes = codes if isinstance(codes, Tensor) else ops.constant(codes)
+    return ops.dequantize_fp8(codes, _scale(scale, codes, "float8.dequantize"), format, dtype)
 
 
-def _scale(scale: Any, like: Tensor) -> Tensor:
+def _scale(scale: Any, like: Tensor, what: str) -> Tensor:
     if isinstance(scale, Tensor):
         return scale if scale.dtype == "float32" else ops.cast(scale, "float32")
-    return ops.constant(scale, dtype="float32", backend=like.backend)
+    return check_scale(scale, like.backend, what)  # a number: finite and > 0
 
 
 class OperandScaling:

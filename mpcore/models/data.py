@@ -4,6 +4,7 @@ adapters of :mod:`mpcore.models.data_adapters` use these)."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from mpcore import losses as _losses
@@ -35,10 +36,13 @@ def match_inputs(data: Any, inputs: Any, model_name: str) -> Any:
 
 
 def is_nested_numbers(data: Any) -> bool:
-    """True for a (nested) list or tuple of Python numbers, such as ``array.tolist()``."""
+    """True for a (nested) list or tuple of numbers, such as ``array.tolist()`` or
+    ``list(array)``."""
     while isinstance(data, (list, tuple)) and data:
         data = data[0]
-    return isinstance(data, (int, float))
+    # numbers.Number, not (int, float): ``list(array)`` holds NumPy scalars (np.float32 is no
+    # float), and each would otherwise be taken as an input of its own, of 0 samples
+    return isinstance(data, numbers.Number)
 
 
 def to_device(data: Any) -> Any:

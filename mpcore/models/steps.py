@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpcore import ops
+from mpcore.models import compile_utils as _compile
 from mpcore.tensor import Tensor
 
 
@@ -73,13 +75,19 @@ class Steps:
         too): the built-in fused step, then the running metrics as a dict of floats. Override
         it to customise training, returning ``{m.name: m.result() for m in self.metrics}``."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._train_batch(x, y, sample_weight)  # type: ignore[attr-defined]
+        # the step's computation itself, not _train_batch: called as super().train_step(data)
+        # from an overridden step, this runs inside that step's trace, where _train_batch's
+        # own trace (cached on the model) and step count (the loop counts the overridden
+        # step) would be Python state the trace refuses
+        _, y_pred = self._train_compute(x, y, sample_weight)  # type: ignore[attr-defined]
+        self._update_after_step(y, y_pred)  # type: ignore[attr-defined]
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def test_step(self, data: Any, y: Any = None) -> dict[str, Any]:
         """One evaluation step on ``data``: the built-in step, then the running metrics."""
         x, y, sample_weight = unpack_x_y_sample_weight(data if y is None else (data, y))
-        self._test_batch(x, y, sample_weight)  # type: ignore[attr-defined]
+        _, y_pred = self._test_compute(x, y, sample_weight)  # type: ignore[attr-defined]
+        self._update_after_step(y, y_pred)  # type: ignore[attr-defined]  (as train_step)
         return self._results(True)  # type: ignore[attr-defined,no-any-return]
 
     def predict_step(self, data: Any) -> Any:
@@ -95,6 +103,34 @@ class Steps:
             raise RuntimeError("compute_loss needs a loss: model.compile(loss=...), or "
                                "compute the loss in train_step yourself")
         return self.loss(y, y_pred, sample_weight)  # type: ignore[no-any-return]
+
+    def compute_metrics(self, x: Any, y: Any, y_pred: Any,
+                        sample_weight: Any = None) -> dict[str, Any]:
+        """Keras 3's ``Model.compute_metrics``: the compiled metrics updated from ``y`` and
+        ``y_pred``, then :meth:`get_metrics_result`. As in Keras 3 the loss tracker is the
+        step's to update, and ``x`` is not used; ``sample_weight`` is not either (the
+        compiled metrics are unweighted: Keras 3 weights only ``weighted_metrics``)."""
+        del x, sample_weight
+        loss = self._compile_loss  # type: ignore[attr-defined]
+        names = loss.names if loss is not None else ["output"]
+        ys = _compile.outputs_list(y, names, "y")
+        preds = _compile.outputs_list(y_pred, names, "y_pred")
+        for metric in self.compiled_metrics:
+            i = getattr(metric, "output", 0)   # which output a metric of several belongs to
+            metric.update_state(ys[i], ops.stop_gradient(preds[i]))
+        return self.get_metrics_result()
+
+    def get_metrics_result(self) -> dict[str, Any]:
+        """Keras 3's: each of :attr:`metrics`' ``result()`` by name (a metric whose result is
+        a dict adds its items); device values inside a traced step, as ``result()`` is."""
+        out: dict[str, Any] = {}
+        for metric in self.metrics:
+            result = metric.result()
+            if isinstance(result, dict):
+                out.update(result)
+            else:
+                out[metric.name] = result
+        return out
 
     @property
     def metrics(self) -> list[Any]:

@@ -6,6 +6,7 @@ of any tensor).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from mpcore import arguments as _args
@@ -26,6 +27,7 @@ def infer_dtype(value: Any) -> str:
     if dtype is not None:
         return _dt.canonical(dtype)
     kinds: set[type] = set()
+    leaf_dtypes: set[str] = set()
 
     def scan(v: Any) -> None:
         if isinstance(v, (list, tuple)):
@@ -33,13 +35,18 @@ def infer_dtype(value: Any) -> str:
                 scan(item)
         else:
             kinds.add(type(v))
+            # NumPy scalars (``list(array)``) carry a dtype; np.float32 is no Python float
+            leaf = getattr(v, "dtype", None)
+            leaf_dtypes.add("" if leaf is None else _dt.canonical(leaf))
 
     scan(value)
-    if any(issubclass(k, float) for k in kinds):
+    if len(leaf_dtypes) == 1 and "" not in leaf_dtypes:
+        return leaf_dtypes.pop()  # a list of like NumPy scalars keeps their dtype, as np.array
+    if any(issubclass(k, numbers.Real) and not issubclass(k, numbers.Integral) for k in kinds):
         return "float32"
     if kinds and all(issubclass(k, bool) for k in kinds):
         return "bool"
-    if all(issubclass(k, int) for k in kinds):
+    if all(issubclass(k, numbers.Integral) for k in kinds):
         return "int32"
     raise TypeError(f"cannot make a tensor from {type(value).__name__} {value!r}; expected "
                     "numbers, nested lists of numbers, arrays or tensors")

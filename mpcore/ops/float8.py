@@ -15,6 +15,8 @@ infinity becomes the largest value, NaN stays NaN), because ml_dtypes' casts do 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -79,7 +81,12 @@ def _kernel(be: Any, name: str) -> Callable[..., Any]:
     return kernel
 
 
-def _scale_tensor(scale: TensorLike, be: Any, what: str) -> Tensor:
+def scale_tensor(scale: TensorLike, be: Any, what: str) -> Tensor:
+    # a number is checked here, on the host (a tensor's value would need a read): a zero,
+    # negative or NaN multiplier gives codes of zeros, flipped signs or NaNs, never an error
+    if isinstance(scale, numbers.Real) and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{what}: scale must be a finite number > 0 (a multiplier: codes = "
+                         f"saturate(x * scale)), got {scale!r}")
     s = scale if isinstance(scale, Tensor) else constant(scale, dtype="float32", backend=be)
     if s.shape != () or s._dtype != "float32":
         raise ValueError(f"{what}: a scale is a float32 tensor of shape (), got dtype {s.dtype} "
@@ -100,7 +107,7 @@ def quantize_fp8(x: TensorLike, scale: TensorLike, format: Any) -> tuple[Tensor,
         raise TypeError(f"quantize_fp8: x must be one of {', '.join(_QUANTIZABLE)}, got "
                         f"{x.dtype}")
     be = x._backend
-    s = _scale_tensor(scale, be, "quantize_fp8")
+    s = scale_tensor(scale, be, "quantize_fp8")
     codes, amax = _kernel(be, "quantize_fp8")(x._data, s._data, fmt.name)
     return (unrecorded("quantize_fp8", (x, s), codes, be, "uint8"),
             unrecorded("fp8_amax", (x,), amax, be, "float32"))
@@ -115,7 +122,7 @@ def dequantize_fp8(codes: Tensor, scale: TensorLike, format: Any,  # noqa: A002
         raise ValueError(f"dequantize_fp8: dtype must be one of {', '.join(_QUANTIZABLE)}, got "
                          f"{dtype!r}")
     be = codes._backend
-    s = _scale_tensor(scale, be, "dequantize_fp8")
+    s = scale_tensor(scale, be, "dequantize_fp8")
     data = _kernel(be, "dequantize_fp8")(codes._data, s._data, fmt.name, dtype)
     return unrecorded("dequantize_fp8", (codes, s), data, be, dtype)
 
@@ -164,7 +171,7 @@ def fp8_scale(amax: Tensor, scale: Tensor, format: Any, margin: int = 0,  # noqa
         raise ValueError(f"fp8_scale: margin must be an int >= 0, got {margin!r}")
     be = amax._backend
     for t, what in ((amax, "amax"), (scale, "scale")):
-        _scale_tensor(t, be, f"fp8_scale ({what})")
+        scale_tensor(t, be, f"fp8_scale ({what})")
     data = _kernel(be, "fp8_scale")(amax._data, scale._data, fmt.max, margin,
                                     bool(power_of_two))
     return unrecorded("fp8_scale", (amax, scale), data, be, "float32")

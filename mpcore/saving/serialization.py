@@ -78,6 +78,7 @@ def serialize_keras_object(obj: Any) -> Any:
         inner = obj.get_config()
         if not isinstance(inner, dict):
             raise TypeError(f"the get_config() of {obj!r} must return a dict, got {inner!r}")
+        _check_init_arguments(obj, inner)
         inner = dict(inner)
         if "dtype" in inner and hasattr(obj, "dtype_policy"):
             inner["dtype"] = keras_names.policy_to_keras(obj.dtype_policy)
@@ -89,6 +90,29 @@ def serialize_keras_object(obj: Any) -> Any:
                   "registered_name": registration.get_registered_name(cls)}
     _add_build_and_compile_config(obj, config)
     return config
+
+
+def _check_init_arguments(obj: Any, config: dict[str, Any]) -> None:
+    """Refuse, at save time, a config that ``cls(**config)`` could not rebuild because a
+    required ``__init__`` argument is missing (a custom layer that keeps the base
+    ``get_config``): the file would be written and only its load would fail."""
+    cls = type(obj)
+    owner = next((k for k in cls.__mro__ if "from_config" in vars(k)), None)
+    if owner is not None and not owner.__module__.startswith("mpcore."):
+        return   # the class rebuilds itself in its own from_config
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [p.name for p in params
+               if p.kind in kinds and p.default is inspect.Parameter.empty
+               and p.name not in config]
+    if missing:
+        raise NotImplementedError(
+            f"{cls.__name__} has arguments {missing} in __init__() that its get_config() does "
+            f"not return, so a saved {cls.__name__} could not be rebuilt: override "
+            f"get_config() to return them ({{**super().get_config(), {missing[0]!r}: ...}})")
 
 
 def _serialize_function(fn: Any) -> Any:
@@ -193,6 +217,11 @@ def deserialize_keras_object(config: Any, custom_objects: dict[str, Any] | None 
     return instance
 
 
+class UnknownObjectError(TypeError):
+    """A class or function of a config that is neither built in nor registered (a TypeError,
+    as Keras raises)."""
+
+
 def _find(name: str, registered_name: str | None, module: str | None,
           custom_objects: dict[str, Any] | None, kind: str) -> Any:
     for key in (registered_name, name):
@@ -210,7 +239,7 @@ def _find(name: str, registered_name: str | None, module: str | None,
         if isinstance(found, types.FunctionType):
             return found
     where = f" (module {module!r})" if module else ""
-    raise TypeError(
+    raise UnknownObjectError(
         f"Could not locate {kind} {name!r}{where}: it is not one of mpcore's built-ins. If "
         f"it is a custom {kind}, register it with "
         f"@mp.saving.register_keras_serializable(package=...) before loading, or pass it "
@@ -228,6 +257,10 @@ def _instantiate(cls: Any, inner: dict[str, Any], custom_objects: dict[str, Any]
         if not hasattr(cls, "from_config"):
             raise TypeError(f"cannot rebuild {cls!r}: it has no from_config() method")
         return cls.from_config(inner)
+    except UnknownObjectError:
+        # a class missing from the registry (of a layer inside this model) says all there is
+        # to say; the wrapper below would blame get_config() and print the whole model's config
+        raise
     except TypeError as exc:
         raise TypeError(f"{getattr(cls, '__name__', cls)} could not be rebuilt from its config "
                         f"({exc}); a get_config() that returns layers or other objects needs "

@@ -126,7 +126,9 @@ def test_every_batch_size_follows_the_integer_rule(shared_model: mp.Model, value
     ({"callbacks": [print]}, r"callbacks must be a list of mp\.callbacks\.Callback"),
     # (x, y, sample_weight) is Keras 3's third form; a 4-tuple is none of them
     ({"validation_data": (X, Y, Y, Y)}, r"validation_data must be a tuple \(x_val, y_val\) or "
-                                        r"\(x_val, y_val, val_sample_weight\)"),
+                                        r"\(x_val, y_val, val_sample_weight\).*got a tuple "
+                                        r"of 4 element\(s\)"),
+    ({"validation_data": [X]}, r"validation_data must be a tuple.*got a list of 1 element\(s\)"),
 ])
 def test_fit_checks_every_argument_before_any_work(kwargs: dict[str, Any], message: str) -> None:
     model = _model()

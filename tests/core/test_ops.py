@@ -370,6 +370,10 @@ def test_creation(backend: mp.Backend) -> None:
     assert mp.constant(x, dtype="float32").dtype == "float32"
     with pytest.raises(TypeError, match="cannot make a tensor"):
         mp.constant(["a", "b"])
+    # list(array) holds NumPy scalars: they keep their dtype, as np.array(list(array)) does
+    assert mp.constant(list(np.arange(3))).dtype == "int64"
+    assert mp.constant(list(np.ones(2, np.float32))).numpy().tolist() == [1.0, 1.0]
+    assert mp.constant([1.0, np.float64(2.0)]).dtype == "float32"  # Python floats decide
 
 
 def test_tensor_numpy_is_read_only(backend: mp.Backend) -> None:

@@ -276,3 +276,12 @@ def test_quantize_refuses_what_it_cannot_do() -> None:
     fp8 = _layer()
     with pytest.raises(ValueError, match="already computes in float8"):
         fp8.quantize("float8")
+
+
+def test_keras_float8_from_float32_policy_is_refused_saying_why() -> None:
+    # it was "unknown policy", though the README names it as a Keras spelling mpcore refuses
+    for make in (lambda: mp.Policy("float8_from_float32"),
+                 lambda: mp.layers.Dense(2, dtype="float8_from_float32")):
+        with pytest.raises(ValueError, match=r"'float8_from_float32' \(FP8 GEMMs in a float32 "
+                                             r"model\) is not supported: use 'mixed_float8'"):
+            make()

@@ -178,3 +178,26 @@ def test_every_16_bit_pattern_times_power_of_two_scales(backend: mp.Backend, dty
                                f"{x.view(np.uint16)[bad[:4]].tolist()}: got "
                                f"{got[bad[:4]].tolist()}, want {want[bad[:4]].tolist()}")
         assert np.isnan(float(amax))   # the NaN patterns are in x: its amax is NaN
+
+
+@pytest.mark.parametrize("scale", [0.0, -2.0, float("nan"), float("inf")])
+def test_a_scale_that_is_no_positive_finite_multiplier_is_refused(scale: float) -> None:
+    # it gave codes of zeros (0), flipped signs (-2) or all NaN codes, with no error
+    with pytest.raises(ValueError, match=r"float8\.quantize: scale must be a finite number > 0"):
+        float8.quantize(np.ones(3, np.float32), scale, "e4m3")
+    with pytest.raises(ValueError, match=r"float8\.dequantize: scale must be a finite number"):
+        float8.dequantize(np.zeros(3, np.uint8), scale, format="e4m3")
+    with pytest.raises(ValueError, match=r"quantize_fp8: scale must be a finite number > 0"):
+        mp.ops.quantize_fp8(mp.constant([1.0]), scale, "e4m3")
+
+
+def test_dequantize_takes_codes_as_a_numpy_array_as_quantize_takes_x() -> None:
+    # a NumPy array of codes was "'numpy.ndarray' object has no attribute 'backend'", before
+    # the format, the dtype or the codes' own dtype were checked
+    codes, _ = float8.quantize(np.array([1.5, -3.0], np.float32), 4.0, "e4m3")
+    back = float8.dequantize(codes.numpy(), 4.0, format="e4m3")
+    assert back.numpy().tolist() == [1.5, -3.0]
+    with pytest.raises(ValueError, match="valid formats: e4m3, e5m2"):
+        float8.dequantize(codes.numpy(), 4.0, format="fp8")
+    with pytest.raises(TypeError, match="codes must be a uint8 tensor"):
+        float8.dequantize(np.zeros(2, np.float32), 4.0, format="e4m3")

@@ -104,6 +104,13 @@ def test_unknown_class_names_it_and_the_ways_to_register(tmp_path: Path) -> None
                                         r"custom_objects=\{'MyPackage>FancyDense'"):
         mp.models.load_model(path)
 
+    # the missing class is the whole message: not wrapped in "Model could not be rebuilt",
+    # whose hint blames get_config() and whose dump is the whole model's config
+    with pytest.raises(TypeError) as caught:
+        mp.models.load_model(path)
+    assert "could not be rebuilt" not in str(caught.value)
+    assert "get_config" not in str(caught.value)
+
     # the weights file names layers by class (Keras' rule): the class given for the
     # registered name must be the one that was saved (here, in truth, a Dense)
     model = mp.models.load_model(path, custom_objects={"MyPackage>FancyDense": L.Dense})
@@ -213,3 +220,27 @@ def test_save_to_a_folder_and_into_a_new_folder(tmp_path: Path) -> None:
         _model().save(folder)
     _model().save(tmp_path / "new" / "m.keras")
     assert mp.models.load_model(tmp_path / "new" / "m.keras").name
+
+
+class _NoConfig(L.Layer):
+    """A custom layer whose required __init__ argument the base get_config() leaves out."""
+
+    def __init__(self, factor: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x: Any) -> Any:
+        return x * self.factor
+
+
+def test_a_custom_layer_whose_config_cannot_rebuild_it_is_refused_at_save(
+        tmp_path: Path) -> None:
+    # the file was written, and only load_model failed (a TypeError about get_config() and
+    # from_config(), with the whole model's config)
+    inp = mp.Input((4,))
+    model = mp.Model(inp, L.Dense(2)(_NoConfig(3.0)(inp)))
+    path = tmp_path / "m.keras"
+    with pytest.raises(NotImplementedError, match=r"_NoConfig has arguments \['factor'\] in "
+                                                  r"__init__\(\).*override get_config\(\)"):
+        model.save(path)
+    assert not path.exists()

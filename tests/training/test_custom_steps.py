@@ -171,3 +171,35 @@ def test_keras_optimizer_apply_unscales_under_loss_scaling() -> None:
     np.testing.assert_allclose(var.numpy(), [0.0, 0.0])   # 1 - 0.5 * 2, 2 - 0.5 * 4
     with pytest.raises(ValueError, match="gradients for"):
         mp.optimizers.SGD().apply([None, None], [var])
+
+
+class ComputeMetricsModel(mp.Model):
+    """Keras 3's shorter step: compute_loss, the loss tracker, then compute_metrics (the
+    compiled metrics and get_metrics_result)."""
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y, sample_weight = mp.utils.unpack_x_y_sample_weight(data)
+        with mp.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        self.metrics[0].update_state(loss)   # the loss tracker: the step's own, as in Keras 3
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def test_compute_metrics_and_get_metrics_result_as_keras_3() -> None:
+    # both were AttributeErrors: Keras 3's Trainer has them
+    runs = []
+    for cls, jit in ((GuideModel, False), (ComputeMetricsModel, False),
+                     (ComputeMetricsModel, True)):
+        model = _model(cls)
+        model.compile(optimizer=mp.optimizers.Adam(0.01),
+                      loss=mp.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=jit)
+        history = model.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+        runs.append({k: v for k, v in history.history.items() if k != "time_per_sample"})
+        results = model.get_metrics_result()
+        assert set(results) == {"loss", "accuracy"}
+        assert float(results["accuracy"]) == history.history["accuracy"][-1]
+    assert runs[0] == runs[1] == runs[2]

@@ -250,3 +250,15 @@ def test_class_weight_leaves_the_validation_split_unweighted_as_keras_3() -> Non
                         verbose=0)
     assert history.history["val_loss"][0] == pytest.approx(
         model.evaluate(X[48:], Y[48:], batch_size=16, verbose=0), rel=1e-6)
+
+
+def test_labels_and_weights_as_lists_of_numpy_scalars() -> None:
+    # list(array) holds NumPy scalars (np.float32 is no Python float): each was taken as an
+    # input of its own, "x has 64 samples but sample_weight has 0"
+    listed, arrays = _model(), _model()
+    listed.fit(X, list(Y), sample_weight=list(W), batch_size=16, epochs=1, shuffle=False,
+               verbose=0)
+    arrays.fit(X, Y, sample_weight=W, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    _same_weights(listed, arrays)
+    assert listed.evaluate(X, list(Y), sample_weight=list(W), verbose=0) == \
+        arrays.evaluate(X, Y, sample_weight=W, verbose=0)

@@ -414,3 +414,55 @@ def test_one_optimizer_applied_to_other_variables_by_another_step_is_refused() -
     two(_x())                            # builds: run eagerly
     with pytest.raises(mp.TraceError, match="SGD 'SGD' attribute '_built_variables' changed"):
         one(mp.constant(X[:8]))          # a new shape: traced again, the other variables kept
+
+
+class SuperStep(mp.Model):
+    """Keras 3's most common override: the built-in step through super(), with a Python
+    counter of the user's own when ``count`` is set."""
+
+    count = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step_count = 0
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        if self.count:
+            self.step_count += 1
+        return super().train_step(data)
+
+    def test_step(self, data: Any) -> dict[str, Any]:
+        return super().test_step(data)
+
+
+def _super_model(count: bool, jit_compile: bool | str) -> SuperStep:
+    mp.random.set_seed(3)
+    inp = mp.Input((4,))
+    model = SuperStep(inp, layers.Dense(2)(layers.Dense(3)(inp)), name="s")
+    model.count = count
+    model.compile(optimizer="adam", loss=mp.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"], jit_compile=jit_compile)
+    return model
+
+
+def test_super_train_step_traces_as_eagerly() -> None:
+    # super().train_step ran the built-in step's own trace (cached on the model) and counted
+    # the step again inside the user's trace: mpcore's bookkeeping was refused as the user's
+    traced, eager = _super_model(False, True), _super_model(False, False)
+    for model in (traced, eager):
+        history = model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        assert len(history.history["loss"]) == 2
+        model.evaluate(X, Y, batch_size=8, verbose=0)
+    for a, b in zip(traced.get_weights(), eager.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert traced._train_steps == eager._train_steps == 8
+
+
+def test_a_counter_in_an_overridden_step_is_named_first_with_the_compile_switch() -> None:
+    with pytest.raises(mp.TraceError) as info:
+        _super_model(True, True).fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    message = str(info.value)
+    assert message.startswith("SuperStep 's' attribute 'step_count' changed from 0 to 1 "
+                              "while tracing the custom_train step of model 's':")
+    assert "_train_steps" not in message and "_traced" not in message
+    assert "jit_compile=False" in message

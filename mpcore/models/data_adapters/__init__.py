@@ -161,6 +161,13 @@ def get_adapter(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: An
     return adapter
 
 
+def _described(value: Any) -> str:
+    # "got tuple" said nothing about a tuple of the wrong length
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} element(s)"
+    return type(value).__name__
+
+
 def fit_data(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
              batch_size: int | None, validation_split: float, validation_data: Any,
              shuffle: bool, steps_per_epoch: int | None, validation_steps: int | None,
@@ -186,7 +193,7 @@ def fit_data(model: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
         else:
             raise ValueError("validation_data must be a tuple (x_val, y_val) or (x_val, y_val, "
                              "val_sample_weight), a generator or a PyDataset; got "
-                             f"{type(validation_data).__name__}")
+                             f"{_described(validation_data)}")
     if not is_arrays(x):
         if validation_split and validation_data is None:
             raise ValueError("`validation_split` is only supported for arrays (x as arrays, "
