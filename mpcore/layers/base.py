@@ -32,6 +32,7 @@ from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
+from mpcore.layers import auto_config as _auto_config
 from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
 from mpcore.ops.dispatch import autocast_scope
 from mpcore.tensor import Tensor, Variable
@@ -96,6 +97,12 @@ class Layer:
     #: nodes), never by a call on tensors: not watched in a traced step, whose walk of a
     #: large model they would lengthen by a quarter.
     _trace_ignored_attributes = ("_input_rule", "_inbound_nodes")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Layer:
+        layer = super().__new__(cls)
+        # Keras 3's automatic config for classes that write no get_config (auto_config.py)
+        object.__setattr__(layer, "_auto_config", _auto_config.record(cls, args, kwargs))
+        return layer
 
     def __init__(self, *, name: str | None = None, dtype: Any = None, trainable: bool = True,
                  input_shape: Sequence[int | None] | None = None,
@@ -407,8 +414,11 @@ class Layer:
         return map_structure(lambda kt: kt.shape, self.output)
 
     def get_config(self) -> dict[str, Any]:
-        return {"name": self.name, "trainable": self.trainable,
-                "dtype": self._dtype_policy.get_config()}
+        config = {"name": self.name, "trainable": self.trainable,
+                  "dtype": self._dtype_policy.get_config()}
+        if type(self).get_config is Layer.get_config:   # the class writes none: Keras 3's
+            return _auto_config.extend(self, config)     # automatic one
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Layer:

@@ -223,7 +223,8 @@ def test_save_to_a_folder_and_into_a_new_folder(tmp_path: Path) -> None:
 
 
 class _NoConfig(L.Layer):
-    """A custom layer whose required __init__ argument the base get_config() leaves out."""
+    """A custom layer that writes no get_config(): its arguments make the automatic config
+    (Keras 3's) only where they are plain values."""
 
     def __init__(self, factor: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -236,11 +237,43 @@ class _NoConfig(L.Layer):
 def test_a_custom_layer_whose_config_cannot_rebuild_it_is_refused_at_save(
         tmp_path: Path) -> None:
     # the file was written, and only load_model failed (a TypeError about get_config() and
-    # from_config(), with the whole model's config)
+    # from_config(), with the whole model's config). An array argument makes no automatic
+    # config (as Keras 3: only plain values do), so the base config lacks 'factor'
     inp = mp.Input((4,))
-    model = mp.Model(inp, L.Dense(2)(_NoConfig(3.0)(inp)))
+    model = mp.Model(inp, L.Dense(2)(_NoConfig(np.float32([3.0]))(inp)))
     path = tmp_path / "m.keras"
     with pytest.raises(NotImplementedError, match=r"_NoConfig has arguments \['factor'\] in "
                                                   r"__init__\(\).*override get_config\(\)"):
         model.save(path)
     assert not path.exists()
+
+
+def test_a_custom_layer_without_get_config_saves_by_its_automatic_config(
+        tmp_path: Path) -> None:
+    # Keras 3 (keras/src/ops/operation.py): plain __init__ arguments are recorded and make the
+    # config of a class that writes no get_config
+    layer = _NoConfig(3.0, name="scaled")
+    assert layer.get_config() == {"name": "scaled", "trainable": True,
+                                  "dtype": {"name": "float32"}, "factor": 3.0}
+    inp = mp.Input((4,))
+    model = mp.Model(inp, L.Dense(2)(layer(inp)))
+    model.save(tmp_path / "m.keras")
+    loaded = mp.models.load_model(tmp_path / "m.keras",
+                                  custom_objects={"_NoConfig": _NoConfig})
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+    assert loaded.get_layer("scaled").factor == 3.0
+
+
+class _Bare(L.Layer):
+    def __init__(self, k: int) -> None:    # no **kwargs: the base keys are left out
+        super().__init__()
+        self.k = k
+
+    def call(self, x: Any) -> Any:
+        return x * self.k
+
+
+def test_the_automatic_config_keeps_only_what_init_takes() -> None:
+    assert _Bare(2).get_config() == {"k": 2}
+    assert _Bare.from_config(_Bare(2).get_config()).k == 2
