@@ -208,6 +208,53 @@ def accuracy(y_true: Any, y_pred: Any) -> Tensor:
     return ops.cast(ops.equal(_tensor(y_true), _tensor(y_pred)), "float32")
 
 
+def mean_squared_error(y_true: Any, y_pred: Any) -> Tensor:
+    """Per sample: the mean over the last axis of ``(y_true - y_pred) ** 2`` (Keras 3's)."""
+    d = ops.subtract(ops.cast(_tensor(y_true), "float32"), ops.cast(_tensor(y_pred), "float32"))
+    return ops.mean(ops.square(d), axis=-1)
+
+
+def mean_absolute_error(y_true: Any, y_pred: Any) -> Tensor:
+    """Per sample: the mean over the last axis of ``|y_true - y_pred|`` (Keras 3's)."""
+    d = ops.subtract(ops.cast(_tensor(y_true), "float32"), ops.cast(_tensor(y_pred), "float32"))
+    return ops.mean(ops.abs(d), axis=-1)
+
+
+class MeanSquaredError(MeanMetricWrapper):
+    def __init__(self, name: str = "mean_squared_error") -> None:
+        super().__init__(mean_squared_error, name)
+
+
+class MeanAbsoluteError(MeanMetricWrapper):
+    def __init__(self, name: str = "mean_absolute_error") -> None:
+        super().__init__(mean_absolute_error, name)
+
+
+class RootMeanSquaredError(Mean):
+    """The square root of the mean squared error over every element seen (Keras 3's: the
+    mean of the squares is accumulated, its root taken when read)."""
+
+    def __init__(self, name: str = "root_mean_squared_error") -> None:
+        super().__init__(name)
+
+    def update_state(self, y_true: Any, y_pred: Any,  # type: ignore[override]
+                     sample_weight: Any = None) -> None:
+        self.accumulate(*self.contribution(y_true, y_pred, sample_weight))
+
+    def contribution(self, y_true: Any, y_pred: Any,  # type: ignore[override]
+                     sample_weight: Any = None) -> tuple[Tensor, Tensor | float]:
+        d = ops.subtract(ops.cast(_tensor(y_true), "float32"),
+                         ops.cast(_tensor(y_pred), "float32"))
+        return super().contribution(ops.square(d), sample_weight)
+
+    def result(self) -> Any:
+        mean = super().result()
+        if isinstance(mean, Tensor):
+            return ops.sqrt(mean)
+        # the float32 root, as the traced step's
+        return float(ops.sqrt(ops.divide(self._total, self._count))) if mean else 0.0
+
+
 class SparseCategoricalAccuracy(MeanMetricWrapper):
     def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
         super().__init__(sparse_categorical_accuracy, name)
@@ -237,6 +284,9 @@ _BY_NAME: dict[str, Callable[[], Metric]] = {
     "categorical_accuracy": CategoricalAccuracy,
     "binary_accuracy": BinaryAccuracy,
     "mean": Mean,
+    "mean_squared_error": MeanSquaredError, "mse": MeanSquaredError,
+    "mean_absolute_error": MeanAbsoluteError, "mae": MeanAbsoluteError,
+    "root_mean_squared_error": RootMeanSquaredError,
 }
 _ACCURACY_BY_LOSS = {
     "SparseCategoricalCrossentropy": SparseCategoricalAccuracy,
@@ -260,7 +310,9 @@ def get(identifier: Any, loss: Any = None) -> Metric:
             if cls is None:     # a loss function, or a loss that names no accuracy
                 return MeanMetricWrapper(matched_accuracy, name=identifier)
             return cls(name=identifier)  # type: ignore[call-arg]
-        return by_name("metric", _BY_NAME, identifier, also_valid=("accuracy", "acc"))()
+        cls = by_name("metric", _BY_NAME, identifier, also_valid=("accuracy", "acc"))
+        # the name the user wrote, as Keras 3's history keys ("mae", not "mean_absolute_error")
+        return cls(name=identifier) if key in ("mse", "mae") else cls()
     if callable(identifier):
         return MeanMetricWrapper(identifier)
     raise TypeError(f"a metric is a name, a Metric or a callable, got {identifier!r}")
