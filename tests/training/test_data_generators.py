@@ -84,13 +84,14 @@ def test_unknown_length_is_learned_in_the_first_epoch_then_the_data_runs_out() -
     assert history.epoch == [0] and len(history.history["loss"]) == 1
 
 
-def test_steps_per_epoch_beyond_the_generator_warns_and_stops_training() -> None:
+def test_steps_per_epoch_beyond_the_generator_is_one_clear_error() -> None:
+    # issue 33's bad input (Keras 3 warns "Your input ran out of data" and stops instead)
     model, counter = _model(), Counter()
-    with pytest.warns(UserWarning, match="ran out of data"):
-        history = model.fit(_batches(), epochs=4, steps_per_epoch=4, callbacks=[counter],
-                            verbose=0)
-    # 6 batches: 4 in the first epoch, 2 in the second, then training stops
-    assert counter.batches == [0, 1, 2, 3, 0, 1] and history.epoch == [0, 1]
+    with pytest.raises(ValueError, match=r"fit: the generator ran out of data after 6 "
+                                         r"batch\(es\), at step 2 of an epoch of steps=4"):
+        model.fit(_batches(), epochs=4, steps_per_epoch=4, callbacks=[counter], verbose=0)
+    # 6 batches: 4 in the first epoch, 2 in the second, then the error
+    assert counter.batches == [0, 1, 2, 3, 0, 1]
 
 
 def test_evaluate_and_predict_on_generators_equal_the_arrays() -> None:

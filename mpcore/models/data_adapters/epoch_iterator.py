@@ -10,7 +10,11 @@ epoch takes, and what happens when the data runs out.
 - ``steps`` given: an epoch takes ``steps`` batches, and the next epoch goes on where it
   stopped (Keras 3's). Arrays and a PyDataset start a new pass when one ends; one that ends
   inside an epoch cuts that epoch short with Keras 3's warning, and the next epoch starts a
-  new pass. A generator that ends inside an epoch warns and stops training.
+  new pass. A generator, which cannot start again, that ends before ``steps`` batches of an
+  epoch is bad input (issue 33: "steps_per_epoch beyond a finite dataset: one clear error"),
+  a ValueError saying how many batches it gave and what to change; Keras 3 warns "Your input
+  ran out of data" there and stops, a message easy to miss in a long log (the README lists
+  this among the differences).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class EpochIterator:
                              "steps_per_epoch (or steps) to say how many batches an epoch has")
         self._current: Iterator[Batch] | None = None
         self._seen = 0                    # batches taken from the current pass
+        self._taken = 0                   # batches taken in all (a generator's, for errors)
         self._learned: int | None = None  # a generator's length, after its first epoch
         #: the data cannot give the batches asked for: stop training after this epoch
         self.exhausted = False
@@ -76,9 +81,18 @@ class EpochIterator:
             batch = next(self._current, None)
             if batch is None:
                 self._current = None
-                self._ran_out(stop=not adapter.restartable or step == 0, step=step)
+                if not adapter.restartable:
+                    raise ValueError(
+                        f"{self.what}: the generator ran out of data after {self._taken} "
+                        f"batch(es), at step {step} of an epoch of steps={self.steps}: a "
+                        "generator cannot start again, so it must give at least steps x "
+                        "epochs batches. Lower the steps (or epochs), or make the generator "
+                        "endless (`while True:` around its loop), or use a mp.utils.PyDataset, "
+                        "which starts a new pass when one ends")
+                self._ran_out(stop=step == 0, step=step)
                 return
             self._seen += 1
+            self._taken += 1
             yield step, batch
         known = adapter.num_batches
         if known is not None and self._seen >= known:
