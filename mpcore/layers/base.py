@@ -32,6 +32,7 @@ from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore.amp import hooks as _amp
 from mpcore.debugging import scopes as _scopes
+from mpcore.layers import added_losses as _added_losses
 from mpcore.layers import auto_config as _auto_config
 from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
 from mpcore.ops.dispatch import autocast_scope
@@ -96,7 +97,8 @@ class Layer:
     #: Written by build (the input rule) and by calls on KerasTensors (the functional graph's
     #: nodes), never by a call on tensors: not watched in a traced step, whose walk of a
     #: large model they would lengthen by a quarter.
-    _trace_ignored_attributes = ("_input_rule", "_inbound_nodes")
+    _trace_ignored_attributes = ("_input_rule", "_inbound_nodes",
+                                 "_losses")  # read in the same step (added_losses.py)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Layer:
         layer = super().__new__(cls)
@@ -108,6 +110,7 @@ class Layer:
                  input_shape: Sequence[int | None] | None = None,
                  input_dim: int | None = None) -> None:
         object.__setattr__(self, "_layers", [])
+        object.__setattr__(self, "_losses", [])
         self.name = name if name is not None else unique_name(_snake(type(self).__name__))
         self._dtype_policy = _policy_from(dtype)
         self.trainable = bool(trainable)
@@ -193,6 +196,15 @@ class Layer:
 
     def _sublayers(self) -> list[Layer]:
         return list(self._layers)
+
+    def add_loss(self, loss: Any) -> None:
+        """Keras 3's: a loss computed in ``call``, added to the model's loss in training."""
+        _added_losses.add(self, loss)
+
+    @property
+    def losses(self) -> list[Tensor]:
+        """The losses this layer and those below it added in the last forward pass."""
+        return _added_losses.collect(self)
 
     @property
     def weights(self) -> list[Variable]:
@@ -374,7 +386,8 @@ class Layer:
         if self._call_takes_training:
             kwargs["training"] = training
         policy = self._dtype_policy
-        with autocast_scope(policy.compute_dtype if policy.is_mixed else None):
+        with (autocast_scope(policy.compute_dtype if policy.is_mixed else None),
+              _added_losses.call_scope(self)):
             return self.call(inputs, *args, **kwargs)
 
     def _symbolic_call(self, inputs: Any, args: tuple[Any, ...],

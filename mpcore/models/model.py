@@ -18,6 +18,7 @@ from mpcore import ops
 from mpcore import optimizers as _optimizers
 from mpcore import trace_hooks as _trace_hooks
 from mpcore.function import function
+from mpcore.layers import added_losses as _added_losses
 from mpcore.layers.base import (
     InputLayer,
     KerasTensor,
@@ -237,6 +238,7 @@ class Model(Trainer, Layer):
         with GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self._compile_loss(y, y_pred, sample_weight)  # type: ignore[misc]
+            loss = _added_losses.with_added(loss, self)  # Layer.add_loss (Keras 3)
             target = opt.get_scaled_loss(loss) if scaled else loss
         variables = self.trainable_variables
         grads = tape.gradient(target, variables)
@@ -249,6 +251,7 @@ class Model(Trainer, Layer):
     def _test_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         y_pred = self(x, training=False)
         loss = self._compile_loss(y, y_pred, sample_weight)  # type: ignore[misc]
+        loss = _added_losses.with_added(loss, self)
         self._update_in_step(loss, y, y_pred)
         return loss, y_pred
 

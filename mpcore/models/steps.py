@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.layers import added_losses as _added_losses
 from mpcore.models import compile_utils as _compile
 from mpcore.tensor import Tensor
 
@@ -97,12 +98,13 @@ class Steps:
 
     def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
                      sample_weight: Any = None, training: bool = True) -> Tensor:
-        """The compiled loss of ``y`` and ``y_pred`` (weighted by ``sample_weight``), as Keras
-        3's ``Model.compute_loss``."""
+        """The compiled loss of ``y`` and ``y_pred`` (weighted by ``sample_weight``) plus the
+        losses the layers added (``add_loss``), as Keras 3's ``Model.compute_loss``."""
         if self.loss is None:
             raise RuntimeError("compute_loss needs a loss: model.compile(loss=...), or "
                                "compute the loss in train_step yourself")
-        return self.loss(y, y_pred, sample_weight)  # type: ignore[no-any-return]
+        # with the losses layers added in the forward pass (Layer.add_loss), as Keras 3's
+        return _added_losses.with_added(self.loss(y, y_pred, sample_weight), self)
 
     def compute_metrics(self, x: Any, y: Any, y_pred: Any,
                         sample_weight: Any = None) -> dict[str, Any]:
