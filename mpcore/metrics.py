@@ -208,16 +208,19 @@ def accuracy(y_true: Any, y_pred: Any) -> Tensor:
     return ops.cast(ops.equal(_tensor(y_true), _tensor(y_pred)), "float32")
 
 
+def _error(y_true: Any, y_pred: Any) -> Tensor:
+    """``y_true - y_pred`` in float32: a metric's state is float32 whatever the policy."""
+    return ops.subtract(ops.cast(_tensor(y_true), "float32"), ops.cast(_tensor(y_pred), "float32"))
+
+
 def mean_squared_error(y_true: Any, y_pred: Any) -> Tensor:
     """Per sample: the mean over the last axis of ``(y_true - y_pred) ** 2`` (Keras 3's)."""
-    d = ops.subtract(ops.cast(_tensor(y_true), "float32"), ops.cast(_tensor(y_pred), "float32"))
-    return ops.mean(ops.square(d), axis=-1)
+    return ops.mean(ops.square(_error(y_true, y_pred)), axis=-1)
 
 
 def mean_absolute_error(y_true: Any, y_pred: Any) -> Tensor:
     """Per sample: the mean over the last axis of ``|y_true - y_pred|`` (Keras 3's)."""
-    d = ops.subtract(ops.cast(_tensor(y_true), "float32"), ops.cast(_tensor(y_pred), "float32"))
-    return ops.mean(ops.abs(d), axis=-1)
+    return ops.mean(ops.abs(_error(y_true, y_pred)), axis=-1)
 
 
 class MeanSquaredError(MeanMetricWrapper):
@@ -243,9 +246,7 @@ class RootMeanSquaredError(Mean):
 
     def contribution(self, y_true: Any, y_pred: Any,  # type: ignore[override]
                      sample_weight: Any = None) -> tuple[Tensor, Tensor | float]:
-        d = ops.subtract(ops.cast(_tensor(y_true), "float32"),
-                         ops.cast(_tensor(y_pred), "float32"))
-        return super().contribution(ops.square(d), sample_weight)
+        return super().contribution(ops.square(_error(y_true, y_pred)), sample_weight)
 
     def result(self) -> Any:
         mean = super().result()

@@ -28,9 +28,7 @@ import numpy as np
 from mpcore_xp import DTYPES
 
 from .conv import BACKWARD_DATA, BACKWARD_WEIGHTS, FORWARD, Alloc, ConvCache, Pads, output_shape
-from .dnnl import kernel_table, run_or_remember
-
-_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
+from .dnnl import float16_as_float32, kernel_table, run_or_remember
 
 Kernel = Callable[..., Any]
 
@@ -68,17 +66,12 @@ class ConvKernels:
         return run_or_remember(self.failures, (kind, *problem, dtype.name), run,
                                f"convolution {kind}", "im2col composite")  # type: ignore[no-any-return]
 
-    def _via_float32(self, dtype: np.dtype) -> bool:
-        """Whether a float16 problem runs as float32 on oneDNN (no float16 convolution on a
-        CPU without avx512_fp16): its operands widened, its result rounded once to float16,
-        as the GEMMs treat float16; the im2col composite would round its col2im sums in
-        float16 and runs 5x slower."""
-        return dtype == _F16 and _F32 in self.dtypes
-
     def conv2d(self, x: np.ndarray, kernel: np.ndarray, sh: int, sw: int,
                pads: Pads) -> np.ndarray:
         """(N, OH, OW, filters): ``x`` (NHWC) convolved with ``kernel`` (kh, kw, C, filters)."""
-        if self._via_float32(x.dtype) and kernel.dtype == _F16:
+        # float16 as float32 (dnnl.float16_as_float32): the im2col composite would round its
+        # col2im sums in float16 and runs 5x slower
+        if float16_as_float32(self.dtypes, x, kernel):
             wide = self.cast
             return wide(self.conv2d(wide(x, "float32"), wide(kernel, "float32"), sh, sw, pads),
                         "float16")
@@ -97,7 +90,7 @@ class ConvKernels:
                               pads: Pads) -> np.ndarray:
         """The gradient of :meth:`conv2d` with respect to its image (of shape ``x_shape``)."""
         x_shape = tuple(x_shape)
-        if self._via_float32(dy.dtype) and kernel.dtype == _F16:
+        if float16_as_float32(self.dtypes, dy, kernel):
             wide = self.cast
             return wide(self.conv2d_backprop_input(wide(dy, "float32"), wide(kernel, "float32"),
                                                    x_shape, sh, sw, pads), "float16")
@@ -117,7 +110,7 @@ class ConvKernels:
                                pads: Pads) -> np.ndarray:
         """The gradient of :meth:`conv2d` with respect to its kernel (of ``kernel_shape``)."""
         kernel_shape = tuple(kernel_shape)
-        if self._via_float32(x.dtype) and dy.dtype == _F16:
+        if float16_as_float32(self.dtypes, x, dy):
             wide = self.cast
             return wide(self.conv2d_backprop_filter(wide(x, "float32"), wide(dy, "float32"),
                                                     kernel_shape, sh, sw, pads), "float16")

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mpcore_xp import F16 as _F16
+from mpcore_xp import F32 as _F32
 
 from mpcore.extras import install_command
 
@@ -441,6 +443,15 @@ def kernel_table(owner: Any, names: tuple[str, ...], role: str) -> dict[str, Cal
         setattr(kernel, role, owner)
         out[name] = kernel
     return out
+
+
+def float16_as_float32(dtypes: Any, *arrays: Any) -> bool:
+    """Whether a float16 problem runs on a float32 primitive: every operand float16 and
+    float32 among the ``dtypes`` the plugin chose. CPUs without avx512_fp16 have no float16
+    primitives, and the composites or NumPy kernels would read float16 element by element:
+    the operands are widened and the result rounded once to float16 (through the backend's
+    vectorised cast), as the GEMMs treat float16."""
+    return _F32 in dtypes and all(a.dtype == _F16 for a in arrays)
 
 
 def run_or_remember(failures: dict[tuple[Any, ...], str], key: tuple[Any, ...],

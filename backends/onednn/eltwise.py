@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpcore_xp import DTYPES, F16, F32
+from mpcore_xp import DTYPES
 
 from .dnnl import (
     _ARG_DIFF_DST,
@@ -39,6 +39,7 @@ from .dnnl import (
     _Dims,
     _ExecArg,
     _vp,
+    float16_as_float32,
     kernel_table,
     run_or_remember,
 )
@@ -134,7 +135,7 @@ class GeluKernels:
 
     def gelu(self, x: np.ndarray, approximate: bool) -> tuple[np.ndarray, Any]:
         """(gelu(x), x): oneDNN's backward pass reads the input, so that is what is kept."""
-        if x.dtype == F16 and F32 in self.dtypes and x.size:
+        if float16_as_float32(self.dtypes, x) and x.size:
             y, _ = self.gelu(self.cast(x, "float32"), approximate)
             return self.cast(y, "float16"), None
         y = self._onednn("gelu", x, approximate, lambda: self.cache.forward(x, approximate))
@@ -146,7 +147,7 @@ class GeluKernels:
                   approximate: bool) -> np.ndarray:
         """g * gelu'(x), from the input (``saved`` is used only by the NumPy kernel: None
         where oneDNN ran the forward pass, then recomputed if the NumPy kernel must run)."""
-        if g.dtype == x.dtype == F16 and F32 in self.dtypes and x.size:
+        if float16_as_float32(self.dtypes, g, x) and x.size:
             dx = self.gelu_grad(self.cast(g, "float32"), self.cast(x, "float32"), None,
                                 approximate)
             return self.cast(dx, "float16")  # type: ignore[no-any-return]

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpcore_xp import DTYPES, F16, F32
+from mpcore_xp import DTYPES
 
-from .dnnl import kernel_table, run_or_remember
+from .dnnl import float16_as_float32, kernel_table, run_or_remember
 from .norm import BATCH, LAYER, Alloc, NormCache
 
 Kernel = Callable[..., Any]
@@ -68,17 +68,13 @@ class NormKernels:
         key = (name, x.shape[-1], x.size // x.shape[-1], x.dtype.name, epsilon)
         return run_or_remember(self.failures, key, run, name, "NumPy kernel")
 
-    def _via_float32(self, *arrays: np.ndarray) -> bool:
-        """Whether a float16 problem runs as float32 (see the module's docstring)."""
-        return F32 in self.dtypes and all(a.dtype == F16 for a in arrays)
-
     def _wide(self, x: np.ndarray) -> np.ndarray:
         return self.cast(x, "float32")  # type: ignore[no-any-return]
 
     def batch_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
                    epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(y, mean, biased variance, inv_std) over every axis but the last."""
-        if self._via_float32(x) and x.ndim >= 2 and x.size:
+        if float16_as_float32(self.dtypes, x) and x.ndim >= 2 and x.size:
             y, mean, var, inv = self.batch_norm(self._wide(x), gamma, beta, epsilon)
             return self.cast(y, "float16"), mean, var, inv
         if x.ndim >= 2:
@@ -94,7 +90,8 @@ class NormKernels:
                         inv_std: np.ndarray, gamma: np.ndarray | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(dx, dgamma, dbeta) of :meth:`batch_norm`."""
-        if self._via_float32(dy, x) and x.ndim >= 2 and x.size and dy.shape == x.shape:
+        if (float16_as_float32(self.dtypes, dy, x) and x.ndim >= 2 and x.size
+                and dy.shape == x.shape):
             dx, dgamma, dbeta = self.batch_norm_grad(self._wide(dy), self._wide(x), mean,
                                                      inv_std, gamma)
             return self.cast(dx, "float16"), dgamma, dbeta
@@ -110,7 +107,7 @@ class NormKernels:
     def layer_norm(self, x: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None,
                    epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(y, mean, inv_std) of each row over the last axis."""
-        if self._via_float32(x) and x.size:
+        if float16_as_float32(self.dtypes, x) and x.size:
             y, mean, inv = self.layer_norm(self._wide(x), gamma, beta, epsilon)
             return self.cast(y, "float16"), mean, inv
         out = self._onednn("layer_norm", x, float(epsilon),
@@ -125,7 +122,7 @@ class NormKernels:
                         inv_std: np.ndarray, gamma: np.ndarray | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(dx, dgamma, dbeta) of :meth:`layer_norm`."""
-        if self._via_float32(dy, x) and x.size and dy.shape == x.shape:
+        if float16_as_float32(self.dtypes, dy, x) and x.size and dy.shape == x.shape:
             dx, dgamma, dbeta = self.layer_norm_grad(self._wide(dy), self._wide(x), mean,
                                                      inv_std, gamma)
             return self.cast(dx, "float16"), dgamma, dbeta
