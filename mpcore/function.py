@@ -43,6 +43,7 @@ from mpcore import random as _random
 from mpcore import tape as _tape
 from mpcore import tensor as _tensor
 from mpcore import trace_arguments as _args
+from mpcore import trace_effects as _effects
 from mpcore import trace_hooks as _hooks
 from mpcore import trace_outputs as _outputs
 from mpcore import trace_python_state as _python_state
@@ -203,6 +204,8 @@ def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
     recorder = _local.recorder
     if recorder is None:
         return
+    if event == "create" and recorder.held is not None:
+        recorder.held.created(variable)          # (a pre-pass: put back to its first value)
     if recorder.whole_depth:
         # assigned inside a call kept whole (which each replay makes again): a later read of
         # the variable in the step reads its array then, not the trace's as a constant
@@ -326,6 +329,7 @@ class Function:
 
     def _trace(self, signature: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
+        called = (args, kwargs)
         recorder = Recorder()
         recorder.fallback, recorder.first = self._fallback, not self._traced_once
         for variable in _tensor.live_variables():
@@ -338,6 +342,10 @@ class Function:
         self.tracing_count += 1
         self._warn_if_retracing(signature)
         session = None if _hooks.trace_hook is None else _hooks.trace_hook(self, signature)
+        # a pre-pass (the rewrite recording its float32 op graph) runs on the state as it is,
+        # which is put back before the real trace: the first call is a painted step
+        held = recorder.held = (_effects.HeldEffects() if getattr(session, "pre_pass", False)
+                                else None)
         # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
         # would be captured as a constant, stale once the variable changes; the trace casts
         # afresh, from the variable, and so does every replay
@@ -390,8 +398,11 @@ class Function:
         lines = [step.text for step in recorder.steps]
         program = Program(recorder.steps, recorder.slots, inputs, output,
                           lines if session is None else [*lines, *session.describe()])
-        if not kept:                        # the op graph was recorded: trace it painted next
-            self._last = program            # (``graph`` shows the latest trace all the same)
+        if not kept:                        # the op graph was recorded: trace it painted
+            if held is not None and held.restore(recorder.state):
+                self.tracing_count -= 1     # (a pre-pass, not a trace of its own)
+                return self._trace(signature, *called)
+            self._last = program            # state not put back: the next call paints
             return out
         # the backend whose kernels the program calls compiles it (with no tensor input too:
         # a step on variables alone); kernels of several backends: the generic replay

@@ -54,6 +54,8 @@ class Recorder:
         self.guards: dict[Callable[[], Any], None] = {}
         #: the Python state the step can reach, as it was (trace_python_state.StateWatch)
         self.state: Any = None
+        #: a pre-pass's state to put back (trace_effects.HeldEffects), or None
+        self.held: Any = None
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import types
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -80,6 +81,7 @@ from typing import Any
 from mpcore.program import KernelCall
 from mpcore.trace_reach import (
     BUILTIN_PLAIN,
+    MAX_ITEMS,
     MISSING,
     At,
     Owner,
@@ -141,6 +143,8 @@ class StateWatch:
         #: (owner id, key) -> the entry's value after a call kept whole changed it
         self.exempt: dict[tuple[int, Any], Any] = {}
         self._kept: list[Any] = []        # (what the exemptions name stays alive)
+        #: the state each call kept whole could reach, as it was before the call, in order
+        self._before_whole: list[dict[int, Owner]] = []
         self._budget = [MAX_SNAPSHOT_BYTES]
         roots: list[tuple[Any, Path]] = [(fn, "the traced function")]
         roots += [(a, f"argument {i}") for i, a in enumerate(args)]
@@ -186,6 +190,7 @@ class StateWatch:
     def after_whole(self, before: dict[int, Owner]) -> None:
         """What the call changed is made again at each replay: not refused (while it stays
         as the call left it)."""
+        self._before_whole.append(before)
         for key, owner in before.items():
             now = read(owner)
             for entry in owner.entries.keys() | now.keys():
@@ -195,6 +200,30 @@ class StateWatch:
                         or (entry in owner.arrays and value.tobytes() != owner.arrays[entry])):
                     self.exempt[(key, entry)] = _REMOVED if value is MISSING else value
                     self._kept.append(owner.obj)
+
+    def undo_whole(self) -> bool:
+        """Put back what the calls kept whole changed (their entries as before the first of
+        them), for a pre-pass whose effects must not stand (:mod:`mpcore.trace_effects`).
+        False, with nothing put back, where a change is not one this can undo: an array
+        changed in place, an entry of a class or of a function's globals, a container too
+        large to have been read."""
+        undo: list[tuple[Owner, Any, Any]] = []
+        for before in reversed(self._before_whole):     # newest first: the oldest value wins
+            for owner in before.values():
+                now = read(owner)
+                for entry in owner.entries.keys() | now.keys():
+                    old = owner.entries.get(entry, MISSING)
+                    value = now.get(entry, MISSING)
+                    if entry in owner.arrays and value is not MISSING and (
+                            value.tobytes() != owner.arrays[entry]):
+                        return False
+                    if old is MISSING or value is MISSING or not _same(old, value):
+                        if not _writable(owner.obj):
+                            return False
+                        undo.append((owner, entry, old))
+        for owner, entry, old in undo:
+            _write(owner.obj, entry, old)
+        return True
 
     # the end of the trace ---------------------------------------------------------------------
     def changes(self, steps: Sequence[Any] = ()) -> list[str]:
@@ -257,6 +286,35 @@ class StateWatch:
                 "so it would not change it again (and a tensor kept there would stay the "
                 "trace's). Keep such state in a mp.Variable (updated with assign), or change "
                 f"it outside the step, or {untraced}.")
+
+
+def _writable(obj: Any) -> bool:
+    """Whether :func:`_write` can put an entry of ``obj`` back: an object's attribute, a
+    dict's key, a list's item (not a class, a function's namespace, a set or a deque)."""
+    if isinstance(obj, (dict, list)):
+        return len(obj) <= MAX_ITEMS          # (a larger one was read as its length alone)
+    return not isinstance(obj, (type, types.FunctionType, set, frozenset, deque)) and (
+        hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__"))
+
+
+def _write(obj: Any, entry: Any, old: Any) -> None:
+    if isinstance(obj, dict):
+        if old is MISSING:
+            obj.pop(entry, None)
+        else:
+            obj[entry] = old
+    elif isinstance(obj, list):
+        if old is not MISSING:
+            while len(obj) <= entry:
+                obj.append(None)
+            obj[entry] = old
+        elif entry < len(obj):
+            del obj[entry:]
+    elif old is MISSING:
+        if hasattr(obj, entry):
+            delattr(obj, entry)
+    else:
+        setattr(obj, entry, old)
 
 
 def _constant_operands(steps: Sequence[Any]) -> set[int]:

@@ -2,20 +2,23 @@
 mpcore's traced steps.
 
 A float32 model's traced step (``mp.function``, a model's ``fit``/``evaluate``/``predict``
-steps) is rewritten per signature in two traces:
+steps) is rewritten per signature, in its first call (issue 34: a step prepared before it runs):
 
-1. the first call traces in float32, as without the rewrite, while the op graph is recorded
+1. a pre-pass traces in float32, as without the rewrite, while the op graph is recorded
    (each op's name, the ops its inputs came from, its output dtype: what the dispatch's
    ``finish`` sees), and each dtype decision of the dispatch is matched to the op it made; the
-   painting pass (:mod:`mpcore.amp.painting`) colours the graph. That call is a float32 step
-   (its program is not kept);
-2. the second call traces again, and each op's dtype decision, identified by its order in
+   painting pass (:mod:`mpcore.amp.painting`) colours the graph. What the pre-pass changed
+   (variables, seeds, the Python state of calls kept whole) is put back
+   (:mod:`mpcore.trace_effects`) and its program is not kept;
+2. the same call traces again, and each op's dtype decision, identified by its order in
    the deterministic trace and checked against the recorded op name, is its painted dtype:
    16-bit ops cast their float32 inputs (variables included) to 16 bits and float32 ops cast
    16-bit inputs back, so casts appear only at colour boundaries. That program is what later
-   calls replay. Ops inside calls kept whole (the optimizer's update, loss scaling) are not
-   part of the graph and stay float32; the loss is a deny op, and the gradients of float32
-   variables come back in float32 through the casts' gradients.
+   calls replay, and the first call returns its result. Ops inside calls kept whole (the
+   optimizer's update, loss scaling) are not part of the graph and stay float32; the loss is
+   a deny op, and the gradients of float32 variables come back in float32 through the casts'
+   gradients. (Where the pre-pass's Python state cannot be put back, it stands as a float32
+   step and the next call traces painted.)
 
 ``print(fn.graph)`` lists the kernel calls and then every recorded op with its painted dtype
 and the rule that decided it.
@@ -87,6 +90,12 @@ class _Session:
         self.count = 0
         #: the painted trace lost its way and was refused (jit_compile="auto"): float32 on
         self.lost = False
+
+    @property
+    def pre_pass(self) -> bool:
+        """Whether this trace only records the float32 op graph: its effects are put back
+        and the painted trace follows in the same call (:mod:`mpcore.trace_effects`)."""
+        return self.plan is None
 
     def begin(self, recorder: Any) -> None:
         self.recorder = recorder
