@@ -283,3 +283,15 @@ def test_iterations_is_the_device_count() -> None:
     opt.iterations = 10
     step(mp.constant([1.0]))
     assert opt.iterations == 11 and math.isclose(float(w.numpy()[0]), 0.5, abs_tol=1e-6)
+
+
+def test_fit_warns_at_the_epoch_end_when_the_scale_is_stuck_at_its_floor() -> None:
+    x = np.full((64, 6), np.inf, np.float32)      # every step overflows
+    y = np.zeros(64, np.int64)
+    with mp.policy_scope("mixed_float16"):
+        model = _model()
+        model.compile(optimizer=mp.LossScaleOptimizer(mp.optimizers.SGD(), initial_scale=2.0),
+                      loss="sparse_categorical_crossentropy", jit_compile=True)
+        with pytest.warns(RuntimeWarning, match="at its floor"):
+            model.fit(x, y, batch_size=4, verbose=0)
+    assert model.optimizer.skipped_steps == 16 and model.optimizer.loss_scale() == 1.0
