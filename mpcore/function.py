@@ -14,8 +14,9 @@ Some calls are kept whole instead of being broken into kernels (:func:`kept_whol
 optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer`` where
 they hold Python state that changes from step to step (the learning rate of a schedule, Adam's
 step), so a replay calls them again, eagerly, on the recorded tensors. SGD and RMSprop with a
-constant rate, and the loss scale (device variables), are recorded kernel by kernel. Each seed the step drew
-from ``mp.random`` is drawn again at each replay, where eager execution would draw it.
+constant rate, and the loss scale (device variables), are recorded kernel by kernel. Each seed
+the step drew from ``mp.random`` is drawn again at each replay, where eager execution would
+draw it.
 
 What a replay could not reproduce is refused while tracing, with a message that says what to
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's
