@@ -106,6 +106,16 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "fp8_scale": "(amax, scale, fp8_max: float, margin: int, power_of_two: bool) -> new scale"
                  "  # Transformer Engine's rule; the old scale where amax is 0 or not finite",
     "all_finite": "(xs: list) -> flag",
+    # A dynamic loss scale's state on the device (mpcore.ops.loss_scaling): unscale_and_check
+    # with the reciprocal read from a float32 array of shape (), and the scale's update from the
+    # finite flag, in place: scale and inv_scale float32 (), counters int64 (4,) = good steps,
+    # overflows in a row, overflows in a row at the floor (kept once it reaches latch), skipped
+    # steps. TF's rule in float32: after `period` finite steps scale *= multiplier where the
+    # product is finite (then min with ceiling); at the hysteresis-th overflow in a row
+    # scale = max(scale / multiplier, floor); inv_scale = 1 / scale (correctly rounded).
+    "unscale_and_check_by": "(grads: list, inv_scale) -> (list of float32, flag)",
+    "loss_scale_update": "(scale, inv_scale, counters, flag, period: int, multiplier, floor, "
+                         "ceiling, hysteresis: int, latch: int) -> None  # in place",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is
     # None or the device bool from unscale_and_check: when it is false the kernel leaves every
     # buffer untouched, so a skipped step needs no host round trip. Hyperparameters are floats.

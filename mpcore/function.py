@@ -11,11 +11,12 @@ the dispatch (promotion, categories, tape bookkeeping). A new signature traces a
 ``tf.function`` does.
 
 Some calls are kept whole instead of being broken into kernels (:func:`kept_whole`): an
-optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer``. They
-hold Python state that changes from step to step (the learning rate of a schedule, Adam's step,
-the loss scale and its update, which reads the "all finite" flag: the one host read of a traced
-step), so a replay calls them again, eagerly, on the recorded tensors. Each seed the step drew
-from ``mp.random`` is drawn again at each replay, where eager execution would draw it.
+optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer`` where
+they hold Python state that changes from step to step (the learning rate of a schedule, Adam's
+step), so a replay calls them again, eagerly, on the recorded tensors. SGD and RMSprop with a
+constant rate, and the loss scale (device variables), are recorded kernel by kernel. Each seed
+the step drew from ``mp.random`` is drawn again at each replay, where eager execution would
+draw it.
 
 What a replay could not reproduce is refused while tracing, with a message that says what to
 do: a host read of a tensor (``float(t)``, ``t.numpy()``, ``if t:``, a dynamic loss scale's

@@ -9,6 +9,12 @@ good-step counter. Three options go beyond TF, with TF's behaviour as their defa
 (as DeepSpeed's: back off only at the ``hysteresis``-th overflow in a row; 1 backs off at every
 overflow). A scale stuck at its floor while steps keep overflowing is warned about once.
 
+A dynamic scale used in training lives on the device (:meth:`DynamicLossScale.place`): its
+scale, reciprocal and counters are variables that :func:`mpcore.ops.loss_scale_update` updates
+from the step's finite flag, so a step reads nothing back; reading the scale (``ls()``,
+``state_dict()``) is then a host read of the variables. Before it is placed it keeps the same
+state in Python and updates it by the same rule (``update(True)``), bit for bit.
+
 >>> ls = DynamicLossScale(initial_loss_scale=4.0, increment_period=2, multiplier=2.0)
 >>> ls.update(True), ls.update(True), ls()
 (True, True, 8.0)
@@ -28,6 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import user_frames as _user_frames
+
+#: The device side of a dynamic scale, installed by :mod:`mpcore.ops.loss_scaling` when it is
+#: imported (``import mpcore`` does): policy.py makes loss scales and reaches no backend.
+device: Any = None
 
 #: Set by :mod:`mpcore.function` while it traces a step: called when a dynamic scale's value
 #: is read (a host read there).
@@ -71,15 +81,19 @@ def _integer(value: Any) -> int:
         return -1
 
 
+def _is_device_flag(grads_finite: Any) -> bool:
+    return str(getattr(grads_finite, "dtype", "")) == "bool" and getattr(
+        grads_finite, "size", None) == 1 and not isinstance(grads_finite, bool)
+
+
 def _finite_flag(grads_finite: Any) -> bool:
     """The "all finite" flag as a Python bool: a bool, or a one-element bool tensor or array
     (``ops.all_finite``'s result). Anything else (a string, None, a float, a list of gradients)
     is a TypeError, not a truth value: ``"no"`` is truthy."""
     if isinstance(grads_finite, bool):
         return grads_finite
-    if str(getattr(grads_finite, "dtype", "")) == "bool" and getattr(grads_finite, "size",
-                                                                       None) == 1:
-        # a device scalar converts through __bool__: the one host read a training step makes
+    if _is_device_flag(grads_finite):
+        # a device scalar converts through __bool__: a host read (eager steps only)
         return bool(grads_finite)
     raise TypeError("update takes the 'all gradients finite' flag: a bool, or a one-element "
                     "bool tensor such as mp.ops.all_finite(grads) returns; got "
@@ -180,8 +194,11 @@ class DynamicLossScale(LossScale):
                              f"overflow), got {hysteresis!r}")
         self._floor, self._ceiling, self._hysteresis = floor, ceiling, patience
         self._overflows = 0          # overflows in a row, for the hysteresis
-        self._stuck = 0              # overflows in a row at the floor, for the warning
+        self._stuck = 0              # overflows in a row at the floor (kept at the warning's)
+        self._skipped = 0            # overflowing steps (a LossScaleOptimizer's skipped_steps)
         self._warned = False
+        #: (scale, inv_scale, counters) once placed on a device (:meth:`place`), else None
+        self._vars: tuple[Any, Any, Any] | None = None
         mult = _number("multiplier", multiplier)
         # TF multiplies the float32 scale by the multiplier as a float32 tensor.
         self._multiplier32 = _to_float32(mult)
@@ -207,12 +224,72 @@ class DynamicLossScale(LossScale):
 
     @property
     def num_good_steps(self) -> int:
-        _host_read()
-        return self._good_steps
+        return self._read()[1]
 
     def __call__(self) -> float:
+        return self._read()[0]
+
+    # --- the state: in Python, or variables on a device ---------------------------------
+    def _read(self) -> tuple[float, int, int, int, int]:
+        """(scale, good steps, overflows in a row, at the floor in a row, skipped steps): a
+        host read of the variables once placed (refused inside a traced step, where the
+        variables are read as tensors: :meth:`tensors`)."""
         _host_read()
-        return self._scale
+        if self._vars is None:
+            return (self._scale, self._good_steps, self._overflows, self._stuck,
+                    self._skipped)
+        scale, _, counters = self._vars
+        good, over, stuck, skipped = (int(c) for c in counters.numpy())
+        state = (float(scale.numpy()), good, over, stuck, skipped)
+        self._warn_if_stuck(stuck)
+        return state
+
+    def _write(self, scale: float, good: int, over: int, stuck: int, skipped: int) -> None:
+        if self._vars is None:
+            self._scale, self._good_steps, self._overflows = scale, good, over
+            self._stuck, self._skipped = stuck, skipped
+            return
+        device.write_state(self._vars, scale, _to_float32(1.0 / scale),
+                           [good, over, stuck, skipped])
+
+    def place(self, backend: Any) -> tuple[Any, Any, Any]:
+        """The scale's variables on ``backend`` (made from the Python state the first time,
+        moved there from another backend): the scale and its reciprocal (float32, shape ())
+        and the int64 counters (good steps, overflows in a row, at the floor in a row,
+        skipped steps)."""
+        if self._vars is not None and self._vars[0].backend is backend:
+            return self._vars
+        state = ((self._scale, self._good_steps, self._overflows, self._stuck, self._skipped)
+                 if self._vars is None else self._read())   # (no host read to refuse)
+        self._vars = None
+        scale, good, over, stuck, skipped = state
+        self._vars = device.make_state(backend, scale, _to_float32(1.0 / scale),
+                                       [good, over, stuck, skipped])
+        return self._vars
+
+    @property
+    def variables(self) -> list[Any]:
+        """The device variables (none before :meth:`place`)."""
+        return [] if self._vars is None else list(self._vars)
+
+    def update_on_device(self, flag: Any, fused: bool = True) -> None:
+        """The update from a device flag, on the device (no host read): what a training step
+        does. Places the state on the flag's backend first. ``fused=False``: as ops, not the
+        backend's kernel (for tests)."""
+        scale, inv, counters = self.place(flag.backend)
+        device.loss_scale_update(scale, inv, counters, flag, self._period, self._multiplier32,
+                              self._floor, math.inf if self._ceiling is None else self._ceiling,
+                              self._hysteresis, self.STUCK_AT_FLOOR, fused)
+
+    def _warn_if_stuck(self, stuck: int) -> None:
+        if stuck >= self.STUCK_AT_FLOOR and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the loss scale has been at its floor ({self._floor!r}) for "
+                f"{self.STUCK_AT_FLOOR} overflowing steps in a row: the gradients overflow even "
+                "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
+                "or keep the layer that overflows in float32 (dtype='float32').",
+                RuntimeWarning, stacklevel=_user_frames.stacklevel())
 
     @property
     def min_loss_scale(self) -> float:
@@ -227,9 +304,23 @@ class DynamicLossScale(LossScale):
         return self._hysteresis
 
     def update(self, grads_finite: Any) -> bool:
+        """Record one step (TF's rule); True when it should be applied. A device flag, or a
+        scale already on the device, updates the variables on the device, then reads the
+        flag (a host read: eager use; a traced step calls :meth:`update_on_device`)."""
+        if self._vars is not None or (_is_device_flag(grads_finite) and hasattr(
+                grads_finite, "backend")):
+            finite = _finite_flag(grads_finite)          # (checks the type first)
+            if not hasattr(grads_finite, "backend"):     # a bool, a NumPy bool
+                grads_finite = device.flag(finite, self._vars[0].backend)  # type: ignore[index]
+            self.update_on_device(grads_finite)
+            if not finite:
+                self._read()            # the warning, where the scale is stuck at its floor
+            return finite
         finite = _finite_flag(grads_finite)
         if finite:
-            self._overflows = self._stuck = 0
+            self._overflows = 0
+            if self._stuck < self.STUCK_AT_FLOOR:
+                self._stuck = 0
             self._good_steps += 1
             if self._good_steps >= self._period:
                 # exact in float64 (24-bit significands), so one rounding, as in float32
@@ -239,20 +330,15 @@ class DynamicLossScale(LossScale):
                 self._good_steps = 0
             return True
         self._good_steps = 0
-        self._stuck = self._stuck + 1 if self._scale <= self._floor else 0
+        if self._stuck < self.STUCK_AT_FLOOR:
+            self._stuck = self._stuck + 1 if self._scale <= self._floor else 0
         self._overflows += 1
+        self._skipped += 1
         if self._overflows >= self._hysteresis:
             self._overflows = 0
             # float64 division then float32 rounding is correctly rounded (53 >= 2*24 + 2)
             self._scale = max(_to_float32(self._scale / self._multiplier32), self._floor)
-        if self._stuck >= self.STUCK_AT_FLOOR and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"the loss scale has been at its floor ({self._floor!r}) for "
-                f"{self._stuck} overflowing steps in a row: the gradients overflow even "
-                "unscaled. Try mixed_bfloat16 (float32's range), a lower learning rate, "
-                "or keep the layer that overflows in float32 (dtype='float32').",
-                RuntimeWarning, stacklevel=_user_frames.stacklevel())
+        self._warn_if_stuck(self._stuck)
         return False
 
     def get_config(self) -> dict[str, Any]:
@@ -261,11 +347,21 @@ class DynamicLossScale(LossScale):
                 "max_loss_scale": self._ceiling, "hysteresis": self._hysteresis}
 
     def state_dict(self) -> dict[str, Any]:
-        _host_read()
-        state = {"current_loss_scale": self._scale, "num_good_steps": self._good_steps}
+        scale, good, over, _, _ = self._read()
+        state = {"current_loss_scale": scale, "num_good_steps": good}
         if self._hysteresis > 1:  # with hysteresis 1 no overflow is carried to the next step
-            state["overflows_in_a_row"] = self._overflows
+            state["overflows_in_a_row"] = over
         return state
+
+    @property
+    def skipped_steps(self) -> int:
+        """The overflowing steps this scale has seen (a device counter once placed)."""
+        return self._read()[4]
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        scale, good, over, stuck, _ = self._read()
+        self._write(scale, good, over, stuck, int(value))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = {"current_loss_scale", "num_good_steps"}
@@ -286,22 +382,26 @@ class DynamicLossScale(LossScale):
         if not 0 <= overflows < self._hysteresis:
             raise ValueError(f"overflows_in_a_row must be an integer in [0, hysteresis), got "
                              f"{state.get('overflows_in_a_row')!r}")
-        self._scale, self._good_steps, self._overflows = scale, steps, overflows
+        skipped = self._read()[4]
+        self._write(scale, steps, overflows, 0, skipped)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.get_config(), "state": self.state_dict()}
+        return {"config": self.get_config(), "state": self.state_dict(),
+                "skipped": self.skipped_steps}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         self.__init__(**data["config"])  # type: ignore[misc]
         self.load_state_dict(data["state"])
+        self._skipped = int(data.get("skipped", 0))
 
     def __repr__(self) -> str:
         options = "".join(
             f", {name}={value!r}" for name, value, default in (
                 ("min_loss_scale", self._floor, 1.0), ("max_loss_scale", self._ceiling, None),
                 ("hysteresis", self._hysteresis, 1)) if value != default)
-        return (f"DynamicLossScale(current_loss_scale={self._scale!r}, "
-                f"num_good_steps={self._good_steps}, initial_loss_scale={self._initial!r}, "
+        scale, good = self._read()[:2]
+        return (f"DynamicLossScale(current_loss_scale={scale!r}, "
+                f"num_good_steps={good}, initial_loss_scale={self._initial!r}, "
                 f"increment_period={self._period}, multiplier={self._multiplier!r}{options})")
 
 

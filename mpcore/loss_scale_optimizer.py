@@ -11,10 +11,18 @@ The custom training loop of the guide::
 ``get_unscaled_gradients`` runs the multi-tensor ``unscale_and_check`` kernel: every gradient
 (16-bit ones included) comes back in float32, divided by the scale, together with one device
 flag "all finite". ``apply_gradients`` hands that flag to the inner optimizer's update (which
-leaves every variable and slot untouched when it is false) and then to ``loss_scale.update``,
-which reads it: the one host read of a training step. A step with any Inf/NaN gradient is
-skipped as a whole, the scale shrinks, and ``skipped_steps`` counts it; ``iterations`` counts
-every step, skipped or not.
+leaves every variable and slot untouched when it is false) and then to the loss scale's update.
+A step with any Inf/NaN gradient is skipped as a whole, the scale shrinks, and
+``skipped_steps`` counts it; ``iterations`` counts every step, skipped or not.
+
+A dynamic scale's state is device variables (:meth:`mpcore.DynamicLossScale.place`): the loss
+is multiplied by the scale variable, the gradients by its reciprocal, and the update is a
+kernel (:func:`mpcore.ops.loss_scale_update`) from the flag, skipped steps counted there. So a
+traced step records all of it kernel by kernel where the inner optimizer's update is recorded
+(``_recordable``), and reads nothing back to the host; where the inner update is kept whole
+(Adam, a schedule, clipping, accumulation) the three calls are kept whole together, and each
+replay runs them on the device, reading nothing back either. Eagerly, ``apply_gradients``
+returns a Python bool: that read of the flag is the eager step's one host read.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from mpcore import loss_scale as _ls
 from mpcore import ops
 from mpcore import user_frames as _user_frames
 from mpcore.distribution import gradients as _distributed
-from mpcore.function import in_traced_step, kept_whole
+from mpcore.function import in_traced_step, kept_whole, on_replay, recording_kernels
 from mpcore.optimizer_gradients import VarList, split_grads_and_vars
 from mpcore.optimizers import Optimizer
+from mpcore.optimizers.loss_scale_arguments import FORGOT as _FORGOT
+from mpcore.optimizers.loss_scale_arguments import scale_from_arguments as _scale
 from mpcore.tensor import Tensor, Variable
 
 #: The LossScaleOptimizer wrapping each optimizer (weakly: an optimizer whose wrapper is gone
@@ -39,43 +49,17 @@ from mpcore.tensor import Tensor, Variable
 _WRAPPERS: weakref.WeakKeyDictionary[Optimizer, weakref.ref[LossScaleOptimizer]] = (
     weakref.WeakKeyDictionary())
 
-_EXAMPLE = """
-    with mp.GradientTape() as tape:
-      loss = loss_fn()
-      scaled_loss = opt.get_scaled_loss(loss)
-    scaled_grads = tape.gradient(scaled_loss, vars)
-    grads = opt.get_unscaled_gradients(scaled_grads)
-    opt.apply_gradients([(grads, var)])"""
-#: tf-keras' warnings (``_maybe_warn_about_scaling``), by (scaled, unscaled), with what mpcore
-#: then does.
-_FORGOT = {
-    (False, False): "You forgot to call LossScaleOptimizer.get_scaled_loss() and "
-                    "LossScaleOptimizer.get_unscaled_gradients() before calling "
-                    "LossScaleOptimizer.apply_gradients(). This will likely result in worse "
-                    "model quality, so please call them in the correct places! For example:"
-                    f"{_EXAMPLE}\nThe gradients are applied as given (not unscaled); only the "
-                    "Inf/NaN check is done. (Or call opt.minimize(loss, var_list), which "
-                    "scales and unscales.)",
-    (False, True): "You forgot to call LossScaleOptimizer.get_scaled_loss() before calling "
-                   "LossScaleOptimizer.apply_gradients() (you did call "
-                   "get_unscaled_gradients() however). This will likely result in worse model "
-                   "quality, so please call get_scaled_loss() in the correct place! For "
-                   f"example:{_EXAMPLE}\nThe gradients were divided by the loss scale without "
-                   "the loss being multiplied by it: they are too small by that factor.",
-    (True, False): "You forgot to call LossScaleOptimizer.get_unscaled_gradients() before "
-                   "calling LossScaleOptimizer.apply_gradients() (you did call "
-                   "get_scaled_loss() however). This will likely result in worse model "
-                   "quality, so please call get_unscaled_gradients() in the correct place! For "
-                   f"example:{_EXAMPLE}\nThe gradients are applied as given, still multiplied "
-                   "by the loss scale; only the Inf/NaN check is done.",
-}
-
-
 class LossScaleOptimizer(Optimizer):
     """Wraps ``inner_optimizer`` with ``loss_scale``: "dynamic" (the default), a number (a
     fixed scale) or a :class:`~mpcore.LossScale` (TF 2.3's argument). Or, as TF 2.4+ and
     Keras 3 spell it: ``dynamic`` (default True), ``initial_scale`` (default 2**15 when
     dynamic; required when not) and ``dynamic_growth_steps`` (default 2000), by keyword."""
+
+    #: What a step's calls hand each other (get_scaled_loss -> get_unscaled_gradients ->
+    #: apply_gradients, reset by the last): written and read within one step, so a recorded
+    #: step's replays need none of it (mpcore.trace_python_state).
+    _trace_ignored_attributes = ("_flag", "_unscaled", "_scaled", "_unscaled_grads", "_warned")
+    _trace_set_once_attributes = ("_skipped_var",)
 
     def __init__(self, inner_optimizer: Optimizer, loss_scale: Any = None, *,
                  dynamic: bool | None = None, initial_scale: float | None = None,
@@ -96,9 +80,17 @@ class LossScaleOptimizer(Optimizer):
         _WRAPPERS[inner_optimizer] = weakref.ref(self)
         self._inner = inner_optimizer
         self._loss_scale = scale
-        self.skipped_steps = 0
-        #: The variables whose gradients held Inf/NaN in the last step, if it was skipped.
-        self.last_nonfinite: list[str] = []
+        #: A fixed scale's skipped steps: a Python count, then an int64 device variable
+        #: (a dynamic scale counts them among its own counters).
+        self._skipped_count = 0
+        self._skipped_var: Variable | None = None
+        # the scale's state on the device now (the current backend; a step on another moves
+        # it), so that no traced step has to make variables
+        if isinstance(scale, _ls.DynamicLossScale) and _built_in_rule(scale):
+            scale.place(scale.variables[0].backend if scale.variables else _current_backend())
+        elif _built_in_rule(scale):
+            self._skipped_var = Variable(ops.constant(0, "int64"), dtype="int64",
+                                         trainable=False, name="skipped_steps")
         self._flag: Tensor | None = None
         self._unscaled = False
         self._scaled = False     # get_scaled_loss called since the last apply_gradients
@@ -164,6 +156,57 @@ class LossScaleOptimizer(Optimizer):
         self._inner.iterations = int(value)
 
     @property
+    def iterations_variable(self) -> Variable | None:  # type: ignore[override]
+        return self._inner.iterations_variable
+
+    @property
+    def skipped_steps(self) -> int:
+        """The steps skipped for Inf/NaN gradients (a host read of a device counter)."""
+        scale = self._loss_scale
+        if isinstance(scale, _ls.DynamicLossScale) and _built_in_rule(scale):
+            return scale.skipped_steps
+        return self._skipped_count if self._skipped_var is None else int(self._skipped_var)
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        scale = self._loss_scale
+        if isinstance(scale, _ls.DynamicLossScale) and _built_in_rule(scale):
+            scale.skipped_steps = int(value)
+        elif self._skipped_var is None:
+            self._skipped_count = int(value)
+        else:
+            self._skipped_var.assign(ops.constant(int(value), "int64",
+                                                  backend=self._skipped_var.backend))
+
+    @property
+    def last_nonfinite(self) -> list[str]:
+        """The variables whose gradients held Inf/NaN in the last step, if it was skipped
+        (found when asked: a host read of the flag, and one per variable for a skipped
+        step)."""
+        flag = self._inner.last_flag
+        if flag is None or bool(flag):
+            return []
+        return self._inner.nonfinite_variables()
+
+    @property
+    def dynamic_scale(self) -> Tensor:
+        """Keras 3's variable: a dynamic scale's current value on the device (placed on the
+        current backend if no step has placed it), a fixed scale's as a constant. A tensor:
+        a traced step may compute with it; ``float()`` of it is a host read."""
+        scale = self._loss_scale
+        if isinstance(scale, _ls.DynamicLossScale):
+            variables = scale.variables
+            return variables[0] if variables else scale.place(_current_backend())[0]
+        return ops.constant(scale(), "float32")
+
+    def check_loss_scale(self) -> None:
+        """Read the dynamic scale's counters (one host read): the warning that the scale is
+        stuck at its floor, for traced steps, which read nothing back (fit calls this at the
+        end of each epoch)."""
+        if isinstance(self._loss_scale, _ls.DynamicLossScale) and self._loss_scale.variables:
+            self._loss_scale.num_good_steps  # noqa: B018 - the read warns
+
+    @property
     def learning_rate(self) -> float:  # type: ignore[override]
         return self._inner.learning_rate
 
@@ -183,6 +226,15 @@ class LossScaleOptimizer(Optimizer):
         return self._inner.get_slot(var, name)
 
     # --- loss scaling -------------------------------------------------------------------
+    def _recordable(self) -> tuple[Any, ...] | None:
+        """Whether a traced step records the loss scaling kernel by kernel: where the inner
+        optimizer's update is recorded (its guard), and for this loss scale (another one, a
+        checkpoint's, traces again: its variables and settings are the program's)."""
+        inner = self._inner._recordable()
+        if inner is None or not _built_in_rule(self._loss_scale):
+            return None
+        return (inner, id(self._loss_scale))
+
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
         if callable(loss) and not isinstance(loss, Tensor):
@@ -191,26 +243,37 @@ class LossScaleOptimizer(Optimizer):
         loss = ops.convert_to_tensor(loss)
         return ops.multiply(loss, self._scale_of(loss))
 
-    @kept_whole
+    @kept_whole(unless="_recordable")
     def _scale_of(self, loss: Tensor) -> Tensor:
         """The current scale as a tensor of ``loss``'s dtype (exact: a power of two or the
-        user's fixed scale). A tensor, not a Python number, so that a traced step reads the
-        scale of its own step, in the product and in its gradient."""
+        user's fixed scale): a dynamic scale's variable (cast on the device), so that a
+        traced step reads the scale of its own step, in the product and in its gradient."""
         self._unscaled, self._scaled = False, True
-        return ops.constant(self._loss_scale(), dtype=loss.dtype, backend=loss.backend)
+        scale = self._loss_scale
+        if isinstance(scale, _ls.DynamicLossScale):
+            variable = scale.place(loss.backend)[0]
+            return variable if loss.dtype == "float32" else ops.cast(variable, loss.dtype)
+        return ops.constant(scale(), dtype=loss.dtype, backend=loss.backend)
 
     def scale_loss(self, loss: Any) -> Any:
         """Keras 3's name for :meth:`get_scaled_loss`."""
         return self.get_scaled_loss(loss)
 
-    @kept_whole
+    @kept_whole(unless="_recordable")
     def get_unscaled_gradients(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
         """``grads`` divided by the scale, in float32; None stays None. Also computes the
         "all finite" flag that ``apply_gradients`` uses (no host read here)."""
         if isinstance(grads, Tensor) or not isinstance(grads, Iterable):
             raise TypeError("get_unscaled_gradients takes the list of gradients "
                             f"(tape.gradient(scaled_loss, variables)), got {grads!r}")
-        out, flag = ops.unscale_and_check(list(grads), 1.0 / self._loss_scale())
+        grads = list(grads)
+        scale = self._loss_scale
+        present = [g for g in grads if g is not None]
+        if isinstance(scale, _ls.DynamicLossScale) and present:
+            inv: Any = scale.place(present[0].backend)[1]     # read on the device
+        else:
+            inv = 1.0 / scale()
+        out, flag = ops.unscale_and_check(grads, inv)
         self._flag = flag
         self._unscaled = True
         self._unscaled_grads = [g for g in out if g is not None]
@@ -247,7 +310,7 @@ class LossScaleOptimizer(Optimizer):
         return self.apply_gradients(zip(self.get_unscaled_gradients(list(grads)),
                                         trainable_variables))
 
-    @kept_whole
+    @kept_whole(unless="_recordable")
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> bool:
         """Apply the step unless a gradient is Inf/NaN; returns whether it was applied."""
         grads, variables = split_grads_and_vars(grads_and_vars)
@@ -268,7 +331,7 @@ class LossScaleOptimizer(Optimizer):
         self._unscaled = self._scaled = False
         self._unscaled_grads = []
         if flag is None:  # nothing to update
-            self._inner.iterations += 1
+            self._inner._count_step()
             return self._result(True, None)
         # Under a distribution: the average over the ranks, each rank's gradients weighted by
         # its share first (a sum of finite values stays finite), so the MIN of the ranks'
@@ -278,13 +341,37 @@ class LossScaleOptimizer(Optimizer):
         updated, flag = self._inner._apply(grads, variables, flag)
         if not updated:  # a micro-step: the loss scale moves once per real step
             return self._result(True, None)
-        applied = self._loss_scale.update(flag)
-        self.last_nonfinite = []
+        if not _built_in_rule(self._loss_scale):   # a user's LossScale: its update, on the host
+            applied = self._loss_scale.update(flag)
+            self._skipped_count += not applied
+            self._inner.last_flag = flag
+            return self._result(applied, flag)
+        self._update_scale(flag)
+        inner = self._inner
+        inner.last_flag = flag
+        if recording_kernels():       # each replay: its gradients and flag, the casts dropped
+            on_replay(inner.finish_recorded_update, flag, inner.last_gradients,
+                      inner.last_variables)
+        if in_traced_step():
+            return flag
+        applied = bool(flag)          # eager: the step's one host read
         if not applied:
-            self.skipped_steps += 1
-            # only on a skipped step: one host read per variable, to say where it went wrong
-            self.last_nonfinite = self._inner.nonfinite_variables()
-        return self._result(applied, flag)
+            self.check_loss_scale()
+        return applied
+
+    def _update_scale(self, flag: Tensor) -> None:
+        """The loss scale's update and the skipped-step count, on the device."""
+        scale = self._loss_scale
+        if isinstance(scale, _ls.DynamicLossScale):
+            scale.update_on_device(flag)
+            return
+        counter = self._skipped_var
+        if counter is None or counter.backend is not flag.backend:
+            counter = self._skipped_var = Variable(
+                ops.constant(self.skipped_steps, "int64", backend=flag.backend),
+                dtype="int64", trainable=False, name=f"{self.name}/skipped_steps")
+        counter.assign(ops.add(counter.current_value(),
+                               ops.cast(ops.logical_not(flag), "int64")))
 
     def _result(self, applied: bool, flag: Tensor | None) -> Any:
         """``applied``; in a traced step the device flag that says it (a Python bool would
@@ -332,50 +419,24 @@ class LossScaleOptimizer(Optimizer):
         return f"<mp.LossScaleOptimizer {self._inner!r} loss_scale={self._loss_scale!r}>"
 
 
+def _current_backend() -> Any:
+    from mpcore.registry import get_backend
+
+    return get_backend()
+
+
+def _built_in_rule(scale: _ls.LossScale) -> bool:
+    """Whether ``scale`` updates by mpcore's rule (on the device, or fixed), not a subclass's
+    own ``update`` (called with the flag: a host read at every step)."""
+    return type(scale).update in (_ls.DynamicLossScale.update, _ls.FixedLossScale.update)
+
+
 def _same_tensors(given: Sequence[Tensor], unscaled: Sequence[Tensor]) -> bool:
     """Whether ``given`` are the tensors get_unscaled_gradients returned: the same objects, or
     wrappers of the same device buffers (a traced step's replay rewraps them). Identity, not
     values: comparing values would be a host read every step."""
     return len(given) == len(unscaled) and all(
         a is b or a._data is b._data for a, b in zip(given, unscaled))
-
-
-def _scale(loss_scale: Any, dynamic: bool | None, initial_scale: float | None,
-           growth_steps: int | None) -> _ls.LossScale:
-    """The loss scale from TF 2.3's ``loss_scale`` or from TF 2.4+'s (Keras 3's) arguments."""
-    keras = {"dynamic": dynamic, "initial_scale": initial_scale,
-             "dynamic_growth_steps": growth_steps}
-    given = [name for name, value in keras.items() if value is not None]
-    if isinstance(loss_scale, bool):     # TF 2.4's second positional argument
-        raise TypeError("LossScaleOptimizer's second positional argument is loss_scale (TF "
-                        f"2.3); pass dynamic={loss_scale} by keyword, as TF 2.4+ and Keras 3 "
-                        "name it")
-    if loss_scale is not None:
-        if given:
-            raise ValueError(f"give loss_scale (TF 2.3) or {', '.join(given)} (TF 2.4+, "
-                             "Keras 3), not both")
-        return _ls.get(loss_scale, allow_none=False)  # type: ignore[return-value]
-    if dynamic is not None and not isinstance(dynamic, bool):
-        raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
-    if dynamic is False:
-        if initial_scale is None:
-            raise ValueError("initial_scale is required when dynamic=False (a fixed loss scale)")
-        if growth_steps is not None:
-            raise ValueError("dynamic_growth_steps applies to a dynamic loss scale only; it "
-                             "was given with dynamic=False")
-    try:
-        if dynamic is False:
-            return _ls.FixedLossScale(initial_scale)  # type: ignore[arg-type]
-        return _ls.DynamicLossScale(
-            initial_loss_scale=2.0**15 if initial_scale is None else initial_scale,
-            increment_period=2000 if growth_steps is None else growth_steps)
-    except (TypeError, ValueError) as exc:   # named as the caller named them
-        message = str(exc)
-        for ours, theirs in (("initial_loss_scale", "initial_scale"),
-                             ("loss_scale_value", "initial_scale"),
-                             ("increment_period", "dynamic_growth_steps")):
-            message = message.replace(ours, theirs)
-        raise type(exc)(message) from None
 
 
 #: The dynamic loss scales of policies that a compile has trained (by id, dropped with them).

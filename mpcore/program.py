@@ -110,8 +110,10 @@ def step_reads(step: Any) -> list[int]:
     return reads(step.args if type(step) is WholeCall else step.value)
 
 
-#: Kernels that write into their operands (the fused optimizer updates): never folded.
-IN_PLACE = frozenset({"sgd_update", "rmsprop_update", "adam_update"})
+#: Kernels that write into their operands (the fused optimizer updates, the loss scale's
+#: update): never folded.
+IN_PLACE = frozenset({"sgd_update", "rmsprop_update", "adam_update",
+                      "loss_scale_update"})
 
 
 def pure(step: Any) -> bool:

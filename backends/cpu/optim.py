@@ -162,6 +162,41 @@ class CpuOptim:
                     finite = is_all_finite(u)
         return outs, np.asarray(finite)
 
+    def unscale_and_check_by(self, grads: list[np.ndarray],
+                             inv_scale: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """``unscale_and_check`` with the reciprocal of a device loss scale (a float32 array
+        of shape ()), through the table's kernel (oneDNN's where installed)."""
+        return self._kernel_table["unscale_and_check"](grads, np.float32(inv_scale[()]))
+
+    def loss_scale_update(self, scale: np.ndarray, inv_scale: np.ndarray, counters: np.ndarray,
+                          flag: Any, period: int, multiplier: float, floor: float,
+                          ceiling: float, hysteresis: int, latch: int) -> None:
+        """A dynamic loss scale's update in place (``OPTIONAL_KERNELS``), float32 arithmetic."""
+        s = _f32(scale[()])
+        good, over, stuck, skipped = (int(c) for c in counters)
+        if bool(flag):
+            over = 0
+            stuck = stuck if stuck >= latch else 0
+            good += 1
+            if good >= period:
+                with np.errstate(over="ignore"):
+                    grown = s * _f32(multiplier)
+                if math.isfinite(grown):
+                    s = min(grown, _f32(ceiling))
+                good = 0
+        else:
+            good = 0
+            if stuck < latch:
+                stuck = stuck + 1 if s <= _f32(floor) else 0
+            over += 1
+            if over >= hysteresis:
+                over = 0
+                s = max(s / _f32(multiplier), _f32(floor))
+            skipped += 1
+        scale[()] = s
+        inv_scale[()] = _f32(1.0) / s
+        counters[:] = (good, over, stuck, skipped)
+
     def all_finite(self, xs: list[np.ndarray]) -> np.ndarray:
         with quiet():
             return np.asarray(all(is_all_finite(x) for x in xs))

@@ -373,7 +373,8 @@ __global__ void dropout_mask(T* out, i64 n, u64 seed, float rate, double scale) 
 // outputs the kernel only checks (all_finite).
 #define MT 8
 template <typename T>
-__global__ void unscale_check(int count, float inv_scale, unsigned char* flag,
+__global__ void unscale_check(int count, float inv_scale, const float* inv_ptr,
+                              unsigned char* flag,
                               const T* x0, const T* x1, const T* x2, const T* x3,
                               const T* x4, const T* x5, const T* x6, const T* x7,
                               float* y0, float* y1, float* y2, float* y3,
@@ -388,12 +389,51 @@ __global__ void unscale_check(int count, float inv_scale, unsigned char* flag,
   float* y = ys[k];
   const i64 n = ns[k];
   bool ok = true;
+  const float s = inv_ptr ? *inv_ptr : inv_scale;  // a dynamic loss scale's, on the device
   GRID_STRIDE(i, n) {
-    const float v = (float)load(x, i) * inv_scale;
+    const float v = (float)load(x, i) * s;
     if (y) y[i] = v;
     ok = ok && finite_f(v);
   }
   if (!__syncthreads_and(ok) && threadIdx.x == 0) *flag = 0;  // racing writers all write 0
+}
+
+// A dynamic loss scale's update in place, one thread (mpcore.ops.loss_scaling): TF's rule in
+// float32 (IEEE division: NVRTC's default -prec-div=true). counters: good steps, overflows in a
+// row, at the floor in a row (kept once it reaches latch), skipped steps.
+extern "C" __global__ void loss_scale_update(float* scale, float* inv_scale, i64* counters,
+                                             const unsigned char* flag, i64 period,
+                                             float multiplier, float lo, float hi,
+                                             i64 hysteresis, i64 latch) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  float s = *scale;
+  i64 good = counters[0], over = counters[1], stuck = counters[2], skipped = counters[3];
+  if (*flag) {
+    over = 0;
+    if (stuck < latch) stuck = 0;
+    good += 1;
+    if (good >= period) {
+      const float grown = __fmul_rn(s, multiplier);
+      if (finite_f(grown)) s = grown < hi ? grown : hi;
+      good = 0;
+    }
+  } else {
+    good = 0;
+    if (stuck < latch) stuck = s <= lo ? stuck + 1 : 0;
+    over += 1;
+    if (over >= hysteresis) {
+      const float shrunk = __fdiv_rn(s, multiplier);
+      over = 0;
+      s = shrunk > lo ? shrunk : lo;
+    }
+    skipped += 1;
+  }
+  *scale = s;
+  *inv_scale = __fdiv_rn(1.0f, s);
+  counters[0] = good;
+  counters[1] = over;
+  counters[2] = stuck;
+  counters[3] = skipped;
 }
 
 // --- fused optimizer updates over float32 master weights, in place ---------------------------

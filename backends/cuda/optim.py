@@ -34,8 +34,8 @@ class CudaOptim:
             self._true_flag = self.cp.ones((), dtype=np.bool_)
         return self._true_flag
 
-    def _check_finite(self, xs: list[Any], inv_scale: float, write: bool
-                      ) -> tuple[list[Any], Any]:
+    def _check_finite(self, xs: list[Any], inv_scale: float, write: bool,
+                      inv_array: Any = None) -> tuple[list[Any], Any]:
         cp = self.cp
         flag = cp.ones((), dtype=np.bool_)
         outs: list[Any] = [None] * len(xs)
@@ -44,7 +44,8 @@ class CudaOptim:
             if x.dtype in KERNEL_FLOATS:
                 groups.setdefault(x.dtype, []).append(i)
             else:  # integer or bool tensors are finite; they still get their float32 copy
-                outs[i] = x.astype(F32) * np.float32(inv_scale) if write else None
+                outs[i] = ((x.astype(F32) * (np.float32(inv_scale) if inv_array is None
+                                             else inv_array)) if write else None)
         null = np.uint64(0)
         for dtype, members in groups.items():
             fn = _k.function(_k.template("unscale_check", CTYPE[dtype]))
@@ -65,7 +66,8 @@ class CudaOptim:
                 if longest == 0:
                     continue
                 grid = (max(1, min((longest + BLOCK - 1) // BLOCK, 4096)), len(chunk))
-                fn(grid, (BLOCK,), (np.int32(len(chunk)), np.float32(inv_scale), flag,
+                fn(grid, (BLOCK,), (np.int32(len(chunk)), np.float32(inv_scale),
+                                     null if inv_array is None else inv_array, flag,
                                      *ins, *([null] * pad), *ys, *([null] * pad),
                                      *ns, *([np.int64(0)] * pad)))
         return outs, flag
@@ -74,6 +76,20 @@ class CudaOptim:
         """float32 ``g * inv_scale`` for every gradient and one device bool (all finite),
         with one launch per 8 gradients of a dtype and no host read."""
         return self._check_finite(grads, inv_scale, True)
+
+    def unscale_and_check_by(self, grads: list[Any], inv_scale: Any) -> tuple[list[Any], Any]:
+        """``unscale_and_check`` with the reciprocal of a device loss scale (a float32 array
+        of shape ()), read by the kernel: no host read."""
+        return self._check_finite(grads, 1.0, True, self._contig(inv_scale))
+
+    def loss_scale_update(self, scale: Any, inv_scale: Any, counters: Any, flag: Any,
+                          period: int, multiplier: float, floor: float, ceiling: float,
+                          hysteresis: int, latch: int) -> None:
+        """A dynamic loss scale's update in place, on the device (one thread)."""
+        _k.function("loss_scale_update")(
+            (1,), (1,), (scale, inv_scale, counters, native(flag), np.int64(period),
+                         np.float32(multiplier), np.float32(floor), np.float32(ceiling),
+                         np.int64(hysteresis), np.int64(latch)))
 
     def all_finite(self, xs: list[Any]) -> Any:
         return self._check_finite(xs, 1.0, False)[1]

@@ -15,6 +15,9 @@ import numpy as np
 from .arrays import CLArray
 from .programs import KernelFamily
 
+#: The loss scale's divisions round as IEEE's (OpenCL allows 2.5 ulp otherwise).
+_CORRECTLY_ROUNDED = ("-cl-fp32-correctly-rounded-divide-sqrt",)
+
 
 class OptimKernels(KernelFamily):
     """Mixin of :class:`~mpcore_opencl.backend.OpenCLBackend`: loss-scaling checks and the
@@ -34,6 +37,30 @@ class OptimKernels(KernelFamily):
                                 np.float32(inv_scale), g.data, o.data, flag.data)
             outs.append(o)
         return outs, flag
+
+    def unscale_and_check_by(self, grads: list[CLArray],
+                             inv_scale: CLArray) -> tuple[list[CLArray], CLArray]:
+        """``unscale_and_check`` with the reciprocal of a device loss scale, read on the
+        device."""
+        flag = self._flag()
+        outs = []
+        for g in grads:
+            o = self._empty(tuple(g.shape), "float32")
+            prog = self._prog("optim.cl", ("A", self._dt(g)))
+            self.runtime.launch(prog["unscale_by"], g.size, np.int32(g.size), inv_scale.data,
+                                g.data, o.data, flag.data)
+            outs.append(o)
+        return outs, flag
+
+    def loss_scale_update(self, scale: CLArray, inv_scale: CLArray, counters: CLArray,
+                          flag: CLArray, period: int, multiplier: float, floor: float,
+                          ceiling: float, hysteresis: int, latch: int) -> None:
+        """A dynamic loss scale's update in place, on the device (one work-item)."""
+        prog = self._prog("optim.cl", ("A", "float32"), options=_CORRECTLY_ROUNDED)
+        self.runtime.launch(prog["loss_scale_update"], 1, scale.data, inv_scale.data,
+                            counters.data, flag.data, np.int64(period), np.float32(multiplier),
+                            np.float32(floor), np.float32(ceiling), np.int64(hysteresis),
+                            np.int64(latch))
 
     def all_finite(self, xs: list[CLArray]) -> CLArray:
         flag = self._flag()

@@ -46,7 +46,9 @@ EDITS = tuple(f"{name}_{how}" for name in LISTS for how in ("add", "remove"))
 #: Ops a painted step can show that the category table (and TF's lists) do not name: on no
 #: list by default, but a user may put them on one, as any op the summary names.
 UNLISTED = frozenset({"full", "copy", "convert", "dropout_mask", "random_normal",
-                      "random_uniform", "sparse_softmax_cross_entropy_grad"})
+                      "random_uniform", "sparse_softmax_cross_entropy_grad",
+                      "unscale_and_check", "unscale_and_check_by", "loss_scale_update",
+                      "all_finite", "sgd_update", "rmsprop_update", "adam_update"})
 #: Every op name the lists take.
 KNOWN = frozenset(CATEGORIES) | UNLISTED
 ENV_PREFIX = "MPCORE_AMP_"

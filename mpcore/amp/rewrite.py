@@ -181,7 +181,11 @@ class _Session:
         # a call of the optimizer's bound finish_recorded_update)
         updates = {getattr(step.fn, "__wrapped__", step.fn) for step in self.recorder.steps
                    if type(step) is WholeCall}
-        if updates & _PLAIN_UPDATES and _SCALED_UPDATE not in updates:
+        # a LossScaleOptimizer's step recorded kernel by kernel: its unscaling kernel
+        scaled = _SCALED_UPDATE in updates or any(
+            type(step) is KernelCall and step.name in _SCALING_KERNELS
+            for step in self.recorder.steps)
+        if updates & _PLAIN_UPDATES and not scaled:
             _unscaled_warned = True
             warnings.warn(
                 "the mixed precision graph rewrite runs this step in float16, but its optimizer "
@@ -307,6 +311,8 @@ _unscaled_warned = False
 _PLAIN_UPDATES = {Optimizer.apply_gradients.__wrapped__,        # type: ignore[attr-defined]
                   Optimizer.finish_recorded_update}
 _SCALED_UPDATE = LossScaleOptimizer.apply_gradients.__wrapped__  # type: ignore[attr-defined]
+_SCALING_KERNELS = frozenset({"unscale_and_check", "unscale_and_check_by",
+                              "loss_scale_update"})
 
 
 def _log_eager_once() -> None:

@@ -78,6 +78,10 @@ def checks(quick: bool) -> Iterator[Check]:
                     t.check_random(kind, dtype), (kind,))
     yield c("loss_scale.unscale_and_check", "loss scaling", t.check_unscale_and_check,
             ("unscale_and_check",))
+    yield c("optional.unscale_and_check_by", "optional", t.check_unscale_and_check_by,
+            ("unscale_and_check_by",))
+    yield c("optional.loss_scale_update", "optional", t.check_loss_scale_update,
+            ("loss_scale_update",))
     yield c("optional.all_finite", "optional", t.check_all_finite, ("all_finite",))
     yield c("optional.softmax", "optional", t.check_softmaxes, ("softmax", "log_softmax"))
     yield c("optional.sparse_softmax_cross_entropy", "optional", t.check_xent,

@@ -103,6 +103,61 @@ def check_unscale_and_check(ctx: Context) -> None:
     run(huge, 1.0, True, "on finite values whose sum overflows")
 
 
+def check_unscale_and_check_by(ctx: Context) -> None:
+    """The device-scale form: the reciprocal read from a float32 array of shape ()."""
+    np = ctx.np
+    k = ctx.kernel("unscale_and_check_by")
+    grads = [(ctx.data((3, 4), -300, 300, key="ub0"), "float32"),
+             (ctx.data((5,), -300, 300, key="ub1"), "float16")]
+    for inv, bad in ((1.0 / 1024, None), (1.0 / 3.0, None), (0.5, np.inf), (0.5, np.nan)):
+        items = [(g.copy(), dt) for g, dt in grads]
+        if bad is not None:
+            items[1][0].flat[2] = bad
+        outs, flag = k([ctx.up(g, dt) for g, dt in items], ctx.up(np.float32(inv), "float32"))
+        what = f"unscale_and_check_by with 1/scale {inv!r}" + (f" and {bad}" if bad else "")
+        if ctx.flag(flag, what) is not (bad is None):
+            raise CheckFailedError(f"{what}: flag is {bad is not None}, expected {bad is None}")
+        for i, ((g, dt), out) in enumerate(zip(items, outs)):
+            if bad is None:     # exact: one float32 product per element
+                want = (ctx.rounded(g, dt).astype(np.float32) * np.float32(inv))
+                ctx.expect(out, want, "float32", f"{what}: gradient {i} ({dt})", 0)
+
+
+#: (period, multiplier, floor, ceiling, hysteresis, initial scale, flags): the cases every
+#: backend's loss_scale_update must follow bit for bit (growth, the ceiling, float32 overflow
+#: of the growth, the floor, hysteresis, an odd multiplier whose divisions round).
+_SCALE_CASES = (
+    (2, 2.0, 1.0, math.inf, 1, 4.0, (1, 1, 1, 0, 1, 1, 0, 0, 0, 0)),
+    (1, 3.0, 0.25, 100.0, 2, 7.0, (1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1)),
+    (1, 2.0, 1.0, math.inf, 1, 2.0**127, (1, 1, 0, 1)),
+    (3, 1.5, 1.0, math.inf, 1, 1.0, (0,) * 12 + (1,) * 7),
+)
+
+
+def check_loss_scale_update(ctx: Context) -> None:
+    """The in-place update of a dynamic loss scale against the reference backend's kernel,
+    bit for bit (scale, reciprocal and counters) after every step of each case."""
+    np = ctx.np
+    k = ctx.kernel("loss_scale_update")
+    ref = ctx.rk["loss_scale_update"]
+    for n, (period, mult, floor, ceiling, hyst, initial, flags) in enumerate(_SCALE_CASES):
+        state = [ctx.up(np.float32(initial), "float32"),
+                 ctx.up(np.float32(1.0) / np.float32(initial), "float32"),
+                 ctx.up(np.zeros(4, np.int64), "int64")]
+        want = [np.array(np.float32(initial)), np.array(np.float32(1.0) / np.float32(initial)),
+                np.zeros(4, np.int64)]
+        for i, f in enumerate(flags):
+            args = (period, mult, floor, ceiling, hyst, 10)
+            k(*state, ctx.up(np.bool_(f), "bool"), *args)
+            ref(*want, np.asarray(bool(f)), *args)
+            for got, expected, name in zip(state, want, ("scale", "inv_scale", "counters")):
+                h = np.asarray(ctx.host(got, "loss_scale_update"))
+                if h.dtype != expected.dtype or not np.array_equal(h, expected):
+                    raise CheckFailedError(
+                        f"loss_scale_update case {n} after step {i} (flags {flags[:i + 1]}): "
+                        f"{name} is {h!r}, expected {expected!r}")
+
+
 def check_all_finite(ctx: Context) -> None:
     np = ctx.np
     k = ctx.kernel("all_finite")

@@ -236,6 +236,9 @@ class Trainer(Steps):
                 break
             self._backend_of(batch).synchronize()
             elapsed = time.perf_counter() - start
+            # a traced step reads nothing back: the loss scale's "stuck at its floor" warning
+            # is decided here, once per epoch (one host read)
+            getattr(self.optimizer, "check_loss_scale", lambda: None)()
             logs = host_logs(step_logs, "train_step") if custom else self._results(True)
             if validating and _validates(epoch, validation_freq):
                 if val_iter is not None:

@@ -76,7 +76,7 @@ from mpcore.ops.float8 import (
 )
 from mpcore.ops.image import avg_pool2d, conv2d, max_pool2d
 from mpcore.ops.linalg import DENSE_ACTIVATIONS, dense, matmul
-from mpcore.ops.loss_scaling import all_finite, unscale_and_check
+from mpcore.ops.loss_scaling import all_finite, loss_scale_update, unscale_and_check
 from mpcore.ops.nn import (
     bias_add,
     bias_grad,
@@ -111,7 +111,8 @@ __all__ = [
     "dropout", "dropout_mask", "equal", "erf", "exp", "expand_dims", "float8_dot", "fp8_matmul",
     "fp8_scale", "full", "gelu", "getitem", "greater", "greater_equal", "isfinite", "layer_norm",
     "less", "less_equal", "log", "log_softmax", "logical_and", "logical_not", "logical_or",
-    "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative",
+    "loss_scale_update", "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum",
+    "multiply", "negative",
     "not_equal", "one_hot", "ones", "ones_like", "power", "quantize_fp8", "random_normal",
     "random_permutation", "random_uniform", "reciprocal", "relu", "relu_grad", "relu_grad_bias",
     "reshape", "rmsprop_update", "rsqrt", "sgd_update", "shape", "sigmoid", "sign", "softmax",

@@ -37,6 +37,7 @@ class SGD(Optimizer):
     ``var -= lr*g`` without momentum."""
 
     _recorded_hyperparameters = ("_learning_rate", "momentum", "nesterov", "use_fused_kernels")
+    _uses_step = False
 
     def __init__(self, learning_rate: LearningRate = 0.01, momentum: float = 0.0,
                  nesterov: bool = False, name: str | None = None,
@@ -63,6 +64,7 @@ class RMSprop(Optimizer):
 
     _recorded_hyperparameters = ("_learning_rate", "rho", "momentum", "epsilon",
                                  "use_fused_kernels")
+    _uses_step = False
 
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,

@@ -50,7 +50,13 @@ class Optimizer(Hyperparameters):
     #: variables (:meth:`_keep_built_variables`): set by the first call, a traced step's replay
     #: leaves them as eager execution would; another traced step's other variables are a
     #: change a replay would not make, refused (mpcore.trace_python_state).
-    _trace_set_once_attributes = ("_built_variables",)
+    _trace_set_once_attributes = ("_built_variables", "_iterations_var")
+    #: The host's copy of ``iterations`` (None: unknown, read from the device when asked): a
+    #: recorded update drops it, as each replay does (mpcore.trace_python_state).
+    _trace_ignored_attributes = ("_iterations_known",)
+    #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
+    #: SGD and RMSprop do not, so their steps never read the count back.
+    _uses_step = True
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
@@ -75,11 +81,62 @@ class Optimizer(Hyperparameters):
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
-        self.iterations = 0
+        #: Keras 3's ``iterations`` variable (int64, shape ()), incremented on the device by
+        #: each update (skipped or not). Made here, on the current backend (moved by
+        #: :meth:`build` to the variables'), so that no traced step has to make it.
+        self._iterations_known: int | None = 0
+        self._iterations_var: Variable | None = None
+        self._iterations_var = self._new_iterations_variable(None)
         #: Use the backend's fused update kernel when it has one (False forces the op path).
         self.use_fused_kernels = True
         self._slots: dict[int, dict[str, Variable]] = {}
         self._var_list: list[Variable] = []
+
+    # --- the step count ----------------------------------------------------------------
+    @property
+    def iterations(self) -> int:
+        """The updates made so far (skipped ones included), as a Python int: read from the
+        device variable :attr:`iterations_variable` when the host's copy is unknown (after a
+        traced step's replays; a host read, refused inside a traced step). Keras 3 returns the
+        variable itself; an int compares, formats and indexes as the count everywhere, and
+        code that needs the device value (a traced step) reads ``iterations_variable``."""
+        known = self._iterations_known
+        if known is None:
+            var = self._iterations_var
+            assert var is not None
+            known = int(var.numpy())
+            self._iterations_known = known
+        return known
+
+    @iterations.setter
+    def iterations(self, value: int) -> None:
+        value = int(value)
+        if self._iterations_var is not None:
+            self._iterations_var.assign(ops.constant(value, "int64",
+                                                     backend=self._iterations_var.backend))
+        self._iterations_known = value
+
+    @property
+    def iterations_variable(self) -> Variable | None:
+        """The step count on the device (Keras 3's ``optimizer.iterations`` variable), made by
+        the first update (:meth:`build`); None before."""
+        return self._iterations_var
+
+    def _new_iterations_variable(self, backend: Any) -> Variable:
+        return Variable(ops.constant(self.iterations, "int64", backend=backend), dtype="int64",
+                        trainable=False, name=f"{self.name}/iterations")
+
+    def _count_step(self) -> None:
+        """One more update: the variable incremented by a kernel (recorded in a traced step),
+        the host's copy kept where Python sees every step (eager, a call kept whole)."""
+        var = self._iterations_var
+        if var is not None:
+            var.assign(ops.add(var.current_value(), 1))
+        known = self._iterations_known
+        if recording_kernels() or known is None:
+            self._iterations_known = None     # replays count on the device only
+        else:
+            self._iterations_known = known + 1
 
     # --- hyperparameters ---------------------------------------------------------------
     @property
@@ -115,7 +172,11 @@ class Optimizer(Hyperparameters):
 
     # --- state --------------------------------------------------------------------------
     def build(self, var_list: Sequence[Variable]) -> None:
-        """Create the slots of every variable not seen yet (zeros, in the variable's dtype)."""
+        """Create the slots of every variable not seen yet (zeros, in the variable's dtype),
+        and the step count's variable on the first one's backend."""
+        if var_list and (self._iterations_var is None
+                         or self._iterations_var.backend is not var_list[0].backend):
+            self._iterations_var = self._new_iterations_variable(var_list[0].backend)
         for var in var_list:
             if id(var) in self._slots:
                 continue
@@ -248,7 +309,7 @@ class Optimizer(Hyperparameters):
         the last gradients and flag, and the cached casts of what its kernels updated in place
         dropped."""
         self.last_gradients, self.last_variables, self.last_flag = grads, variables, flag
-        self.iterations += 1
+        self._iterations_known = None      # counted on the device by the replay's kernel
         for var in variables:
             var.mark_updated()
             for slot in self._slots[id(var)].values():
@@ -332,10 +393,10 @@ class Optimizer(Hyperparameters):
             cast, flag, variables = done
         self.last_gradients, self.last_variables = cast, list(variables)
         lr = self.learning_rate
-        step = self.iterations + 1
+        step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
-        self.iterations += 1
+        self._count_step()
         return True, flag
 
     def _accumulate(self, grads: list[Tensor], variables: list[Variable]

@@ -24,6 +24,54 @@ __kernel void unscale(const int n, const float inv_scale, __global const A_ST *p
     if (!MP_ISFINITE(v)) *flag = 0;
 }
 
+/* unscale with the reciprocal of a device loss scale (a float32 buffer of one value). */
+__kernel void unscale_by(const int n, __global const float *inv_scale, __global const A_ST *pg,
+                         __global float *po, __global uchar *flag) {
+    const int i = get_global_id(0);
+    if (!IN_RANGE(i, n)) return;
+    const float v = (float)LOAD_A(pg, i) * inv_scale[0];
+    po[i] = v;
+    if (!MP_ISFINITE(v)) *flag = 0;
+}
+
+/* A dynamic loss scale's update, one work-item (mpcore.ops.loss_scaling): TF's rule in
+ * float32; built with -cl-fp32-correctly-rounded-divide-sqrt, so the two divisions round as
+ * the CPU's. counters: good steps, overflows in a row, at the floor in a row, skipped. */
+__kernel void loss_scale_update(__global float *scale, __global float *inv_scale,
+                                __global long *counters, __global const uchar *flag,
+                                const long period, const float multiplier, const float lo,
+                                const float hi, const long hysteresis, const long latch) {
+    if (get_global_id(0) != 0) return;
+    float s = scale[0];
+    long good = counters[0], over = counters[1], stuck = counters[2], skipped = counters[3];
+    if (flag[0]) {
+        over = 0;
+        if (stuck < latch) stuck = 0;
+        good += 1;
+        if (good >= period) {
+            const float grown = s * multiplier;
+            if (MP_ISFINITE(grown)) s = grown < hi ? grown : hi;
+            good = 0;
+        }
+    } else {
+        good = 0;
+        if (stuck < latch) stuck = s <= lo ? stuck + 1 : 0;
+        over += 1;
+        if (over >= hysteresis) {
+            const float shrunk = s / multiplier;
+            over = 0;
+            s = shrunk > lo ? shrunk : lo;
+        }
+        skipped += 1;
+    }
+    scale[0] = s;
+    inv_scale[0] = 1.0f / s;
+    counters[0] = good;
+    counters[1] = over;
+    counters[2] = stuck;
+    counters[3] = skipped;
+}
+
 __kernel void all_finite(const int n, __global const A_ST *pa, __global uchar *flag) {
     const int i = get_global_id(0);
     if (IN_RANGE(i, n) && NOT_FINITE(LOAD_A(pa, i))) *flag = 0;

@@ -78,12 +78,15 @@ def test_a_grouped_update_gives_the_eager_steps_bits(policy: str, optimizer: str
     for a, b in zip(got, want, strict=True):
         assert_same_bits(a, b)
     found = groups(step)
-    if policy == "mixed_float16":       # the LossScaleOptimizer's update is a call kept whole
-        assert found == []
-        return
+    # (under mixed_float16 too: the LossScaleOptimizer's update is recorded kernel by kernel)
     assert len(found) == 1 and len(found[0].sizes) == 5      # the five small variables
-    # every replay gathered (with slots to make, the first call made them: the second traced)
-    assert found[0].gathered == len(XS) - step.tracing_count
+    # every replay gathered (with slots to make, the first call made them: the second traced),
+    # but a step the loss scale skipped (float16 overflow at the first scale)
+    replays = len(XS) - step.tracing_count
+    if policy == "mixed_float16":
+        assert 1 <= found[0].gathered <= replays
+    else:
+        assert found[0].gathered == replays
 
 
 def test_a_skipped_step_leaves_every_grouped_variable_and_slot_as_it_was() -> None:
