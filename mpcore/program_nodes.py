@@ -338,8 +338,16 @@ def unfold(node: Node, value: T, split: Callable[[Composite, T], Sequence[T]]
 
 
 def mapped(node: Node, fn: Callable[[Leaf], Node]) -> Node:
-    """The tree with ``fn(leaf)`` in place of each leaf."""
-    return fold(node, fn, lambda c, children: c.with_children(tuple(children)))
+    """The tree with ``fn(leaf)`` in place of each leaf (the same node where nothing in it
+    changed)."""
+    def combine(c: Composite, children: list[Node]) -> Node:
+        return c if _same(children, c.children()) else c.with_children(tuple(children))
+
+    return fold(node, fn, combine)
+
+
+def _same(new: Sequence[Any], old: Sequence[Any]) -> bool:
+    return all(a is b for a, b in zip(new, old))
 
 
 def evaluate(node: Node, env: dict[int, Any]) -> Any:
@@ -426,8 +434,10 @@ class KernelCall:
         return self.inputs
 
     def with_operands(self, fn: Callable[[Node], Node]) -> KernelCall:
-        """The step reading ``fn(tree)`` in place of each tree it reads."""
-        return replace(self, inputs=tuple(fn(a) for a in self.inputs))
+        """The step reading ``fn(tree)`` in place of each tree it reads (itself where that
+        changes none)."""
+        inputs = tuple(fn(a) for a in self.inputs)
+        return self if _same(inputs, self.inputs) else replace(self, inputs=inputs)
 
     def run(self, env: dict[int, Any]) -> None:
         bind(self.outputs, self.op.kernel(*[evaluate(a, env) for a in self.inputs]), env)
@@ -449,7 +459,10 @@ class WholeCall:
         return (self.args, self.kwargs)
 
     def with_operands(self, fn: Callable[[Node], Node]) -> WholeCall:
-        return replace(self, args=fn(self.args), kwargs=fn(self.kwargs))
+        args, kwargs = fn(self.args), fn(self.kwargs)
+        if args is self.args and kwargs is self.kwargs:
+            return self
+        return replace(self, args=args, kwargs=kwargs)
 
     def run(self, env: dict[int, Any]) -> None:
         bind(self.outputs, self.fn(*evaluate(self.args, env), **evaluate(self.kwargs, env)),
@@ -474,7 +487,8 @@ class Assign:
         return (self.value,)
 
     def with_operands(self, fn: Callable[[Node], Node]) -> Assign:
-        return replace(self, value=fn(self.value))
+        value = fn(self.value)
+        return self if value is self.value else replace(self, value=value)
 
     def run(self, env: dict[int, Any]) -> None:
         var = self.target()
