@@ -39,7 +39,6 @@ from mpcore.program import (
     VariableRead,
     bind,
     evaluate,
-    leaves,
     plan_frees,
     unfold,
 )
@@ -166,11 +165,9 @@ def _held(leaf: Leaf) -> Any:
     return leaf.variable if type(leaf) is VariableRead else leaf.value  # type: ignore[attr-defined]
 
 
-def _key(leaf: Leaf) -> tuple[Any, ...]:
-    """Where a buffer comes from: ("s", slot), ("v", id(variable)) or ("c", id(value))."""
-    if type(leaf) is Slot:
-        return ("s", leaf.index)
-    return ("v" if type(leaf) is VariableRead else "c", id(_held(leaf)))
+def _key(leaf: Leaf) -> Any:
+    """An operand, comparable: the slot, or the variable or constant by identity."""
+    return leaf if type(leaf) is Slot else (type(leaf), id(_held(leaf)))
 
 
 class _Recorder:
@@ -208,12 +205,12 @@ class _Recorder:
             return
         places: dict[int, Any] = {}
         arrays: dict[int, Leaf] = {}
-        for spec, value in operands:
+        for leaf, value in operands:
             if isinstance(value, CLArray):
-                seen = places.setdefault(id(value.data), _key(spec))
-                if seen != _key(spec):
+                seen = places.setdefault(id(value.data), leaf)
+                if not isinstance(seen, Leaf) or _key(seen) != _key(leaf):
                     places[id(value.data)] = ("ambiguous",)
-                arrays.setdefault(id(value), spec)
+                arrays.setdefault(id(value), leaf)
         if self.rt._errors is None:          # made (and zeroed) now, not inside a call
             armed = self.rt._armed
             self.rt.error_record()
@@ -232,7 +229,7 @@ class _Recorder:
                     watch.frozen.outputs.append((leaf.index, arrays[id(value)]))
                     continue
                 source = watch.place(value.data)
-                if watch.refused is not None or source[1][0] == "errors":
+                if watch.refused is not None or source[1] == ("errors",):
                     raise _RefusedError("a result in a buffer it cannot place")
                 watch.frozen.outputs.append((leaf.index, tuple(value.shape), value.dtype,
                                              source[1]))
@@ -249,20 +246,14 @@ class _FastWriter(ProgramWriter):
     def __init__(self, program: Program, rt: Any, frozen: dict[int, _Frozen]) -> None:
         super().__init__(program)
         self.frozen = frozen
-        self._objects: dict[tuple[Any, ...], Any] = {}
         self.names.update(_q=rt.queue, _rt=rt, _alloc=rt.pool.allocate, _CLArray=CLArray)
 
-    def source_expr(self, source: tuple[Any, ...]) -> str:
-        kind = source[0]
-        if kind == "alloc":
+    def source_expr(self, source: Any) -> str:
+        if isinstance(source, Leaf):          # an operand: a slot's, variable's or constant's
+            return f"{source.source(self.name)}.data"
+        if source[0] == "alloc":
             return f"a{source[1]}"
-        if kind == "errors":
-            return "_rt.error_record()"
-        if kind == "s":
-            return f"s{source[1]}.data"
-        # a variable or a constant array: found again by its id in the step's operands
-        return f"{self.name('v' if kind == 'v' else 'c', self._objects[source])}" + (
-            "._data.data" if kind == "v" else ".data")
+        return "_rt.error_record()"           # ("errors",)
 
     def arg_expr(self, arg: tuple[int, Any]) -> str:
         placed, value = arg
@@ -273,8 +264,6 @@ class _FastWriter(ProgramWriter):
         return self.name("c", value)
 
     def frozen_lines(self, step: KernelCall, frozen: _Frozen) -> None:
-        self._objects = {_key(leaf): _held(leaf) for a in step.inputs for leaf in leaves(a)
-                         if type(leaf) in (VariableRead, Const)}
         allocs = []
         for event in frozen.events:
             if event[0] == "alloc":
