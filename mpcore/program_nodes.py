@@ -107,9 +107,7 @@ class Const(Leaf):
 
 
 @dataclass(frozen=True, slots=True)
-class Slot(Leaf):
-    """The array in slot ``index``: an input of the step, or what a step before made."""
-
+class _SlotRead(Leaf):
     index: int
 
     def read(self, env: dict[int, Any]) -> Any:
@@ -120,16 +118,13 @@ class Slot(Leaf):
 
 
 @dataclass(frozen=True, slots=True)
-class SeedSlot(Leaf):
+class Slot(_SlotRead):
+    """The array in slot ``index``: an input of the step, or what a step before made."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeedSlot(_SlotRead):
     """The seed in slot ``index``, drawn by a step of each replay where the trace drew it."""
-
-    index: int
-
-    def read(self, env: dict[int, Any]) -> Any:
-        return env[self.index]
-
-    def source(self, name: Namer) -> str:
-        return f"s{self.index}"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -207,53 +202,44 @@ class TensorOf(Composite):
 
 
 @dataclass(frozen=True, slots=True)
-class ListOf(Composite):
-    """A list of its items' values."""
+class _Items(Composite):
+    """A list or a tuple of its items' values."""
 
     items: tuple[Node, ...]
 
     def children(self) -> tuple[Node, ...]:
         return self.items
 
-    def with_children(self, children: tuple[Node, ...]) -> ListOf:
-        return ListOf(children)
-
-    def build(self, values: list[Any]) -> Any:
-        return values
+    def with_children(self, children: tuple[Node, ...]) -> _Items:
+        return type(self)(children)
 
     def parts(self, value: Any) -> Sequence[Any]:
         return value  # type: ignore[no-any-return]
-
-    def source(self, parts: list[str], name: Namer) -> str:
-        return f"[{', '.join(parts)}]"
 
     def part_sources(self, expr: str) -> list[str]:
         return [f"{expr}[{j}]" for j in range(len(self.items))]
 
 
 @dataclass(frozen=True, slots=True)
-class TupleOf(Composite):
+class ListOf(_Items):
+    """A list of its items' values."""
+
+    def build(self, values: list[Any]) -> Any:
+        return values
+
+    def source(self, parts: list[str], name: Namer) -> str:
+        return f"[{', '.join(parts)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class TupleOf(_Items):
     """A tuple of its items' values."""
-
-    items: tuple[Node, ...]
-
-    def children(self) -> tuple[Node, ...]:
-        return self.items
-
-    def with_children(self, children: tuple[Node, ...]) -> TupleOf:
-        return TupleOf(children)
 
     def build(self, values: list[Any]) -> Any:
         return tuple(values)
 
-    def parts(self, value: Any) -> Sequence[Any]:
-        return value  # type: ignore[no-any-return]
-
     def source(self, parts: list[str], name: Namer) -> str:
         return f"({', '.join(parts)}{',' if parts else ''})"
-
-    def part_sources(self, expr: str) -> list[str]:
-        return [f"{expr}[{j}]" for j in range(len(self.items))]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
