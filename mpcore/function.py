@@ -51,7 +51,7 @@ from mpcore import trace_python_state as _python_state
 from mpcore import trace_seeds as _seeds
 from mpcore import user_frames as _user_frames
 from mpcore.ops import dispatch as _dispatch
-from mpcore.program import Assign, Program, WholeCall, fold_constants, weakened
+from mpcore.program import NONE, Assign, DictOf, Program, WholeCall, fold_constants, weakened
 from mpcore.recorder import Recorder
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_arguments import value_key
@@ -97,14 +97,14 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
                     return method(*args, **kwargs)
         # an iterator argument (zip(grads, variables)) is read once: keep what it gave
         args = tuple(list(a) if _is_iterator(a) else a for a in args)
-        spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec(kwargs)])
+        spec = recorder.tensor_spec(args), recorder.tensor_spec(kwargs)
         recorder.whole_depth += 1
         try:
             with _python_state.watching_whole(recorder.state, args, kwargs):
                 out = method(*args, **kwargs)
         finally:
             recorder.whole_depth -= 1
-        step = WholeCall(method, spec, recorder.tensor_bind(out),
+        step = WholeCall(method, *spec, recorder.tensor_bind(out),  # type: ignore[arg-type]
                          f"{method.__qualname__}(...)  [kept whole]")
         recorder.steps.append(step)
         recorder.anchor(step)
@@ -128,7 +128,6 @@ def on_replay(fn: Callable[..., Any], *args: Any) -> None:
         return
     recorder = _local.recorder
     assert recorder is not None
-    spec = ("t", [recorder.tensor_spec(args), recorder.tensor_spec({})])
     call = fn
     if hasattr(fn, "__self__"):
         # a method: the program does not keep its object alive (a function given optimizers
@@ -140,8 +139,9 @@ def on_replay(fn: Callable[..., Any], *args: Any) -> None:
             return None if bound is None else bound(*args)
 
         call.__wrapped__ = fn.__func__  # type: ignore[attr-defined]
-    recorder.steps.append(WholeCall(call, spec, ("c", None),
-                                    f"{getattr(fn, '__qualname__', fn)}(...)  [on each replay]"))
+    text = f"{getattr(fn, '__qualname__', fn)}(...)  [on each replay]"
+    recorder.steps.append(WholeCall(call, recorder.tensor_spec(args),  # type: ignore[arg-type]
+                                    DictOf((), ()), NONE, text))
 
 
 def _is_iterator(value: Any) -> bool:
@@ -364,7 +364,7 @@ class Function:
                 except _outputs.UnsupportedOutputError as exc:
                     if not recorder.fallback:
                         raise TraceError(str(exc)) from None
-                    recorder.refused, output, rebuild = str(exc), ("c", None), None
+                    recorder.refused, output, rebuild = str(exc), NONE, None
             finally:
                 if session is not None:
                     session.end()

@@ -11,7 +11,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import user_frames as _user_frames
-from mpcore.program import KernelCall, Spec, WholeCall
+from mpcore.program import (
+    IN_PLACE,
+    Const,
+    DictOf,
+    KernelCall,
+    ListOf,
+    Node,
+    Op,
+    SeedSlot,
+    Slot,
+    TensorOf,
+    TupleOf,
+    VariableRead,
+    WholeCall,
+    constant,
+    dict_of,
+    reads,
+)
 from mpcore.tensor import Tensor, Variable
 from mpcore.trace_seeds import SEED_COPY, DrawnSeed
 from mpcore.trace_state import refuse
@@ -56,6 +73,8 @@ class Recorder:
         self.state: Any = None
         #: a pre-pass's state to put back (trace_effects.HeldEffects), or None
         self.held: Any = None
+        #: slots whose array is the same at every replay (results of constant kernel calls)
+        self.constant_slots: set[int] = set()
 
     # slots ---------------------------------------------------------------------------------
     def new_slot(self, array: Any) -> int:
@@ -71,27 +90,28 @@ class Recorder:
             self.pinned.append(array)
         return i
 
-    def spec(self, value: Any) -> Spec:
+    def spec(self, value: Any) -> Node:
         if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.spec(v) for v in value])
+            items = tuple(self.spec(v) for v in value)
+            return ListOf(items) if isinstance(value, list) else TupleOf(items)
         if value is None or isinstance(value, (bool, int, float, str)):
             # a drawn seed given as it is to any kernel (constant(s), full(shape, s)): the
             # replay's draw, not the trace's value
             seed = self.drawn_spec(value) if type(value) is DrawnSeed else None
-            return ("c", value) if seed is None else seed
+            return Const(value) if seed is None else seed
         # a variable's array first: an array assigned in the step is a slot too, but an
         # update in place after the assignment writes the variable's (a replay's assignment
         # copies, as the eager one did)
         variable = self.variable_of.get(id(value))
         if variable is not None and variable._data is value:
-            return ("v", variable)
+            return VariableRead(variable)
         slot = self.slot_of.get(id(value))
         if slot is not None:
-            return ("s", slot)
+            return Slot(slot)
         retired = self.retired.get(id(value))
         if retired is not None and retired[0] is value and retired[2] is not None:
-            return ("s", self._read_before(value, *retired[1:]))
-        return ("c", value)                    # captured from outside the step
+            return Slot(self._read_before(value, *retired[1:]))
+        return Const(value)                    # captured from outside the step
 
     def retire(self, array: Any, variable: Variable, assign: Any) -> None:
         """``array`` was ``variable``'s until ``assign`` (a step of this trace) replaced it;
@@ -114,9 +134,9 @@ class Recorder:
         variable's array at that point of each replay."""
         at = next(n for n, step in enumerate(self.steps) if step is assign)
         slot = self.new_slot(array)
-        self.steps.insert(at, WholeCall(_array_of, ("t", [("t", [("c", variable)]), ("d", {})]),
-                                        ("s", slot), f"read {variable.name} before it is "
-                                                     "assigned  [on each replay]"))
+        self.steps.insert(at, WholeCall(_array_of, TupleOf((Const(variable),)), DictOf((), ()),
+                                        Slot(slot), f"read {variable.name} before it is "
+                                                    "assigned  [on each replay]"))
         return slot
 
     def draw(self, seed: int, draw: Callable[[], int]) -> None:
@@ -127,7 +147,7 @@ class Recorder:
         self.slots += 1
         self.seeds[id(seed)] = (seed, slot)
         self.seed_values.add(int(seed))
-        self.steps.append(WholeCall(draw, ("t", [("t", []), ("d", {})]), ("s", slot),
+        self.steps.append(WholeCall(draw, TupleOf(()), DictOf((), ()), Slot(slot),
                                     f"s{slot} = mp.random.next_seed()  [on each replay]"))
 
     def drew(self, value: Any) -> bool:
@@ -135,15 +155,15 @@ class Recorder:
         entry = self.seeds.get(id(value))
         return entry is not None and entry[0] is value
 
-    def drawn_spec(self, value: Any) -> Spec | None:
-        """``("r", slot)`` for a seed this trace drew (that object), which a replay then
+    def drawn_spec(self, value: Any) -> Node | None:
+        """``SeedSlot(slot)`` for a seed this trace drew (that object), which a replay then
         follows there; None for anything else."""
         if not self.drew(value):
             return None
         self.consumed.add(id(value))
-        return ("r", self.seeds[id(value)][1])
+        return SeedSlot(self.seeds[id(value)][1])
 
-    def seed_spec(self, value: Any) -> Spec | None:
+    def seed_spec(self, value: Any) -> Node | None:
         """:meth:`drawn_spec`, where ``value`` is given to a random op or a call kept whole:
         a plain int equal to a drawn seed is refused there (see mpcore.trace_seeds)."""
         seed = self.drawn_spec(value)
@@ -169,39 +189,42 @@ class Recorder:
         """Whether a seed this trace drew went nowhere a replay follows it."""
         return bool(self.seeds.keys() - self.consumed)
 
-    def bind(self, value: Any) -> Spec:
+    def bind(self, value: Any) -> Node:
         """Slots for what a call returned (arrays, or lists/tuples of them)."""
         if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.bind(v) for v in value])
+            items = tuple(self.bind(v) for v in value)
+            return ListOf(items) if isinstance(value, list) else TupleOf(items)
         if value is None or isinstance(value, (bool, int, float, str)):
-            return ("c", value)
+            return Const(value)
         slot = self.slot_of.get(id(value))
-        return ("s", slot if slot is not None else self.new_slot(value))
+        return Slot(slot if slot is not None else self.new_slot(value))
 
     # tensors in the arguments of a call kept whole --------------------------------------------
-    def tensor_spec(self, value: Any) -> Spec:
+    def tensor_spec(self, value: Any) -> Node:
         if isinstance(value, numbers.Integral):
             seed = self.seed_spec(value)    # a drawn seed returned or given to a call kept whole
             if seed is not None:
                 return seed
         if isinstance(value, Variable):
-            return ("c", value)
+            return Const(value)
         if isinstance(value, Tensor):
-            return ("T", self.spec(value._data), value._backend, value._dtype)
+            return TensorOf(self.spec(value._data), value._backend, value._dtype)
         if isinstance(value, dict):
-            return ("d", {k: self.tensor_spec(v) for k, v in value.items()})
+            return dict_of({k: self.tensor_spec(v) for k, v in value.items()})
         if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.tensor_spec(v) for v in value])
-        return ("c", value)
+            items = tuple(self.tensor_spec(v) for v in value)
+            return ListOf(items) if isinstance(value, list) else TupleOf(items)
+        return Const(value)
 
-    def tensor_bind(self, value: Any) -> Spec:
+    def tensor_bind(self, value: Any) -> Node:
         if isinstance(value, Variable):
-            return ("c", value)
+            return Const(value)
         if isinstance(value, Tensor):
-            return ("T", self.bind(value._data), value._backend, value._dtype)
+            return TensorOf(self.bind(value._data), value._backend, value._dtype)
         if isinstance(value, (list, tuple)):
-            return ("l" if isinstance(value, list) else "t", [self.tensor_bind(v) for v in value])
-        return ("c", value)
+            items = tuple(self.tensor_bind(v) for v in value)
+            return ListOf(items) if isinstance(value, list) else TupleOf(items)
+        return Const(value)
 
     # the kernel table while tracing -----------------------------------------------------------
     def table(self, backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
@@ -237,10 +260,18 @@ class Recorder:
             finally:
                 self.kernel_depth -= 1
             self.backends.setdefault(id(backend), backend)
-            shown = [_FreshSeed(spec[1]) if spec[0] == "r" else a for a, spec in zip(args, specs)]
-            self.steps.append(KernelCall(_bound(backend, name, kernel, args), specs, self.bind(out),
-                                          _describe(backend, name, shown, out), name=name,
-                                          dtype=_dtype_name(out)))
+            shown = [_FreshSeed(spec.index) if type(spec) is SeedSlot else a
+                     for a, spec in zip(args, specs)]
+            category = backend.categories().get(name)
+            constant_call = name not in IN_PLACE and all(
+                constant(s, self.constant_slots) for s in specs)
+            outputs = self.bind(out)
+            if constant_call:
+                self.constant_slots.update(reads(outputs))
+            self.steps.append(KernelCall(Op(name, _bound(backend, name, kernel, args)),
+                                         tuple(specs), outputs,
+                                         _describe(name, shown, out, category),
+                                         _dtype_name(out), category, constant_call))
             return out
 
         return call
@@ -282,7 +313,7 @@ class _FreshSeed:
         self.slot = slot
 
 
-def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
+def _describe(name: str, args: Sequence[Any], out: Any, category: Any) -> str:
     def of(x: Any) -> str:
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
@@ -295,6 +326,5 @@ def _describe(backend: Any, name: str, args: Sequence[Any], out: Any) -> str:
             return "(" + ", ".join(of(v) for v in x) + ("," if len(x) == 1 else "") + ")"
         return repr(x) if isinstance(x, (int, float, bool, str, type(None))) else type(x).__name__
 
-    category = backend.categories().get(name)
     cat = category.value if category is not None else "-"
     return f"{name}({', '.join(of(a) for a in args)}) -> {of(out)}  [{cat}]"

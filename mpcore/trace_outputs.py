@@ -18,7 +18,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from mpcore.program import Spec
+from mpcore.program import Node, TupleOf
 from mpcore.tensor import Tensor
 
 #: dict keys the generated source writes as literals (``repr`` spells them back)
@@ -31,7 +31,7 @@ class UnsupportedOutputError(Exception):
     """A step returned something a replay could not give back."""
 
 
-def spec(recorder: Any, out: Any, name: str) -> tuple[Spec, Callable[[Any], Any] | None]:
+def spec(recorder: Any, out: Any, name: str) -> tuple[Node, Callable[[Any], Any] | None]:
     """The program's output spec for ``out``, and None or the function that rebuilds its
     structure from the flat tuple a replay then returns."""
     if _literal(out):
@@ -39,7 +39,7 @@ def spec(recorder: Any, out: Any, name: str) -> tuple[Spec, Callable[[Any], Any]
     leaves: list[Any] = []
     template = _template(out, leaves, name)
     shape = _rebuild_from(template)
-    return ("t", [recorder.tensor_spec(v) for v in leaves]), shape
+    return TupleOf(tuple(recorder.tensor_spec(v) for v in leaves)), shape
 
 
 def rebuilding(runner: Callable[[list[Any]], Any], rebuild: Callable[[Any], Any]

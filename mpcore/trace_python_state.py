@@ -78,7 +78,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mpcore.program import KernelCall
+from mpcore.program import Const, KernelCall, leaves
 from mpcore.trace_reach import (
     BUILTIN_PLAIN,
     MAX_ITEMS,
@@ -318,29 +318,10 @@ def _write(obj: Any, entry: Any, old: Any) -> None:
 
 
 def _constant_operands(steps: Sequence[Any]) -> set[int]:
-    """The ids of the constants (``("c", value)`` specs) the kernel calls of ``steps`` read."""
-    out: set[int] = set()
-
-    def visit(spec: Any) -> None:
-        if not isinstance(spec, tuple) or not spec:
-            return
-        kind = spec[0]
-        if kind == "c":
-            out.add(id(spec[1]))
-        elif kind in ("l", "t"):
-            for item in spec[1]:
-                visit(item)
-        elif kind == "d":
-            for item in spec[1].values():
-                visit(item)
-        elif kind == "T":
-            visit(spec[1])
-
-    for step in steps:
-        if isinstance(step, KernelCall):
-            for spec in step.args:
-                visit(spec)
-    return out
+    """The ids of the constants (:class:`~mpcore.program.Const` leaves) the kernel calls of
+    ``steps`` read."""
+    return {id(leaf.value) for step in steps if isinstance(step, KernelCall)
+            for a in step.inputs for leaf in leaves(a) if type(leaf) is Const}
 
 
 @contextlib.contextmanager

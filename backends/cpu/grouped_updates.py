@@ -34,7 +34,7 @@ import numpy as np
 from mpcore_xp import F32
 
 from mpcore.function import value_key
-from mpcore.program import KernelCall, Program, Spec
+from mpcore.program import NONE, Const, KernelCall, ListOf, Node, Op, Program, Slot, VariableRead
 
 from .optim import _rmsprop, _rmsprop_constants, _sgd, _sgd_constants
 
@@ -90,25 +90,29 @@ def _member_key(step: Any, groupable: Collection[str]) -> tuple[Any, ...] | None
     if type(step) is not KernelCall or step.name not in groupable:
         return None
     form = FORMS[step.name]
-    args = step.args
-    if len(args) != form.arity or args[form.grad][0] != "s":
+    args = step.inputs
+    if len(args) != form.arity or type(args[form.grad]) is not Slot:
         return None
     first = args[form.state[0]]
-    if first[0] != "v" or first[1].dtype != "float32" or first[1].size > GATHER_MAX_ELEMENTS:
+    if type(first) is not VariableRead:
+        return None
+    var = first.variable
+    if var.dtype != "float32" or var.size > GATHER_MAX_ELEMENTS:
         return None
     present = []
     for i in form.state:
-        spec = args[i]
-        if _absent(spec) and i != form.state[0]:
+        node = args[i]
+        if _absent(node) and i != form.state[0]:
             present.append(False)
-        elif spec[0] == "v" and spec[1].shape == first[1].shape and spec[1].dtype == "float32":
+        elif (type(node) is VariableRead and node.variable.shape == var.shape
+              and node.variable.dtype == "float32"):
             present.append(True)
         else:
             return None
     hyper = [args[i] for i in form.hyper]
-    if any(spec[0] != "c" for spec in hyper):
+    if any(type(node) is not Const for node in hyper):
         return None
-    return (step.name, tuple(present), tuple(value_key(spec[1]) for spec in hyper),
+    return (step.name, tuple(present), tuple(value_key(node.value) for node in hyper),
             args[form.flag])
 
 
@@ -125,9 +129,9 @@ def _thread_buffer(need: int) -> np.ndarray:
     return buffer
 
 
-def _absent(spec: Spec) -> bool:
-    """Whether ``spec`` is an update's missing slot (None; a captured array is a constant too)."""
-    return spec[0] == "c" and spec[1] is None
+def _absent(node: Node) -> bool:
+    """Whether ``node`` is an update's missing slot (None; a captured array is a constant too)."""
+    return type(node) is Const and node.value is None
 
 
 def _owner(a: np.ndarray) -> int:
@@ -144,14 +148,14 @@ class UpdateGroup:
     def __init__(self, name: str, members: Sequence[KernelCall],
                  input_grads: Sequence[int] = ()) -> None:
         self.form = form = FORMS[name]
-        first = members[0].args
-        self.hyper = tuple(first[i][1] for i in form.hyper)
+        first = members[0].inputs
+        self.hyper = tuple(first[i].value for i in form.hyper)
         #: Which of the form's state arguments the members have (an absent slot is None).
         self.present = [not _absent(first[i]) for i in form.state]
         self.kinds = sum(self.present)
         #: Each member's own kernel (what the plain replay calls): the fallback.
         self.kernels = [m.kernel for m in members]
-        self.sizes = [m.args[form.state[0]][1].size for m in members]
+        self.sizes = [_updated(m).size for m in members]
         self.total = sum(self.sizes)
         bounds = np.cumsum([0, *self.sizes]).tolist()
         self.spans = list(itertools.pairwise(bounds))
@@ -261,14 +265,13 @@ class UpdateGroup:
 
 def _group_step(name: str, members: list[KernelCall], inputs: Collection[int]) -> KernelCall:
     form = FORMS[name]
-    states: Spec = ("l", [m.args[i] for m in members for i in form.state
-                          if not _absent(m.args[i])])
-    grads: Spec = ("l", [m.args[form.grad] for m in members])
+    states = ListOf(tuple(m.inputs[i] for m in members for i in form.state
+                          if not _absent(m.inputs[i])))
+    grads = ListOf(tuple(m.inputs[form.grad] for m in members))
     text = f"{name} x{len(members)} (grouped)"
-    given = [j for j, m in enumerate(members) if m.args[form.grad][1] in inputs]
-    return KernelCall(UpdateGroup(name, members, given),
-                      [states, grads, members[0].args[form.flag]],
-                      ("c", None), text, name=f"grouped {name}")
+    given = [j for j, m in enumerate(members) if m.inputs[form.grad].index in inputs]
+    return KernelCall(Op(f"grouped {name}", UpdateGroup(name, members, given)),
+                      (states, grads, members[0].inputs[form.flag]), NONE, text)
 
 
 def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
@@ -294,7 +297,7 @@ def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
 
     for step in program.steps:
         member = _member_key(step, groupable)
-        size = 0 if member is None else step.args[FORMS[step.name].state[0]][1].size
+        size = 0 if member is None else _updated(step).size
         if member is None or member != key or elements + size > GROUP_MAX_ELEMENTS:
             close()
             elements = 0
@@ -313,5 +316,11 @@ def group_updates(program: Program, groupable: Collection[str] = tuple(FORMS)
 def _distinct(run: list[KernelCall]) -> bool:
     """No variable updated twice in the run (a second update must see the first's result)."""
     form = FORMS[run[0].name]
-    variables = [m.args[i][1] for m in run for i in form.state if m.args[i][0] == "v"]
+    variables = [m.inputs[i].variable for m in run for i in form.state
+                 if type(m.inputs[i]) is VariableRead]
     return len({id(v) for v in variables}) == len(variables)
+
+
+def _updated(step: KernelCall) -> Any:
+    """The variable a member's update updates."""
+    return step.inputs[FORMS[step.name].state[0]].variable

@@ -19,29 +19,41 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.program import KernelCall, Program, pure, step_reads, substituted
+from mpcore.program import (
+    Const,
+    KernelCall,
+    ListOf,
+    Program,
+    Slot,
+    TupleOf,
+    pure,
+    step_reads,
+    substituted,
+)
 
 #: The kernels whose results agree (``softmax(x, axis)`` for the last axis of a matrix).
 PAIR = ("softmax", "sparse_softmax_cross_entropy")
+#: The axes that are a matrix's last.
+LAST_AXIS = (Const(1), Const(-1))
 
 
 def _softmax_of(step: Any) -> int | None:
     """The slot whose softmax over its last axis ``step`` computes (sparse_softmax_cross_
     entropy's logits are a matrix: axis 1 and -1 are its last), or None."""
-    if (type(step) is KernelCall and step.name == PAIR[0] and len(step.args) == 2
-            and step.args[0][0] == "s" and step.args[1] in (("c", 1), ("c", -1))
-            and step.out[0] == "s"):
-        return int(step.args[0][1])
+    if (type(step) is KernelCall and step.name == PAIR[0] and len(step.inputs) == 2
+            and type(step.inputs[0]) is Slot and step.inputs[1] in LAST_AXIS
+            and type(step.outputs) is Slot):
+        return step.inputs[0].index
     return None
 
 
 def _probabilities(step: Any, logits: int) -> int | None:
     """The slot of the probabilities ``step`` returns if it is the cross-entropy of
     ``logits``, or None."""
-    if (type(step) is KernelCall and step.name == PAIR[1] and step.args
-            and step.args[0] == ("s", logits) and step.out[0] in ("l", "t")
-            and len(step.out[1]) == 2 and step.out[1][1][0] == "s"):
-        return int(step.out[1][1][1])
+    if (type(step) is KernelCall and step.name == PAIR[1] and step.inputs
+            and step.inputs[0] == Slot(logits) and type(step.outputs) in (ListOf, TupleOf)
+            and len(step.outputs.items) == 2 and type(step.outputs.items[1]) is Slot):
+        return step.outputs.items[1].index
     return None
 
 
@@ -50,23 +62,24 @@ def reuse_softmax(program: Program) -> Program | None:
     docstring), or None where there is none. The caller checks that both are the backend's
     own kernels."""
     steps = program.steps
-    replacements: dict[int, Any] = {}
+    replacements: dict[int, Slot] = {}
     taken: set[int] = set()                # probabilities already standing for a softmax
     for n, step in enumerate(steps):
         logits = _softmax_of(step)
         if logits is None:
             continue
-        out = step.out[1]
+        out = step.outputs.index
         for later in steps[n + 1:]:
             probs = _probabilities(later, logits)
             if probs is not None:
                 if probs not in taken:
                     taken.add(probs)
-                    replacements[out] = ("s", probs)
+                    replacements[out] = Slot(probs)
                 break
             if out in step_reads(later) or not pure(later):
                 break         # read before the cross-entropy has made it, or arrays written
     if not replacements:
         return None
-    kept = [step for step in steps if _softmax_of(step) is None or step.out[1] not in replacements]
+    kept = [step for step in steps
+            if _softmax_of(step) is None or step.outputs.index not in replacements]
     return substituted(program, kept, replacements, program.folded)

@@ -12,7 +12,7 @@ work (which a capture cannot record). Everything else is a *host step*, run at e
   from step to step, and the loss-scale update's host read of the all-finite flag; a seed's
   draw from ``mp.random`` is one too;
 - a variable assignment: it replaces the variable's array and drops its cached casts;
-- a kernel call that takes a drawn seed (``("r", i)``, drawn by a host step of each replay):
+- a kernel call that takes a drawn seed (a ``SeedSlot``, drawn by a host step of each replay):
   dropout must draw new numbers at each replay, and a graph would freeze the seed of its
   capture;
 - a kernel call that reads a variable the program assigns: the assignment gives the variable
@@ -44,18 +44,27 @@ from typing import Any
 
 from mpcore.program import (
     Assign,
+    Const,
     KernelCall,
+    ListOf,
+    Node,
     Program,
-    Spec,
+    SeedSlot,
+    Slot,
+    TensorOf,
+    TupleOf,
+    VariableRead,
     WholeCall,
     leaves,
     reads,
     step_reads,
+    step_writes,
+    walk,
 )
 from mpcore.trace_seeds import replay_draw
 
-#: Argument kinds a captured kernel call may take (see ``mpcore.program``).
-CAPTURABLE_SPECS = frozenset("svcltT")
+#: Argument node types a captured kernel call may take (see ``mpcore.program_nodes``).
+CAPTURABLE_SPECS = frozenset({Slot, VariableRead, Const, ListOf, TupleOf, TensorOf})
 
 WHOLE = ("kept whole: it runs Python at each replay (optimizer state, the loss-scale update "
          "and its host read of the all-finite flag)")
@@ -75,9 +84,9 @@ def host_array(value: Any) -> bool:
             and getattr(value, "ndim", 0) > 0)
 
 
-def constants(spec: Spec) -> list[Any]:
-    """The values of the ``("c", value)`` specs inside ``spec``."""
-    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "c"]
+def constants(node: Node) -> list[Any]:
+    """The values of the :class:`Const` leaves of ``node``."""
+    return [leaf.value for leaf in leaves(node) if type(leaf) is Const]
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,24 +141,14 @@ class Plan:
                 + (f"; on the host: {host}" if host else ""))
 
 
-def spec_kinds(spec: Spec) -> set[str]:
-    """Every kind of spec inside ``spec``."""
-    kind = spec[0]
-    out = {kind}
-    if kind in ("l", "t"):
-        for s in spec[1]:
-            out |= spec_kinds(s)
-    elif kind == "T":
-        out |= spec_kinds(spec[1])
-    elif kind == "d":
-        for s in spec[1].values():
-            out |= spec_kinds(s)
-    return out
+def spec_kinds(node: Node) -> set[type[Node]]:
+    """Every node type inside ``node``."""
+    return {type(n) for n in walk(node)}
 
 
-def variables_read(spec: Spec) -> list[Any]:
-    """The variables ``spec`` reads through a ``("v", variable)`` spec."""
-    return [leaf[1] for leaf in leaves(spec) if leaf[0] == "v"]
+def variables_read(node: Node) -> list[Any]:
+    """The variables ``node`` reads through a :class:`VariableRead` leaf."""
+    return [leaf.variable for leaf in leaves(node) if type(leaf) is VariableRead]
 
 
 def own_kernel(modules: Collection[str]) -> Callable[[KernelCall], bool]:
@@ -174,20 +173,20 @@ def step_reason(step: Any, assigned: Collection[int], uncapturable: Mapping[str,
         return ASSIGN
     if type(step) is not KernelCall:
         return f"an unknown kind of step ({type(step).__name__})"
-    kinds: set[str] = set()
-    for a in step.args:
+    kinds: set[type[Node]] = set()
+    for a in step.inputs:
         kinds |= spec_kinds(a)
-    if "r" in kinds:
+    if SeedSlot in kinds:
         return SEED
-    odd = sorted(kinds - CAPTURABLE_SPECS)
+    odd = sorted(kind.__name__ for kind in kinds - CAPTURABLE_SPECS)
     if odd:
         return f"an argument of kind {odd[0]!r}, which a graph cannot hold"
-    for a in step.args:
+    for a in step.inputs:
         for var in variables_read(a):
             if id(var) in assigned:
                 return (f"it reads variable {getattr(var, 'name', '?')!r}, which the program "
                         "assigns (a new array at each replay)")
-    if any(is_host_array(c) for a in step.args for c in constants(a)):
+    if any(is_host_array(c) for a in step.inputs for c in constants(a)):
         return UPLOAD
     if step.name in uncapturable:
         return uncapturable[step.name]
@@ -196,10 +195,6 @@ def step_reason(step: Any, assigned: Collection[int], uncapturable: Mapping[str,
         return (f"kernel {step.name!r} comes from {module!r}, outside the backend: nothing "
                 "tells whether it keeps host state or uploads host data")
     return None
-
-
-def _written(step: Any) -> list[int]:
-    return [] if type(step) is Assign else reads(step.out)
 
 
 def segment(program: Program, start: int, stop: int) -> Segment:
@@ -213,10 +208,10 @@ def segment(program: Program, start: int, stop: int) -> Segment:
         for i in step_reads(step):
             if i not in made and i not in inputs:
                 inputs.append(i)
-        for a in step.args:
+        for a in step.operands:
             for var in variables_read(a):
                 variables.setdefault(id(var), var)
-        made.update(_written(step))
+        made.update(step_writes(step))
     later: set[int] = set(reads(program.output))
     for step in steps[stop:]:
         later.update(step_reads(step))

@@ -61,17 +61,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpcore.program import (
-    Assign,
     KernelCall,
+    Node,
     Program,
-    Spec,
-    WholeCall,
-    bind,
-    evaluate,
+    Slot,
+    fold,
     plan_frees,
     reads,
 )
-from mpcore.tensor import Tensor
 
 from .graph_plan import Plan, Segment, own_kernel, plan, variables_read
 
@@ -154,19 +151,11 @@ class _Captured:
         return any(env[slot] is not array for slot, array in self.direct.items())
 
 
-def _run_step(step: Any, env: dict[int, Any]) -> None:
-    """One step as the default replay runs it (``Program.compile`` writes the same calls)."""
-    kind = type(step)
-    if kind is KernelCall:
-        bind(step.out, step.kernel(*[evaluate(a, env) for a in step.args]), env)
-    elif kind is WholeCall:
-        args, kwargs = step.args[1]
-        bind(step.out, step.fn(*evaluate(args, env), **evaluate(kwargs, env)), env)
-    else:
-        assert kind is Assign
-        var = step.target()
-        var.assign(Tensor(evaluate(step.value, env), var._backend, var._dtype))
-    for i in step.free:
+def _run_step(step: Any, env: dict[int, Any], free: tuple[int, ...] = ()) -> None:
+    """One step as the default replay runs it (``Program.compile`` writes the same calls),
+    then the slots ``free`` dropped."""
+    step.run(env)
+    for i in free:
         env.pop(i, None)
 
 
@@ -269,7 +258,7 @@ class GraphRunner:
             if isinstance(piece, Segment):
                 self._run_segment(piece, env)
             else:
-                _run_step(steps[piece], env)
+                _run_step(steps[piece], env, self.program.frees[piece])
 
     def _run_segment(self, seg: Segment, env: dict[int, Any]) -> None:
         cap = self.graphs.get(seg.key)
@@ -298,9 +287,9 @@ class GraphRunner:
         cap.graph.launch()
         self.launches += 1
         env.update(cap.held)
-        steps = self.program.steps
+        frees = self.program.frees
         for n in range(seg.start, seg.stop):
-            for i in steps[n].free:
+            for i in frees[n]:
                 env.pop(i, None)
 
     def _refuse(self, seg: Segment, steps: list[int], reason: str, env: dict[int, Any]) -> None:
@@ -322,23 +311,17 @@ class GraphRunner:
                               for a in (*c.held.values(), *c.buffers.values())
                               if isinstance(a, self.cp.ndarray)}
 
-    def _output(self, spec: Spec, env: dict[int, Any]) -> Any:
+    def _output(self, node: Node, env: dict[int, Any]) -> Any:
         """The program's output; arrays in graph memory are copied (the next launch writes
         them)."""
-        kind = spec[0]
-        if kind == "s":
-            value = env[spec[1]]
-            if isinstance(value, self.cp.ndarray) and id(value.data.mem) in self._graph_memory:
+        def leaf(node: Any) -> Any:
+            value = node.read(env)
+            if (type(node) is Slot and isinstance(value, self.cp.ndarray)
+                    and id(value.data.mem) in self._graph_memory):
                 return value.copy()
             return value
-        if kind == "T":
-            return Tensor(self._output(spec[1], env), spec[2], spec[3])
-        if kind in ("l", "t"):
-            items = [self._output(s, env) for s in spec[1]]
-            return items if kind == "l" else tuple(items)
-        if kind == "d":
-            return {k: self._output(v, env) for k, v in spec[1].items()}
-        return evaluate(spec, env)
+
+        return fold(node, leaf, lambda composite, values: composite.build(values))
 
     # --- capturing ----------------------------------------------------------------------------
     def _raw_malloc(self, size: int) -> Any:
@@ -386,7 +369,7 @@ class GraphRunner:
             stream.begin_capture()            # relaxed mode: the pool may cudaMalloc
             try:
                 for n in range(seg.start, seg.stop):
-                    _run_step(steps[n], local)
+                    _run_step(steps[n], local, self.program.frees[n])
             except Exception as exc:
                 _abandon(stream)
                 raise _RefusedError([n], f"refused while capturing: {type(exc).__name__}: {exc}"
@@ -420,9 +403,9 @@ def _copy_into(buf: Any, src: Any) -> None:
 
 
 def _reads_slot(step: Any, slot: int) -> bool:
-    return isinstance(step, KernelCall) and any(slot in reads(a) for a in step.args)
+    return isinstance(step, KernelCall) and any(slot in reads(a) for a in step.inputs)
 
 
 def _reads_any(step: Any, variable_ids: set[int]) -> bool:
     return isinstance(step, KernelCall) and any(
-        id(v) in variable_ids for a in step.args for v in variables_read(a))
+        id(v) in variable_ids for a in step.inputs for v in variables_read(a))

@@ -26,22 +26,27 @@ from typing import Any
 import pyopencl as cl
 
 from mpcore.program import (
-    Assign,
+    Composite,
+    Const,
     KernelCall,
+    Leaf,
+    ListOf,
+    Node,
     Program,
     ProgramWriter,
-    Spec,
-    WholeCall,
+    Slot,
+    TupleOf,
+    VariableRead,
     bind,
     evaluate,
     plan_frees,
+    unfold,
 )
-from mpcore.tensor import Tensor
 
 from .arrays import CLArray
 
-#: Argument specs a frozen call may take (slots, variables, constants, and lists of them).
-_FROZEN_SPECS = frozenset("svclt")
+#: Argument nodes a frozen call may take (slots, variables, constants, and lists of them).
+_FROZEN_SPECS = frozenset({Slot, VariableRead, Const, ListOf, TupleOf})
 #: The runtime methods a recorder wraps while a kernel call runs.
 _WATCHED = ("launch", "launch_nd", "allocate", "upload", "read", "finish")
 
@@ -53,7 +58,7 @@ class _RefusedError(Exception):
 class _Frozen:
     """One kernel call as recorded: ``events`` are ("alloc", n, nbytes) and ("launch",
     kernel, global size, local size, args), an arg ("buf", source) where it is a buffer;
-    ``outputs`` are (slot, shape, dtype, source) or (slot, spec) for an operand passed on."""
+    ``outputs`` are (slot, shape, dtype, source) or (slot, node) for an operand passed on."""
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
@@ -138,23 +143,31 @@ class _Launches:
         self.rt.__dict__.update(self.saved)
 
 
-def _leaves(spec: Spec, value: Any, out: list[tuple[Spec, Any]]) -> None:
-    """(spec, value) of each operand in ``spec``; _RefusedError for specs a frozen call cannot
-    take."""
-    kind = spec[0]
-    if kind not in _FROZEN_SPECS:
-        raise _RefusedError(f"an argument of kind {kind!r}")
-    if kind in ("l", "t"):
-        if not isinstance(value, (list, tuple)) or len(value) != len(spec[1]):
-            raise _RefusedError("a list argument that is not a list")
-        for s, v in zip(spec[1], value):
-            _leaves(s, v, out)
-    else:
-        out.append((spec, value))
+def _split(node: Composite, value: Any) -> Any:
+    if type(node) not in _FROZEN_SPECS:
+        raise _RefusedError(f"an argument of kind {type(node).__name__!r}")
+    if not isinstance(value, (list, tuple)) or len(value) != len(node.children()):
+        raise _RefusedError("a list argument that is not a list")
+    return value
 
 
-def _key(spec: Spec) -> tuple[Any, ...]:
-    return ("s", spec[1]) if spec[0] == "s" else (spec[0], id(spec[1]))
+def _leaves(node: Node, value: Any, out: list[tuple[Leaf, Any]]) -> None:
+    """(leaf, value) of each operand in ``node``; _RefusedError for nodes a frozen call
+    cannot take."""
+    for leaf, part in unfold(node, value, _split):
+        if type(leaf) not in _FROZEN_SPECS:
+            raise _RefusedError(f"an argument of kind {type(leaf).__name__!r}")
+        out.append((leaf, part))
+
+
+def _held(leaf: Leaf) -> Any:
+    """The object a variable or constant leaf holds."""
+    return leaf.variable if type(leaf) is VariableRead else leaf.value  # type: ignore[attr-defined]
+
+
+def _key(leaf: Leaf) -> Any:
+    """An operand, comparable: the slot, or the variable or constant by identity."""
+    return leaf if type(leaf) is Slot else (type(leaf), id(_held(leaf)))
 
 
 class _Recorder:
@@ -166,47 +179,38 @@ class _Recorder:
         self.frozen: dict[int, _Frozen] = {}
         self.refused: dict[int, str] = {}
 
-    def value(self, spec: Spec) -> Any:
-        return evaluate(spec, self.env)
-
-    def bind(self, spec: Spec, value: Any) -> None:
-        bind(spec, value, self.env)
-
     def run(self, inputs: list[Any]) -> Any:
         for j, i in enumerate(self.program.inputs):
             self.env[i] = inputs[j]
+        frees = self.program.frees
         for n, step in enumerate(self.program.steps):
-            kind = type(step)
-            if kind is KernelCall:
-                self.bind(step.out, self.kernel_call(n, step))
-            elif kind is WholeCall:
-                args, kwargs = self.value(step.args[1][0]), self.value(step.args[1][1])
-                self.bind(step.out, step.fn(*args, **kwargs))
+            if type(step) is KernelCall:
+                self.kernel_call(n, step)
             else:
-                assert kind is Assign
-                var = step.target()
-                var.assign(Tensor(self.value(step.value), var._backend, var._dtype))
-            for i in step.free:
+                step.run(self.env)
+            for i in frees[n]:
                 self.env.pop(i, None)
-        return self.value(self.program.output)
+        return evaluate(self.program.output, self.env)
 
-    def kernel_call(self, n: int, step: KernelCall) -> Any:
-        args = [self.value(a) for a in step.args]
-        operands: list[tuple[Spec, Any]] = []
+    def kernel_call(self, n: int, step: KernelCall) -> None:
+        """Run ``step`` as the generic replay does, recording it where it can be frozen."""
+        args = [evaluate(a, self.env) for a in step.inputs]
+        operands: list[tuple[Leaf, Any]] = []
         try:
-            for spec, value in zip(step.args, args):
-                _leaves(spec, value, operands)
+            for node, value in zip(step.inputs, args):
+                _leaves(node, value, operands)
         except _RefusedError as exc:
             self.refused[n] = str(exc)
-            return step.kernel(*args)
+            bind(step.outputs, step.kernel(*args), self.env)
+            return
         places: dict[int, Any] = {}
-        arrays: dict[int, Spec] = {}
-        for spec, value in operands:
+        arrays: dict[int, Leaf] = {}
+        for leaf, value in operands:
             if isinstance(value, CLArray):
-                seen = places.setdefault(id(value.data), _key(spec))
-                if seen != _key(spec):
+                seen = places.setdefault(id(value.data), leaf)
+                if not isinstance(seen, Leaf) or _key(seen) != _key(leaf):
                     places[id(value.data)] = ("ambiguous",)
-                arrays.setdefault(id(value), spec)
+                arrays.setdefault(id(value), leaf)
         if self.rt._errors is None:          # made (and zeroed) now, not inside a call
             armed = self.rt._armed
             self.rt.error_record()
@@ -216,24 +220,24 @@ class _Recorder:
         try:
             if watch.refused is not None:
                 raise _RefusedError(watch.refused)
-            outs: list[tuple[Spec, Any]] = []
-            _leaves(step.out, out, outs)
-            for spec, value in outs:
-                if not isinstance(value, CLArray):
+            outs: list[tuple[Leaf, Any]] = []
+            _leaves(step.outputs, out, outs)
+            for leaf, value in outs:
+                if not isinstance(value, CLArray) or type(leaf) is not Slot:
                     raise _RefusedError("a result that is not an array")
                 if id(value) in arrays:
-                    watch.frozen.outputs.append((spec[1], arrays[id(value)]))
+                    watch.frozen.outputs.append((leaf.index, arrays[id(value)]))
                     continue
                 source = watch.place(value.data)
-                if watch.refused is not None or source[1][0] == "errors":
+                if watch.refused is not None or source[1] == ("errors",):
                     raise _RefusedError("a result in a buffer it cannot place")
-                watch.frozen.outputs.append((spec[1], tuple(value.shape), value.dtype,
+                watch.frozen.outputs.append((leaf.index, tuple(value.shape), value.dtype,
                                              source[1]))
         except _RefusedError as exc:
             self.refused[n] = str(exc)
         else:
             self.frozen[n] = watch.frozen
-        return out
+        bind(step.outputs, out, self.env)
 
 
 class _FastWriter(ProgramWriter):
@@ -242,20 +246,14 @@ class _FastWriter(ProgramWriter):
     def __init__(self, program: Program, rt: Any, frozen: dict[int, _Frozen]) -> None:
         super().__init__(program)
         self.frozen = frozen
-        self._objects: dict[tuple[Any, ...], Any] = {}
         self.names.update(_q=rt.queue, _rt=rt, _alloc=rt.pool.allocate, _CLArray=CLArray)
 
-    def source_expr(self, source: tuple[Any, ...]) -> str:
-        kind = source[0]
-        if kind == "alloc":
+    def source_expr(self, source: Any) -> str:
+        if isinstance(source, Leaf):          # an operand: a slot's, variable's or constant's
+            return f"{source.source(self.name)}.data"
+        if source[0] == "alloc":
             return f"a{source[1]}"
-        if kind == "errors":
-            return "_rt.error_record()"
-        if kind == "s":
-            return f"s{source[1]}.data"
-        # a variable or a constant array: found again by its id in the step's operands
-        return f"{self.name('v' if kind == 'v' else 'c', self._objects[source])}" + (
-            "._data.data" if kind == "v" else ".data")
+        return "_rt.error_record()"           # ("errors",)
 
     def arg_expr(self, arg: tuple[int, Any]) -> str:
         placed, value = arg
@@ -266,7 +264,6 @@ class _FastWriter(ProgramWriter):
         return self.name("c", value)
 
     def frozen_lines(self, step: KernelCall, frozen: _Frozen) -> None:
-        self._objects = {_key(s): s[1] for s in _operand_specs(step) if s[0] in "vc"}
         allocs = []
         for event in frozen.events:
             if event[0] == "alloc":
@@ -294,20 +291,6 @@ class _FastWriter(ProgramWriter):
             self.frozen_lines(step, self.frozen[n])
         else:
             super().write_step(n, step)
-
-
-def _operand_specs(step: KernelCall) -> list[Spec]:
-    out: list[Spec] = []
-
-    def walk(spec: Spec) -> None:
-        if spec[0] in ("l", "t"):
-            for s in spec[1]:
-                walk(s)
-        else:
-            out.append(spec)
-    for a in step.args:
-        walk(a)
-    return out
 
 
 def compile_program(rt: Any, program: Program) -> Callable[[list[Any]], Any] | None:

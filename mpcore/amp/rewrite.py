@@ -46,7 +46,7 @@ from mpcore.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.ops import dispatch as _dispatch
 from mpcore.optimizers import Optimizer
 from mpcore.policy import global_policy, policy_origin
-from mpcore.program import KernelCall, WholeCall, reads
+from mpcore.program import KernelCall, WholeCall, step_reads, step_writes
 from mpcore.tensor import Variable
 
 logger = logging.getLogger("mpcore")
@@ -248,11 +248,11 @@ def op_graph(steps: list[Any]) -> tuple[list[OpNode], list[int]]:
         if type(step) is not KernelCall:
             continue
         i = len(nodes)
-        ins = tuple(dict.fromkeys(producer[slot] for a in step.args for slot in reads(a)
+        ins = tuple(dict.fromkeys(producer[slot] for slot in step_reads(step)
                                   if slot in producer))
         nodes.append(OpNode(step.name, ins, step.dtype or "float32", f"{step.name}#{i}"))
         at_step.append(n)
-        for slot in reads(step.out):
+        for slot in step_writes(step):
             producer[slot] = i
     return nodes, at_step
 

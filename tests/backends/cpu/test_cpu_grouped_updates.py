@@ -17,7 +17,7 @@ from mpcore_cpu.grouped_updates import GATHER_MAX_ELEMENTS, UpdateGroup, group_u
 
 import mpcore as mp
 from mpcore import layers
-from mpcore.program import KernelCall, Program
+from mpcore.program import NONE, Const, KernelCall, Node, Op, Program, Slot, VariableRead
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -226,16 +226,19 @@ def test_two_optimizers_updates_are_grouped_apart() -> None:
     assert rates == [0.0] and math.copysign(1.0, rates[0]) == -1.0
 
 
-def update_step(var: mp.Variable, lr: float, flag: tuple[Any, ...] = ("s", 0)) -> KernelCall:
-    grad = ("s", 1)
-    slot = ("v", mp.Variable(np.zeros(var.shape, np.float32)))
-    return KernelCall(lambda *a: None, [("v", var), grad, slot, ("c", None), ("c", lr),
-                                        ("c", 0.9), ("c", 0.0), ("c", 1e-7), flag],
-                      ("c", None), "", name="rmsprop_update")
+FLAG = Slot(0)
+
+
+def update_step(var: mp.Variable, lr: float, flag: Node = FLAG) -> KernelCall:
+    grad = Slot(1)
+    slot = VariableRead(mp.Variable(np.zeros(var.shape, np.float32)))
+    return KernelCall(Op("rmsprop_update", lambda *a: None),
+                      (VariableRead(var), grad, slot, NONE, Const(lr), Const(0.9), Const(0.0),
+                       Const(1e-7), flag), NONE, "")
 
 
 def grouped_sizes(steps: list[Any]) -> list[int]:
-    program = Program(steps, 2, [0, 1], ("c", None))
+    program = Program(steps, 2, [0, 1], NONE)
     grouped = group_updates(program)
     if grouped is None:
         return []
@@ -251,7 +254,7 @@ def test_only_runs_of_like_updates_of_distinct_small_variables_are_grouped() -> 
     assert grouped_sizes([update_step(small[0], 0.0), update_step(small[1], -0.0)]) == []
     assert grouped_sizes([update_step(small[0], 0.1), update_step(big, 0.1),
                           update_step(small[1], 0.1)]) == []
-    assert grouped_sizes([update_step(small[0], 0.1), update_step(small[1], 0.1, ("s", 1))]) == []
+    assert grouped_sizes([update_step(small[0], 0.1), update_step(small[1], 0.1, Slot(1))]) == []
     assert grouped_sizes([update_step(small[0], 0.1), update_step(small[0], 0.1)]) == []
     assert grouped_sizes([update_step(mp.Variable(np.zeros(3, np.float64)), 0.1),
                           update_step(small[0], 0.1)]) == []

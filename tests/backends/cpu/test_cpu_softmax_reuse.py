@@ -18,7 +18,7 @@ from mpcore_cpu.softmax_reuse import reuse_softmax
 
 import mpcore as mp
 from mpcore.demo import build_model
-from mpcore.program import KernelCall, Program
+from mpcore.program import NONE, Const, KernelCall, Op, Program, Slot, TupleOf
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -88,30 +88,34 @@ def test_a_traced_fit_without_its_softmax_call_equals_the_eager_one() -> None:
 
 
 def call(name: str, args: list[Any], out: Any) -> KernelCall:
-    return KernelCall(kernels()[name], args, out, name, name=name)
+    return KernelCall(Op(name, kernels()[name]), tuple(args), out, name)
 
 
-SOFTMAX = call("softmax", [("s", 0), ("c", 1)], ("s", 2))
-LOSS = call("sparse_softmax_cross_entropy", [("s", 0), ("s", 1)], ("t", [("s", 3), ("s", 4)]))
-ARGMAX = call("argmax", [("s", 2), ("c", 1)], ("s", 5))
+def pair(a: int, b: int) -> TupleOf:
+    return TupleOf((Slot(a), Slot(b)))
+
+
+SOFTMAX = call("softmax", [Slot(0), Const(1)], Slot(2))
+LOSS = call("sparse_softmax_cross_entropy", [Slot(0), Slot(1)], pair(3, 4))
+ARGMAX = call("argmax", [Slot(2), Const(1)], Slot(5))
 
 
 def program(*steps: KernelCall) -> Program:
-    return Program(list(steps), 6, [0, 1], ("t", [("s", 2), ("s", 3)]))
+    return Program(list(steps), 6, [0, 1], pair(2, 3))
 
 
 def test_the_softmax_is_read_from_the_cross_entropy() -> None:
     rewritten = reuse_softmax(program(SOFTMAX, LOSS, ARGMAX))
     assert rewritten is not None
     assert [s.name for s in rewritten.steps] == ["sparse_softmax_cross_entropy", "argmax"]
-    assert rewritten.steps[1].args[0] == ("s", 4)
-    assert rewritten.output == ("t", [("s", 4), ("s", 3)])
+    assert rewritten.steps[1].inputs[0] == Slot(4)
+    assert rewritten.output == pair(4, 3)
 
 
 @pytest.mark.parametrize("steps", [
     (SOFTMAX, ARGMAX, LOSS),                                        # read before the loss
-    (call("softmax", [("s", 0), ("c", 0)], ("s", 2)), LOSS),        # another axis
-    (call("softmax", [("s", 1), ("c", 1)], ("s", 2)), LOSS),        # other logits
+    (call("softmax", [Slot(0), Const(0)], Slot(2)), LOSS),          # another axis
+    (call("softmax", [Slot(1), Const(1)], Slot(2)), LOSS),          # other logits
     (LOSS, SOFTMAX),                                                # the loss first
 ], ids=["read-before", "axis-0", "other-logits", "loss-first"])
 def test_no_softmax_is_dropped_where_it_is_not_the_cross_entropys(steps: Any) -> None:
@@ -164,15 +168,14 @@ def test_the_loss_after_an_update_of_the_logits_variable_is_not_the_softmax_befo
 
 
 def test_two_softmaxes_of_one_logits_are_never_one_array() -> None:
-    second = call("softmax", [("s", 0), ("c", -1)], ("s", 6))
-    rewritten = reuse_softmax(Program([SOFTMAX, second, LOSS], 7, [0, 1],
-                                      ("t", [("s", 2), ("s", 6)])))
+    second = call("softmax", [Slot(0), Const(-1)], Slot(6))
+    rewritten = reuse_softmax(Program([SOFTMAX, second, LOSS], 7, [0, 1], pair(2, 6)))
     assert rewritten is not None
     assert [s.name for s in rewritten.steps] == ["softmax", "sparse_softmax_cross_entropy"]
-    assert rewritten.output == ("t", [("s", 4), ("s", 6)])
+    assert rewritten.output == pair(4, 6)
 
 
 def test_no_softmax_is_read_across_an_in_place_update() -> None:
-    update = call("sgd_update", [("s", 0), ("s", 1), ("c", None), ("c", 0.1), ("c", 0.0),
-                                 ("c", False), ("c", None)], ("c", None))
+    update = call("sgd_update", [Slot(0), Slot(1), NONE, Const(0.1), Const(0.0), Const(False),
+                                 NONE], NONE)
     assert reuse_softmax(program(SOFTMAX, update, LOSS)) is None

@@ -14,7 +14,23 @@ from mpcore_cuda import CudaBackend, graphs
 from mpcore_cuda import graph_plan as gp
 
 import mpcore as mp
-from mpcore.program import Assign, Program, WholeCall, evaluate, reads, step_reads
+from mpcore.program import (
+    Assign,
+    Const,
+    ListOf,
+    Program,
+    SeedSlot,
+    Slot,
+    TensorOf,
+    TupleOf,
+    VariableRead,
+    WeakVariableRead,
+    WholeCall,
+    evaluate,
+    reads,
+    step_reads,
+    step_writes,
+)
 
 #: The cpu backend's own kernels play the part of the CUDA backend's (audited) ones; plugin
 #: kernels (the oneDNN GEMMs, where that plugin is installed) stay untrusted. The ONNX
@@ -73,10 +89,10 @@ def check_cover(program: Program, plan: gp.Plan) -> None:
     assert order == list(range(len(program.steps)))
     for seg in plan.segments:
         inside = program.steps[seg.start:seg.stop]
-        made = {i for s in inside for i in reads(s.out)}
-        read_inside = {i for s in inside for a in s.args for i in reads(a)}
+        made = {i for s in inside for i in step_writes(s)}
+        read_inside = {i for s in inside for i in step_reads(s)}
         before = set(program.inputs) | {i for s in program.steps[:seg.start]
-                                        if type(s) is not Assign for i in reads(s.out)}
+                                        for i in step_writes(s)}
         assert set(seg.inputs) <= read_inside & before
         assert read_inside - made <= set(seg.inputs)
         after = set(reads(program.output)) | {
@@ -101,12 +117,11 @@ def test_a_training_step_splits_around_its_host_steps(policy: str) -> None:
     # input of any segment that reads it: copied into the runner's buffer before each launch
     for seg in plan.segments:
         for n in range(seg.start, seg.stop):
-            for a in program.steps[n].args:
-                for i in reads(a):
-                    maker = next((m for m, s in enumerate(program.steps[:n])
-                                  if type(s) is not Assign and i in reads(s.out)), None)
-                    if maker is not None and maker in plan.host:
-                        assert i in seg.inputs
+            for i in step_reads(program.steps[n]):
+                maker = next((m for m, s in enumerate(program.steps[:n])
+                              if i in step_writes(s)), None)
+                if maker is not None and maker in plan.host:
+                    assert i in seg.inputs
     # segments that read the weights list those variables (checked before each launch)
     assert any(seg.variables for seg in plan.segments) or policy == "float32"
     assert "captured segment(s)" in plan.summary() and "kept whole" in plan.summary()
@@ -121,9 +136,9 @@ def test_the_loss_scale_read_is_a_border_in_mixed_float16() -> None:
     # the scale is the loss scale's variable (read live at each replay: issue 34) or, cast to
     # the loss's dtype, an input of the segment after it (copied in at each replay): never
     # frozen
-    out = program.steps[scale].out
-    scale_slots = set(reads(out))
-    assert (out[0] == "c" and isinstance(out[1], mp.Variable)) or any(
+    out = program.steps[scale].outputs
+    scale_slots = set(step_writes(program.steps[scale]))
+    assert (isinstance(out, Const) and isinstance(out.value, mp.Variable)) or any(
         scale_slots & set(seg.inputs) for seg in plan.segments if seg.start > scale)
 
 
@@ -142,7 +157,7 @@ def test_kernels_reading_an_assigned_variable_stay_on_the_host() -> None:
     for n, s in enumerate(program.steps):
         if type(s) is Assign:
             assert plan.host[n] == gp.ASSIGN
-        elif any(var is v for a in s.args for var in gp.variables_read(a)):
+        elif any(var is v for a in s.inputs for var in gp.variables_read(a)):
             assert "which the program assigns" in plan.host[n]
 
 
@@ -158,8 +173,8 @@ def test_a_refused_step_splits_its_segment() -> None:
     assert split.host == {2: "refused while capturing: a test"}
     # the second segment reads what the first left: the first holds it for the host step,
     # which hands its own result to the second
-    assert reads(program.steps[1].out)[0] in split.segments[0].outputs
-    assert split.segments[1].inputs == tuple(reads(program.steps[2].out))
+    assert step_writes(program.steps[1])[0] in split.segments[0].outputs
+    assert split.segments[1].inputs == tuple(step_writes(program.steps[2]))
     # the runner then runs the new pieces of the refused segment's steps, in order
     assert split.within(0, len(program.steps)) == split.pieces
     inner = split.within(1, len(program.steps))
@@ -220,8 +235,9 @@ def test_compile_program_falls_back_to_the_default_replay(monkeypatch: Any) -> N
 
 def test_spec_helpers() -> None:
     v = mp.Variable([1.0])
-    spec = ("l", [("s", 1), ("T", ("v", v), None, "float32"), ("t", [("r",), ("c", 2)])])
-    assert gp.spec_kinds(spec) == {"l", "s", "T", "v", "t", "r", "c"}
+    spec = ListOf((Slot(1), TensorOf(VariableRead(v), None, "float32"),
+                   TupleOf((SeedSlot(3), Const(2)))))
+    assert gp.spec_kinds(spec) == {ListOf, Slot, TensorOf, VariableRead, TupleOf, SeedSlot, Const}
     assert gp.variables_read(spec) == [v]
 
 
@@ -270,13 +286,14 @@ def test_host_steps_run_as_the_default_replay(monkeypatch: Any, policy: str) -> 
 
 
 def test_a_variable_passed_as_an_argument_stays_on_the_host() -> None:
-    """A program holds the variables of its call's arguments weakly (("vw", ref)): a graph
+    """A program holds the variables of its call's arguments weakly (``WeakVariableRead``): a graph
     would bake in the array the variable had at the capture, so those kernels stay on the
     host, run as the default replay, which reads the variable at each replay."""
     v = mp.Variable(np.ones(4, np.float32))
     x = mp.constant(np.ones(4, np.float32))
     program = traced(lambda var, t: mp.ops.exp(mp.ops.add(mp.ops.multiply(var, t), t)), v, x)
     multiply = next(n for n, s in enumerate(program.steps) if s.name == "multiply")
-    assert program.steps[multiply].args[0][0] == "vw"
+    assert type(program.steps[multiply].inputs[0]) is WeakVariableRead
     plan = gp.plan(program, trusted=CPU_OWN)
-    assert plan.host[multiply] == "an argument of kind 'vw', which a graph cannot hold"
+    assert plan.host[multiply] == ("an argument of kind 'WeakVariableRead', which a graph "
+                                   "cannot hold")

@@ -112,7 +112,7 @@ def test_replayed_launches_equal_eager_bit_for_bit(cl: Any, policy: str) -> None
     assert len(cl.runners) == 1 and cl.runners[0] is not None
     runner = cl.runners[0]
     assert len(runner.frozen) >= 15
-    assert set(runner.refused.values()) == {"an argument of kind 'r'"}
+    assert set(runner.refused.values()) == {"an argument of kind 'SeedSlot'"}
     # call 1 traces (and makes the optimizer's slots), 2 records, 3 to 5 replay the launches
     record, fast = counts[1], counts[2:]
     assert fast == [fast[0]] * len(fast) and fast[0] < record / 2, counts
@@ -144,7 +144,7 @@ def test_calls_that_touch_the_host_stay_calls_and_stay_correct(cl: Any) -> None:
     runner = cl.runners[-1]
     # the permutation takes a fresh seed (and uploads): a call at each replay; the constant
     # indices' upload was folded into the program once
-    assert list(runner.refused.values()) == ["an argument of kind 'r'"]
+    assert list(runner.refused.values()) == ["an argument of kind 'SeedSlot'"]
     assert runner.frozen
 
 
