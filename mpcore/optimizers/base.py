@@ -53,7 +53,7 @@ class Optimizer(Hyperparameters):
     _trace_set_once_attributes = ("_built_variables", "_iterations_var")
     #: The host's copy of ``iterations`` (None: unknown, read from the device when asked): a
     #: recorded update drops it, as each replay does (mpcore.trace_python_state).
-    _trace_ignored_attributes = ("_iterations_known",)
+    _trace_ignored_attributes = ("_iterations_known", "_iterations_version")
     #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
     #: SGD and RMSprop do not, so their steps never read the count back.
     _uses_step = True
@@ -85,6 +85,8 @@ class Optimizer(Hyperparameters):
         #: each update (skipped or not). Made here, on the current backend (moved by
         #: :meth:`build` to the variables'), so that no traced step has to make it.
         self._iterations_known: int | None = 0
+        #: the variable's ``_version`` when the copy was taken
+        self._iterations_version = -1
         self._iterations_var: Variable | None = None
         self._iterations_var = self._new_iterations_variable(None)
         #: Use the backend's fused update kernel when it has one (False forces the op path).
@@ -100,12 +102,13 @@ class Optimizer(Hyperparameters):
         traced step's replays; a host read, refused inside a traced step). Keras 3 returns the
         variable itself; an int compares, formats and indexes as the count everywhere, and
         code that needs the device value (a traced step) reads ``iterations_variable``."""
-        known = self._iterations_known
-        if known is None:
-            var = self._iterations_var
+        known, var = self._iterations_known, self._iterations_var
+        # the copy holds while the variable is as the copy saw it: a value put back under it
+        # (the graph rewrite's pre-pass, mpcore.trace_effects) marks the variable updated
+        if known is None or (var is not None and var._version != self._iterations_version):
             assert var is not None
             known = int(var.numpy())
-            self._iterations_known = known
+            self._iterations_known, self._iterations_version = known, var._version
         return known
 
     @iterations.setter
@@ -114,6 +117,7 @@ class Optimizer(Hyperparameters):
         if self._iterations_var is not None:
             self._iterations_var.assign(ops.constant(value, "int64",
                                                      backend=self._iterations_var.backend))
+            self._iterations_version = self._iterations_var._version
         self._iterations_known = value
 
     @property
@@ -137,6 +141,7 @@ class Optimizer(Hyperparameters):
             self._iterations_known = None     # replays count on the device only
         else:
             self._iterations_known = known + 1
+            self._iterations_version = -1 if var is None else var._version
 
     # --- hyperparameters ---------------------------------------------------------------
     @property
