@@ -143,6 +143,7 @@ def gemm_scale(xp: Any, a_scale: Any, b_scale: Any) -> Any:
     saturate(x * scale)``), each quotient and the product rounded to float32. cuBLASLt gets it
     as A's scale (B's is 1.0), so the two routes scale by the same float32 number."""
     one = np.float32(1)
-    inv_a = (one / a_scale.astype(np.float32)).astype(np.float32)
-    inv_b = (one / b_scale.astype(np.float32)).astype(np.float32)
-    return xp.asarray(inv_a * inv_b, dtype=np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv_a = (one / a_scale.astype(np.float32)).astype(np.float32)
+        inv_b = (one / b_scale.astype(np.float32)).astype(np.float32)
+        return xp.asarray(inv_a * inv_b, dtype=np.float32)
