@@ -262,7 +262,7 @@ class Fp8Gemm:
 _gemms: dict[int, Fp8Gemm] = {}
 
 
-def fp8_gemm(cp: Any) -> Fp8Gemm:
+def device_gemm(cp: Any) -> Fp8Gemm:
     """The :class:`Fp8Gemm` of CuPy's current device (the library must load)."""
     device = cp.cuda.runtime.getDevice()
     gemm = _gemms.get(device)

@@ -98,15 +98,16 @@ class CudaFloat8:
     def fp8_matmul(self, a: Any, b: Any, a_scale: Any, b_scale: Any, a_fmt: str, b_fmt: str,
                    transpose_a: bool, transpose_b: bool, dtype: str) -> Any:
         tn = tn_operands(a.shape, b.shape, transpose_a, transpose_b)
-        if not self._fp8_route(tn.m, tn.k, tn.n, a_fmt, b_fmt).native:
+        if 0 in (tn.m, tn.k, tn.n) or not self._fp8_route(tn.m, tn.k, tn.n, a_fmt,
+                                                           b_fmt).native:
             return super().fp8_matmul(a, b, a_scale, b_scale, a_fmt, b_fmt,  # type: ignore[misc]
                                       transpose_a, transpose_b, dtype)
-        from .cublaslt import fp8_gemm
+        from .cublaslt import device_gemm
 
         x = self.fp8_transpose(a) if tn.transpose_x else self._fp8_aligned(a)
         wt = self.fp8_transpose(b) if tn.transpose_w else self._fp8_aligned(b)
-        return fp8_gemm(self.cp)(x, wt, gemm_scale(self.cp, a_scale, b_scale), a_fmt, b_fmt,
-                                 dtype)
+        scale = gemm_scale(self.cp, a_scale, b_scale)
+        return device_gemm(self.cp)(x, wt, scale, a_fmt, b_fmt, dtype)
 
     def _fp8_aligned(self, codes: Any) -> Any:
         """``codes`` C-contiguous and 16-byte aligned, as cuBLASLt's FP8 GEMMs read them."""

@@ -144,7 +144,7 @@ def speed(be: Any, m: int = 8192, k: int = 4096, n: int = 4096, reps: int = 20) 
     """Medians in milliseconds and the speedups over the bfloat16 GEMM."""
     from mpcore_xp import DTYPES
 
-    from .cublaslt import fp8_gemm
+    from .cublaslt import device_gemm
 
     cp = be.cp
     x = cp.random.standard_normal((m, k), dtype=np.float32)
@@ -154,7 +154,7 @@ def speed(be: Any, m: int = 8192, k: int = 4096, n: int = 4096, reps: int = 20) 
     qw, _ = be.quantize_fp8(w, one * 1024, "e4m3")
     wt = be.fp8_transpose(qw)
     scale = cp.asarray(np.float32(1 / (64 * 1024)))
-    gemm = fp8_gemm(cp)
+    gemm = device_gemm(cp)
     xb, wb = x.astype(DTYPES["bfloat16"]), w.astype(DTYPES["bfloat16"])
     sx, sw = one * 64, one * 1024
     kernel = partial(be.fp8_matmul, qx, qw, sx, sw, "e4m3", "e4m3", False, False)
