@@ -105,9 +105,9 @@ def load_library() -> tuple[ctypes.CDLL, str]:
             return ctypes.CDLL(what), str(what)
         except Exception as exc:  # any failure: the next candidate
             tried.append(f"{where}: {what} ({type(exc).__name__}: {str(exc)[:120]})")
-    raise LtUnavailableError("libcublasLt not found; tried " + ("; ".join(tried) or "nothing") +
-                        ". It ships with the CUDA wheels: pip install nvidia-cublas-cu12 (or "
-                        "CuPy's [ctk] extra)")
+    raise LtUnavailableError("libcublasLt not found; tried " + ("; ".join(tried) or "nothing")
+                             + ". It ships with the CUDA wheels: pip install nvidia-cublas-cu12 "
+                             "(or CuPy's [ctk] extra)")
 
 
 class Library:
