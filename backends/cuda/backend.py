@@ -109,11 +109,22 @@ class CudaBackend(CudaCreation, CudaElementwise, CudaReduce, CudaLinalg, CudaSha
         return devices[current] if current < len(devices) else devices[0]
 
     def policy_support(self, policy: str, device: Device) -> Support:
-        return cuda_policy_support(policy, device.capability, self.cupy_version())
+        return cuda_policy_support(policy, device.capability, self.cupy_version(),
+                                   self._cublaslt_reason(policy))
 
     def compatibility_message(self, policy: str) -> tuple[bool, str]:
         """The guide's text, speaking of every GPU of the host."""
-        return compatibility_check(policy, self.devices(), self.cupy_version())
+        return compatibility_check(policy, self.devices(), self.cupy_version(),
+                                   self._cublaslt_reason(policy))
+
+    @staticmethod
+    def _cublaslt_reason(policy: str) -> str | None:
+        """Why FP8 GEMMs cannot use cuBLASLt here (mixed_float8 only: it loads the library)."""
+        if policy != "mixed_float8":
+            return None
+        from .cublaslt import unavailable_reason
+
+        return unavailable_reason()
 
     def layer_hint(self, layer_name: str, dims: Any, policy: Any) -> None:
         """The tensor-core tip: warn once per layer when a dimension is not a multiple of 8."""

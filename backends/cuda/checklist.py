@@ -12,6 +12,9 @@ tool's ``run`` with ``carry: [".device"]``)::
     python3 backends/cuda/checklist.py --out "$OUT"           # budget 480 s
     python3 backends/cuda/checklist.py --dry-run              # the plan, nothing run
 
+cuBLASLt's headers may be missing there: copy them into ``.device/include`` too (this folder's
+README says how); the checks then find them through ``MPCORE_CUBLASLT_INCLUDE``.
+
 Each log goes to ``OUT/<log>.log`` (seven logs at most, plus ``summary.json``: the device
 tool brings back eight files), and the summary, one line per check, is printed last.
 """
@@ -36,6 +39,9 @@ BUDGET_S = 480
 MIN_LIMIT_S = 15
 PEER = ".device/torch_mlp.py"
 SITE = "/tmp/mpcore-site"
+#: cuBLASLt's headers carried in (cublasLt.h, cublas_api.h, library_types.h), searched after the
+#: device's own CUDA install (its wheels may ship libcublasLt without them).
+INCLUDE = ".device/include"
 #: Wheels carried in for what the device image lacks (oneDNN, for the host CPU's AMX and
 #: avx512_bf16), installed under the prefix :data:`WHEEL_SITE` without an index.
 WHEELS = ".device/wheels"
@@ -67,7 +73,8 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
     """The checks, most telling first: the device and mpcore's view of it; the CUDA backend's
     own tests (kernels against the CPU, CUDA graphs) and the GPU-marked ones (NCCL); traced
     steps on CUDA with and without graphs; the benchmarks (graphs on/off at 64 units, the
-    guide's size against the PyTorch peer); the whole suite with CUDA current."""
+    guide's size against the PyTorch peer); the whole suite with CUDA current. The FP8 item
+    (``fp8 gemms``, :mod:`mpcore_cuda.fp8_check`) follows the CUDA tests."""
     pytest = (python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs")
     bench = (python, "benchmarks/cuda_train_step.py")
     small = ("--units", "64", "--batch", "8192", "--no-peer", "--policy", "float32",
@@ -78,6 +85,8 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
         Check("mpcore info", "info", 60, (python, "-m", "mpcore", "info")),
         Check("cuda tests", "cuda_tests", 180, (*pytest, "tests/backends/cuda")),
         Check("gpu-marked tests", "cuda_tests", 60, (*pytest, "-m", "gpu")),
+        # cuBLASLt FP8 GEMMs against the emulated ones, then FP8 vs bfloat16 at 8192x4096x4096
+        Check("fp8 gemms", "fp8", 120, (python, "-m", "mpcore_cuda.fp8_check")),
         # the contract a third-party backend is held to: dtypes and shapes of every kernel
         Check("conformance", "cuda_tests", 120, (python, "-m", "mpcore", "conformance", "cuda")),
         Check("traced steps on cuda", "traced", 150,
@@ -212,7 +221,10 @@ def importable_env(repo: Path, site: Path = Path(SITE)) -> dict[str, str]:
     paths = [str(site), *carried_wheels(repo / WHEELS, Path(WHEEL_SITE))]
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    if (repo / INCLUDE).is_dir():
+        env["MPCORE_CUBLASLT_INCLUDE"] = str((repo / INCLUDE).resolve())
+    return env
 
 
 def carried_wheels(folder: Path, prefix: Path) -> list[str]:

@@ -50,3 +50,25 @@ __global__ void quantize_fp8(const T* x, const float* scale, unsigned char* code
   }
   if (threadIdx.x == 0) atomicMax(amax, part[0]);
 }
+
+// --- quantised transposes: out (cols x rows) = in (rows x cols)^T, FP8 codes as bytes ---------
+// The cuBLASLt FP8 GEMMs take K-contiguous operands only (TN), so the forward GEMM needs the
+// kernel's codes transposed and wgrad those of the input and the output gradient. 32 x 32
+// tiles through shared memory (one padding column against bank conflicts), blocks of 32 x 8
+// threads: a warp reads 32 consecutive bytes of a row and writes 32 consecutive bytes of a
+// column of the result, where a strided copy (CuPy's ascontiguousarray of a transposed view)
+// reads one byte per 32-byte sector. blockIdx.x walks the rows (no 65535 limit), y the cols.
+extern "C" __global__ void transpose_u8(const unsigned char* in, unsigned char* out, i64 rows,
+                                        i64 cols) {
+  __shared__ unsigned char tile[32][33];
+  const i64 r0 = (i64)blockIdx.x * 32, c0 = (i64)blockIdx.y * 32;
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const i64 r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[j][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const i64 c = c0 + j, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][j];
+  }
+}

@@ -79,7 +79,9 @@ ENV = "MPCORE_CUDA_GRAPHS"
 CUBLAS = ("it calls cuBLAS, which CuPy refuses while a stream captures "
           "(cupy_backends.cuda.libs.cublas.setStream)")
 #: Kernels of this backend known to call cuBLAS on every route (others are found capturing).
-UNCAPTURABLE = {"matmul": CUBLAS, "dense": CUBLAS}
+FP8_GEMM = ("it calls cuBLAS (emulated: CuPy's matmul) or cuBLASLt (native: its workspace and "
+            "plans are the backend's, not the graph's)")
+UNCAPTURABLE = {"matmul": CUBLAS, "dense": CUBLAS, "fp8_matmul": FP8_GEMM}
 #: Kernels defined in these packages are audited for graph capture; others are not trusted.
 TRUSTED = own_kernel(("mpcore_cuda", "mpcore_xp"))
 #: cudaErrorMemoryAllocation (driver_types.h; CuPy 14 does not export the name).

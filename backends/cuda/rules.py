@@ -59,9 +59,11 @@ def _compute_dtype(policy: str) -> str:
 
 
 def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
-                        cupy_version: tuple[int, int] | None = None) -> Support:
+                        cupy_version: tuple[int, int] | None = None,
+                        cublaslt: str | None = None) -> Support:
     """Judge ``policy`` on a GPU of compute ``capability``, with CuPy ``cupy_version``
-    ((major, minor); None when unknown, taken as new enough)."""
+    ((major, minor); None when unknown, taken as new enough); ``cublaslt``: why FP8 GEMMs
+    cannot go through cuBLASLt on this host (None: they can)."""
     compute = _compute_dtype(policy)
     cc = parse_capability(capability)
     if compute in ("float32", "float64"):
@@ -76,7 +78,7 @@ def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
                        f"bfloat16 needs CuPy >= {CUPY_BFLOAT16_MAJOR} with ml_dtypes "
                        f"({install_command('cuda')})")
     if policy == "mixed_float8":
-        return _float8_support(cc, cupy_version)
+        return _float8_support(cc, cupy_version, cublaslt)
     need = TENSOR_CORE_CAPABILITY[compute]
     if cc >= need:
         return Support(True, True,
@@ -90,19 +92,27 @@ def cuda_policy_support(policy: str, capability: str | tuple[int, int] | None,
 
 #: FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later.
 FP8_CAPABILITY = (8, 9)
-FP8_NOT_WIRED = "cuBLASLt FP8 GEMMs not yet wired"
+FP8_NATIVE = "native: FP8 GEMMs through cuBLASLt on FP8 tensor cores"
 
 
-def _float8_support(cc: tuple[int, int], cupy_version: tuple[int, int] | None) -> Support:
-    """mixed_float8: always emulated for now (the FP8 GEMMs decode their codes and multiply
-    in float32), and the reason says whether the GPU could do better."""
+def _float8_support(cc: tuple[int, int], cupy_version: tuple[int, int] | None,
+                    cublaslt: str | None) -> Support:
+    """mixed_float8: native where the GPU has FP8 tensor cores and cuBLASLt loads (GEMMs whose
+    dimensions are not all multiples of 16 stay emulated, each logged once), else emulated
+    (the FP8 GEMMs decode their codes and multiply in float32), and why."""
+    other = cuda_policy_support("mixed_bfloat16", cc, cupy_version)
+    if cc >= FP8_CAPABILITY and cublaslt is None:
+        return Support(other.supported, other.supported,
+                       f"{FP8_NATIVE} (compute capability {_fmt(cc)} >= "
+                       f"{_fmt(FP8_CAPABILITY)}), float32 accumulation, TN layout; GEMMs whose "
+                       "dimensions are not all multiples of 16 run emulated; other ops as "
+                       f"mixed_bfloat16: {other.reason}")
     if cc >= FP8_CAPABILITY:
-        why = (f"emulated: {FP8_NOT_WIRED} (compute capability {_fmt(cc)} >= "
+        why = (f"emulated: {cublaslt} (compute capability {_fmt(cc)} >= "
                f"{_fmt(FP8_CAPABILITY)} has FP8 tensor cores)")
     else:
         why = (f"emulated: compute capability {_fmt(cc)} < {_fmt(FP8_CAPABILITY)} has no FP8 "
                "tensor cores")
-    other = cuda_policy_support("mixed_bfloat16", cc, cupy_version)
     return Support(other.supported, False,
                    f"{why}; FP8 GEMMs decode their codes exactly and multiply in float32 "
                    f"(correct, not faster than float32); other ops as mixed_bfloat16: "
@@ -128,9 +138,11 @@ def _dedup(lines: Sequence[str]) -> list[str]:
 
 
 def compatibility_check(policy: str, devices: Sequence[Device],
-                        cupy_version: tuple[int, int] | None = None) -> tuple[bool, str]:
+                        cupy_version: tuple[int, int] | None = None,
+                        cublaslt: str | None = None) -> tuple[bool, str]:
     """(ok, text): the body of "Mixed precision compatibility check (<policy>): OK|WARNING"
-    for ``devices`` (all the GPUs of the host)."""
+    for ``devices`` (all the GPUs of the host); ``cublaslt`` as for
+    :func:`cuda_policy_support`."""
     compute = _compute_dtype(policy)
     if compute in ("float32", "float64"):
         return True, f"{compute} runs natively on CUDA GPUs"
@@ -138,13 +150,17 @@ def compatibility_check(policy: str, devices: Sequence[Device],
             and cupy_version[0] < CUPY_BFLOAT16_MAJOR):
         return False, cuda_policy_support(policy, "8.0", cupy_version).reason
     if policy == "mixed_float8":
-        lines = [f"  {device_string(d)}: "
-                 f"{cuda_policy_support(policy, d.capability, cupy_version).reason}"
-                 for d in devices]
-        return False, "\n".join([f"FP8 GEMMs are emulated with dtype policy {policy} (correct, "
-                                  "not faster than float32). Your GPUs:", *lines]
-                                 if lines else [f"The dtype policy {policy} is emulated: this "
-                                                "machine has no GPU."])
+        verdicts = [(d, cuda_policy_support(policy, d.capability, cupy_version, cublaslt))
+                    for d in devices]
+        lines = [f"  {device_string(d)}: {v.reason}" for d, v in verdicts]
+        if not lines:
+            return False, f"The dtype policy {policy} is emulated: this machine has no GPU."
+        if all(v.fast for _, v in verdicts):
+            return True, "\n".join([f"FP8 GEMMs run natively (cuBLASLt) with dtype policy "
+                                    f"{policy}. Your GPUs:", *lines])
+        return False, "\n".join([f"FP8 GEMMs are emulated on some or all GPUs with dtype policy "
+                                 f"{policy} (correct, not faster than float32). Your GPUs:",
+                                 *lines])
     need = TENSOR_CORE_CAPABILITY[compute]
     cc_text = _fmt(need)
     fast: list[str] = []

@@ -76,16 +76,31 @@ def test_the_module_paths() -> None:
 @pytest.mark.parametrize(("cc", "text"), [
     ("7.5", "compute capability 7.5 < 8.9 has no FP8 tensor cores"),
     ("8.0", "compute capability 8.0 < 8.9 has no FP8 tensor cores"),
-    ("8.9", "emulated: cuBLASLt FP8 GEMMs not yet wired"),
-    ("9.0", "emulated: cuBLASLt FP8 GEMMs not yet wired"),
+    ("8.9", "emulated: cuBLASLt unavailable: libcublasLt not found"),
+    ("9.0", "emulated: cuBLASLt unavailable: libcublasLt not found"),
 ])
 def test_cuda_says_fp8_is_emulated_and_why(cc: str, text: str) -> None:
-    s = cuda_policy_support("mixed_float8", cc)
+    missing = "cuBLASLt unavailable: libcublasLt not found; tried nothing"
+    s = cuda_policy_support("mixed_float8", cc, cublaslt=missing)
     assert s.supported and not s.fast and text in s.reason
     assert "other ops as mixed_bfloat16" in s.reason
     ok, message = compatibility_check("mixed_float8", [Device("H100", capability="9.0",
+                                                              kind="gpu")], cublaslt=missing)
+    assert not ok and "H100, compute capability 9.0" in message and "not found" in message
+
+
+@pytest.mark.parametrize("cc", ["8.9", "9.0", "10.0"])
+def test_cuda_says_fp8_is_native_where_cublaslt_loads(cc: str) -> None:
+    s = cuda_policy_support("mixed_float8", cc, cublaslt=None)
+    assert s.supported and s.fast and "native: FP8 GEMMs through cuBLASLt" in s.reason
+    assert "multiples of 16 run emulated" in s.reason
+    ok, message = compatibility_check("mixed_float8", [Device("H100", capability=cc,
                                                               kind="gpu")])
-    assert not ok and "H100, compute capability 9.0" in message and "not yet wired" in message
+    assert ok and "run natively (cuBLASLt)" in message
+    ok, message = compatibility_check("mixed_float8", [Device("H100", capability=cc, kind="gpu"),
+                                                       Device("A100", capability="8.0",
+                                                              kind="gpu")])
+    assert not ok and "emulated on some or all GPUs" in message
 
 
 def test_cpu_and_opencl_say_emulated() -> None:

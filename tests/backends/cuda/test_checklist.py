@@ -51,9 +51,14 @@ def test_the_plan_names_paths_markers_and_flags_that_exist() -> None:
         elif args[:1] == ("benchmarks/cuda_profile.py",):
             options = profile.parser().parse_args(list(args[1:]))
             assert options.backend == "cuda"
+        elif args[:2] == ("-m", "mpcore_cuda.fp8_check"):
+            from mpcore_cuda import fp8_check
+
+            fp8_check.parser().parse_args(list(args[2:]))      # exits on an unknown flag
         elif args[:2] != ("-m", "mpcore"):
             assert check.argv == ("nvidia-smi",), check
     assert {"MPCORE_BACKEND": "cuda", "MPCORE_CUDA_GRAPHS": "0"} in [c.env for c in checks]
+    assert "fp8 gemms" in [c.name for c in checks]
     against = [c for c in checklist.plan(PY, None) if c.name.startswith("bench vs torch")]
     assert len(against) == 2
     assert all("--no-peer" in c.argv and "--peer" not in c.argv for c in against)

@@ -1,5 +1,5 @@
-"""The native FP8 GEMM's decisions (cuBLASLt: cc >= 8.9, every dimension a multiple of 16), as
-pure functions: tested on machines without a GPU, before the cuBLASLt call exists."""
+"""The native FP8 GEMM's decisions (cuBLASLt: cc >= 8.9, every dimension a multiple of 16, not
+e5m2 x e5m2), as pure functions: tested on machines without a GPU."""
 
 from __future__ import annotations
 
@@ -20,7 +20,13 @@ def test_routes(dims: tuple[int, int, int], cc: tuple[int, int], native: bool,
                 why: str) -> None:
     route = fp8_gemm_route(*dims, cc)
     assert route.native is native and why in route.reason
-    assert native or "stays in bfloat16" in route.reason
+    assert native or "the GEMM runs emulated" in route.reason
+
+
+def test_no_e5m2_by_e5m2_kernel() -> None:
+    route = fp8_gemm_route(128, 784, 64, (9, 0), ("e5m2", "e5m2"))
+    assert not route.native and "no e5m2 x e5m2" in route.reason
+    assert fp8_gemm_route(128, 784, 64, (9, 0), ("e5m2", "e4m3")).native
 
 
 def test_bad_dimensions_are_refused() -> None:
