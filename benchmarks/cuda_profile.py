@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import mpcore as mp
-from mpcore import backend as backend_module
+from mpcore.core import backend as backend_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_train_step import POLICIES, GuideLoop, flops_per_step

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_zoo import ResNetShape, resnet
 
 import mpcore as mp
-from mpcore import trace_python_state as _python_state
-from mpcore.trace_python_state import StateWatch
+from mpcore.tracing import python_state as _python_state
+from mpcore.tracing.python_state import StateWatch
 
 
 class _Off:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpcore.program import Program
+from mpcore.tracing.program import Program
 
 from .grouped_updates import FORMS, GATHER_MAX_ELEMENTS, group_updates
 from .softmax_reuse import PAIR, reuse_softmax

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F32
 
-from mpcore.function import value_key
-from mpcore.program import KernelCall, Program, Spec
+from mpcore.tracing.function import value_key
+from mpcore.tracing.program import KernelCall, Program, Spec
 
 from .optim import _rmsprop, _rmsprop_constants, _sgd, _sgd_constants
 

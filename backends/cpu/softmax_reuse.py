@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.program import KernelCall, Program, pure, step_reads, substituted
+from mpcore.tracing.program import KernelCall, Program, pure, step_reads, substituted
 
 #: The kernels whose results agree (``softmax(x, axis)`` for the last axis of a matrix).
 PAIR = ("softmax", "sparse_softmax_cross_entropy")

@@ -42,7 +42,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore.program import (
+from mpcore.tracing.program import (
     Assign,
     KernelCall,
     Program,
@@ -52,7 +52,7 @@ from mpcore.program import (
     reads,
     step_reads,
 )
-from mpcore.trace_seeds import replay_draw
+from mpcore.tracing.seeds import replay_draw
 
 #: Argument kinds a captured kernel call may take (see ``mpcore.program``).
 CAPTURABLE_SPECS = frozenset("svcltT")

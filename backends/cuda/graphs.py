@@ -60,7 +60,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mpcore.program import (
+from mpcore.core.tensor import Tensor
+from mpcore.tracing.program import (
     Assign,
     KernelCall,
     Program,
@@ -71,7 +72,6 @@ from mpcore.program import (
     plan_frees,
     reads,
 )
-from mpcore.tensor import Tensor
 
 from .graph_plan import Plan, Segment, own_kernel, plan, variables_read
 

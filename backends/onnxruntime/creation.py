@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 #: ONNX TensorProto.DataType codes of the dtypes converted here.
 ONNX_TYPES = {F32: 1, F16: 10}

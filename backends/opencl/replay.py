@@ -25,7 +25,8 @@ from typing import Any
 
 import pyopencl as cl
 
-from mpcore.program import (
+from mpcore.core.tensor import Tensor
+from mpcore.tracing.program import (
     Assign,
     KernelCall,
     Program,
@@ -36,7 +37,6 @@ from mpcore.program import (
     evaluate,
     plan_frees,
 )
-from mpcore.tensor import Tensor
 
 from .arrays import CLArray
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from mpcore.backend import Backend
+from mpcore.core.backend import Backend
 
 from .creation import CreationKernels
 from .dtypes import LOW

@@ -14,9 +14,9 @@ import contextvars
 import threading
 from typing import Any, Protocol
 
-from mpcore import dtypes as _dt
-from mpcore import trace_hooks
+from mpcore.core import dtypes as _dt
 from mpcore.ops import dispatch as _dispatch
+from mpcore.tracing import hooks as trace_hooks
 
 
 class Decider(Protocol):

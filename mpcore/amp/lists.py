@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.categories import CATEGORIES, Category
+from mpcore.core.categories import CATEGORIES, Category
 
 LISTS = ("allowlist", "denylist", "inferlist", "clearlist")
 _OF_LIST = {"allowlist": Category.ALLOW, "denylist": Category.DENY,

@@ -24,19 +24,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore import dtypes as _dtypes
-from mpcore import losses as _losses
-from mpcore import policy as _policy
-from mpcore.categories import CLEAR
+from mpcore.core import dtypes as _dtypes
+from mpcore.core.categories import CLEAR
+from mpcore.core.tape import GradientTape, Node, VariableRead
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.debugging import formats as _formats
 from mpcore.debugging.report import NumericsReport, OpRecord
 from mpcore.debugging.scopes import layer_path
 from mpcore.layers.base import Layer, flatten, no_tapes
+from mpcore.losses import losses as _losses
+from mpcore.mixed_precision import policy as _policy
 from mpcore.models.data import count, to_device
 from mpcore.ops import backprop as _backprop
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tape import GradientTape, Node, VariableRead
-from mpcore.tensor import Tensor, Variable
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from mpcore import ops
 from mpcore.amp import hooks as _amp
-from mpcore.tensor import Tensor
+from mpcore.core.tensor import Tensor
 
 Activation = Callable[[Tensor], Tensor]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from mpcore import dtypes as _dtypes
+from mpcore.core import dtypes as _dtypes
 
 if TYPE_CHECKING:
     from mpcore.layers.base import Layer

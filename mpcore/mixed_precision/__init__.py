@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
-from mpcore.policy import Policy, global_policy, policy_scope, set_global
-from mpcore.verdict import check_policy, log_compatibility_once
+from mpcore.mixed_precision.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.mixed_precision.policy import Policy, global_policy, policy_scope, set_global
+from mpcore.mixed_precision.verdict import check_policy, log_compatibility_once
 
 #: Keras 3's name for a Policy (``keras.DTypePolicy``, ``keras.mixed_precision.DTypePolicy``).
 DTypePolicy = Policy
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
         disable_mixed_precision_graph_rewrite,
         enable_mixed_precision_graph_rewrite,
     )
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
     from mpcore.mixed_precision import float8
     from mpcore.mixed_precision.recipes import CurrentScaling, DelayedScaling
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     experimental: Any   # a module made on first use (_experimental)
 
@@ -76,7 +76,7 @@ def _experimental() -> Any:
     LossScaleOptimizer with TF 2.3's ``loss_scale`` argument)."""
     import types
 
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     module = types.ModuleType(f"{__name__}.experimental", _experimental.__doc__)
     for name, value in (("Policy", Policy), ("DynamicLossScale", DynamicLossScale),

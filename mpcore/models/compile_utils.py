@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mpcore import losses as _losses
-from mpcore import metrics as _metrics
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import flatten
-from mpcore.tensor import Tensor
+from mpcore.losses import losses as _losses
+from mpcore.metrics import metrics as _metrics
 
 
 def _by_output(what: str, spec: Any, names: list[str], single_ok: bool) -> list[Any]:

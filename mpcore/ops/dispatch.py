@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpcore import dtypes as _dt
-from mpcore import tape as _tape
-from mpcore.categories import Category
+from mpcore.core import dtypes as _dt
+from mpcore.core import tape as _tape
+from mpcore.core.categories import Category
+from mpcore.core.tape import Node, record
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.ops.creation import constant
-from mpcore.tape import Node, record
-from mpcore.tensor import Tensor, Variable
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 Grads = Sequence[Tensor | None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpcore.tensor import Tensor
+from mpcore.core.tensor import Tensor
 
 
 def unscale_and_check(grads: Sequence[Tensor | None],

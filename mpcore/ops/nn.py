@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpcore import dtypes as _dt
-from mpcore import random as _random
+from mpcore.core import dtypes as _dt
+from mpcore.core import random as _random
+from mpcore.core.tape import Node, recording
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import (
     index_tensor,
     one_hot,
@@ -48,9 +50,7 @@ from mpcore.ops.elementwise import (
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import max, one_axis, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import expand_dims, reshape
-from mpcore.tape import Node, recording
-from mpcore.tensor import Tensor
-from mpcore.trace_seeds import given_seed
+from mpcore.tracing.seeds import given_seed
 
 
 def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore import ops
-from mpcore.naming import by_name
+from mpcore.core import arguments as _args
+from mpcore.core.naming import by_name
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.optimizers import schedules
 from mpcore.optimizers.base import LearningRate, Optimizer
-from mpcore.tensor import Tensor, Variable
 
 __all__ = ["SGD", "Adam", "AdamW", "LearningRate", "Optimizer", "RMSprop", "by_class_name", "get",
            "schedules"]

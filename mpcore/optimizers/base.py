@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from mpcore import arguments as _args
-from mpcore import clipping as _clipping
 from mpcore import ops
+from mpcore.core import arguments as _args
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
-from mpcore.function import kept_whole, on_replay, recording_kernels, value_key
-from mpcore.hyperparameters import Hyperparameters
-from mpcore.optimizer_gradients import VarList, compute_gradients, split_grads_and_vars
+from mpcore.optimizers import clipping as _clipping
 from mpcore.optimizers import schedules
-from mpcore.tensor import Tensor, Variable
+from mpcore.optimizers.gradients import VarList, compute_gradients, split_grads_and_vars
+from mpcore.optimizers.hyperparameters import Hyperparameters
+from mpcore.tracing.function import kept_whole, on_replay, recording_kernels, value_key
 
 LearningRate = float | Callable[[int], float]
 

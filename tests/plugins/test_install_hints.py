@@ -11,7 +11,7 @@ import tomllib
 from conftest import REPO_ROOT
 
 import mpcore as mp
-import mpcore.extras
+import mpcore.plugins.extras
 
 ROOT = REPO_ROOT
 EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

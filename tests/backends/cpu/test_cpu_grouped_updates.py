@@ -17,7 +17,7 @@ from mpcore_cpu.grouped_updates import GATHER_MAX_ELEMENTS, UpdateGroup, group_u
 
 import mpcore as mp
 from mpcore import layers
-from mpcore.program import KernelCall, Program
+from mpcore.tracing.program import KernelCall, Program
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

@@ -31,9 +31,9 @@ from mpcore_cuda.rules import compatibility_check, cuda_policy_support, device_s
 from mpcore_cuda.tensor_cores import reset_warnings
 
 import mpcore as mp
-from mpcore.backend import OPTIONAL_KERNELS, Device
-from mpcore.extras import install_command
-from mpcore.settings import SettingError
+from mpcore.core.backend import OPTIONAL_KERNELS, Device
+from mpcore.plugins.extras import install_command
+from mpcore.plugins.settings import SettingError
 
 # --- described devices ---------------------------------------------------------------------
 P100 = Device("Tesla P100-PCIE-16GB", "NVIDIA", "gpu", "6.0")

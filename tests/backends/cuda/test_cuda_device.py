@@ -14,7 +14,7 @@ from conftest import NUMPY_DTYPES
 from mpcore_cuda import CudaBackend
 
 import mpcore as mp
-from mpcore import registry
+from mpcore.plugins import registry
 
 _REASON = CudaBackend().unavailable_reason()
 
@@ -235,7 +235,7 @@ def test_a_training_step_reads_the_device_once_at_most(cuda: CudaBackend, policy
     other synchronising call inside ``cupyx.allow_synchronize(False)``."""
     import cupyx
 
-    import mpcore.loss_scale as loss_scale_module
+    import mpcore.mixed_precision.loss_scale as loss_scale_module
 
     if not mp.check_policy(policy, cuda).supported:
         pytest.skip(f"{policy} is not supported on this GPU")
