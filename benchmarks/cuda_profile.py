@@ -45,7 +45,7 @@ extern "C" __global__ void spin(long long cycles) {
 
 
 class KernelTimer:
-    """A kernel view (``mpcore.backend.set_kernel_view``) that times each kernel call."""
+    """A kernel view (``mpcore.core.backend.set_kernel_view``) that times each kernel call."""
 
     def __init__(self, backend: mp.Backend, lead_us: float = 200.0) -> None:
         self.backend = backend

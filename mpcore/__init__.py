@@ -13,12 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mpcore.core import module_aliases as _module_aliases
-
-_module_aliases.install()   # the module paths of before issue 34 (mpcore.policy ...) still work
-
 from mpcore import ops
 from mpcore.core import dtypes, random
+from mpcore.core import module_aliases as _module_aliases
 from mpcore.core.backend import (
     Backend,
     BackendUnavailableError,
@@ -93,4 +90,6 @@ __all__ = [
 
 # Nothing is detected here: the backend is chosen and proved at first use (get_backend), so
 # `import mpcore` opens no device and a bad MPCORE_BACKEND cannot stop `mpcore info`.
-_module_aliases.install()   # again: the old names of the modules loaded above, not rebinding
+# The module paths of before issue 34 (mpcore.policy, mpcore.loss_scale ...) keep working, as
+# the same module objects; installed last, so the modules loaded above keep mpcore's names.
+_module_aliases.install()

@@ -1,6 +1,6 @@
 """The CPU backend's ``compile_program``: the recorded program, rewritten where the rewrite
 gives the same bits with fewer calls, then written as one Python function as the generic replay
-is (:meth:`mpcore.program.Program.compile`).
+is (:meth:`mpcore.tracing.program.Program.compile`).
 
 Both rewrites stand for particular kernels (the CPU backend's own softmax and cross-entropy,
 its own SGD and RMSprop bodies), so they apply only where the kernel table holds those: a

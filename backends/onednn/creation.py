@@ -170,7 +170,7 @@ class ReorderCast:
         return out
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
-        """For a traced step (``mpcore.backend.bind_call``): conversions of arrays of
+        """For a traced step (``mpcore.core.backend.bind_call``): conversions of arrays of
         ``x``'s dtype and size (fixed by the trace) on a reorder of their own, each call's
         layout checked; the fallback's converter (bound in turn) where this never takes
         them."""

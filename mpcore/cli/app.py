@@ -1,7 +1,7 @@
 """The ``mpcore`` command: ``mpcore info`` (backends, devices, verdicts) and more.
 
 Every other subcommand comes from a plugin through the ``mpcore_commands`` hook (see
-:mod:`mpcore.hookspecs`): ``mpcore demo`` and ``mpcore conformance`` are entry points of the
+:mod:`mpcore.plugins.hookspecs`): ``mpcore demo`` and ``mpcore conformance`` are entry points of the
 group ``mpcore.commands`` like a third party's, so this module names no other module.
 
 ``mpcore info`` lists every registered backend, available, not available (why) or failing (how

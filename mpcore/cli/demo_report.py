@@ -1,4 +1,4 @@
-"""What ``mpcore demo`` reports after training (:mod:`mpcore.demo`): the results table, the
+"""What ``mpcore demo`` reports after training (:mod:`mpcore.cli.demo`): the results table, the
 rewrite run's painted step, the loss scaling of every run that had one, the backend's verdict,
 and the plot. Kept apart so that the demo's training code stays short."""
 

@@ -6,11 +6,11 @@ devices, judges each policy on a device ("supported", "fast", and why), and prov
 
 Kernels are methods named after ops (``add``, ``matmul``, ``sum`` ...) that take and return the
 backend's native arrays. The core casts inputs to the op's compute dtype before calling a kernel
-(see :mod:`mpcore.categories`), so a kernel receives operands of one dtype and returns that dtype
-(comparisons return bool, ``argmax`` int64, ``cast`` its target). Native arrays must expose
+(see :mod:`mpcore.core.categories`), so a kernel receives operands of one dtype and returns that
+dtype (comparisons return bool, ``argmax`` int64, ``cast`` its target). Native arrays must expose
 ``.shape``. Gradients live in the core, written in terms of ops: a backend only writes forward
-kernels. :data:`REQUIRED_KERNELS` lists what every backend implements; :data:`OPTIONAL_KERNELS`
-are fused versions of composite ops, which the core otherwise builds from the required ones.
+kernels. :data:`REQUIRED_KERNELS` lists what every backend implements; :data:`OPTIONAL_KERNELS` are
+fused versions of composite ops, which the core otherwise builds from the required ones.
 """
 
 from __future__ import annotations
@@ -188,7 +188,8 @@ def set_kernel_view(view: KernelView | None) -> None:
 
 def set_kernel_set_source(source: KernelSetSource | None) -> None:
     """Where backends get their plugin kernel sets when first activated (None: nowhere, so a
-    backend runs its own kernels only). :mod:`mpcore.registry` sets it to the plugin manager."""
+    backend runs its own kernels only). :mod:`mpcore.plugins.registry` sets it to the plugin
+    manager."""
     global _kernel_set_source
     _kernel_set_source = source
 
@@ -247,7 +248,7 @@ class Backend:
     priority: ClassVar[int] = 0
     #: How a user gets what this backend needs, shown when it is unavailable.
     install_hint: ClassVar[str] = ""
-    #: Exceptions to :data:`mpcore.categories.CATEGORIES` for this hardware.
+    #: Exceptions to :data:`mpcore.core.categories.CATEGORIES` for this hardware.
     category_overrides: ClassVar[Mapping[str, Category]] = {}
 
     _kernel_table: dict[str, Callable[..., Any]] | None = None
@@ -292,10 +293,11 @@ class Backend:
         return support.fast, support.reason
 
     def compile_program(self, program: Any) -> Callable[[list[Any]], Any] | None:
-        """A faster way to run a traced step (``program``: an :class:`mpcore.program.Program`
-        of kernel calls on this backend), as ``run(input arrays) -> outputs``, or None for the
-        generic replay (``Program.compile``: one Python call per kernel). A backend may fuse
-        elementwise chains, preallocate buffers or capture a device graph here."""
+        """A faster way to run a traced step (``program``: an
+        :class:`mpcore.tracing.program.Program` of kernel calls on this backend), as ``run(input
+        arrays) -> outputs``, or None for the generic replay (``Program.compile``: one Python call
+        per kernel). A backend may fuse elementwise chains, preallocate buffers or capture a device
+        graph here."""
         return None
 
     def bind_kernel(self, name: str, kernel: Callable[..., Any],

@@ -92,7 +92,7 @@ class Layer:
     _autocast = True
     #: Set by the first call (a layer without weights builds in a traced step): every later
     #: call finds them so and leaves them, so a replay that does not set them changes nothing
-    #: eager execution would (mpcore.trace_python_state).
+    #: eager execution would (mpcore.tracing.python_state).
     _trace_set_once_attributes = ("built", "_build_shape")
     #: Written by build (the input rule) and by calls on KerasTensors (the functional graph's
     #: nodes), never by a call on tensors: not watched in a traced step, whose walk of a

@@ -2,8 +2,8 @@
 names of ``tf.keras.mixed_precision``.
 
 Setting the global policy is where the policy meets the hardware: a mixed policy logs the
-current backend's compatibility check here, so :mod:`mpcore.policy` stays a value module that
-loads no backend.
+current backend's compatibility check here, so :mod:`mpcore.mixed_precision.policy` stays a
+value module that loads no backend.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _experimental() -> Any:
 #: Names that load on first use, and their modules: `import mpcore` takes set_global_policy
 #: from here and stays cheap.
 _LAZY = {
-    "LossScaleOptimizer": "mpcore.loss_scale_optimizer",
+    "LossScaleOptimizer": "mpcore.optimizers.loss_scale_optimizer",
     "enable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
     "disable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
     "autocast": "mpcore.amp.autocast",

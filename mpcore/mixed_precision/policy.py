@@ -125,7 +125,7 @@ class Policy:
     def loss_scale_is_default(self) -> bool:
         """Whether ``loss_scale`` was left to the policy (a dynamic scale for mixed_float16,
         none otherwise) rather than given: compile then trains a copy (see
-        :func:`mpcore.loss_scale_optimizer.for_policy`)."""
+        :func:`mpcore.optimizers.loss_scale_optimizer.for_policy`)."""
         return self._loss_scale_auto
 
     def compute_dtype_for(self, dtype: str) -> str:

@@ -72,7 +72,7 @@ class CompileLoss:
 
     #: Each call's own per-output losses, read by the same step right after (its output loss
     #: trackers) and by nothing later: a replay's come from its program, so a traced step may
-    #: leave the trace's there (mpcore.trace_python_state).
+    #: leave the trace's there (mpcore.tracing.python_state).
     _trace_ignored_attributes = ("last",)
 
     def __init__(self, loss: Any, loss_weights: Any, names: list[str]) -> None:

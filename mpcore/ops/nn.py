@@ -2,7 +2,7 @@
 pass (with the bias gradient fused in), dropout; and their gradients.
 
 Each uses the backend's fused kernel when it has one (``OPTIONAL_KERNELS`` in
-:mod:`mpcore.backend`) and is built from primitive ops otherwise. Softmax and cross-entropy are
+:mod:`mpcore.core.backend`) and is built from primitive ops otherwise. Softmax and cross-entropy are
 *deny* ops: they compute in float32 whatever their inputs.
 """
 

@@ -42,8 +42,8 @@ def mpcore_kernels(backend: Backend) -> KernelSet | None:
     the backend's verdict say that a 16-bit policy now runs fast, and why.
 
     A hook that raises is reported as its plugin's failure and the backend runs without it;
-    one that raises :class:`mpcore.settings.SettingError` (what ``env_choice`` raises for a bad
-    ``MPCORE_*`` value) fails the backend's first use with that message instead, so that a
+    one that raises :class:`mpcore.plugins.settings.SettingError` (what ``env_choice`` raises
+    for a bad ``MPCORE_*`` value) fails the backend's first use with that message instead, so that a
     mistyped setting is never silently ignored.
     """
 

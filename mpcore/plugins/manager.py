@@ -3,8 +3,8 @@ time, onto one plugin manager.
 
 A plugin that fails to import is recorded with its error (``mpcore info`` shows it) and the
 others keep working; ``MPCORE_STRICT_PLUGINS=1`` turns such a failure into an exception. A
-hook that raises :class:`~mpcore.settings.SettingError` (a bad ``MPCORE_*`` value) is not a
-failure of its plugin: the error reaches the user (see :mod:`mpcore.settings`). The
+hook that raises :class:`~mpcore.plugins.settings.SettingError` (a bad ``MPCORE_*`` value) is not a
+failure of its plugin: the error reaches the user (see :mod:`mpcore.plugins.settings`). The
 built-in backends are found the same way as a third party's: nothing here names them.
 
 Design decision, how built-in commands are found: ``mpcore demo`` and ``mpcore conformance``

@@ -1,4 +1,4 @@
-"""What a traced step reaches, for :mod:`mpcore.trace_python_state`: which objects are looked
+"""What a traced step reaches, for :mod:`mpcore.tracing.python_state`: which objects are looked
 into and how their entries are read (an object's attributes, a container's items, a function's
 globals and closure, a user class's attributes), and how an entry is named in a message.
 

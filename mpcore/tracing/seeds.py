@@ -17,7 +17,7 @@ tell which); and a drawn seed that reached nothing a replay follows (it went whe
 kept the trace's value, such as ``int(s) + 1``). All three are checked where the trace is
 kept: a first call that creates variables is never replayed, and may compute with a seed
 (NumPy's ``default_rng(s)`` tests ``s < 0``); so a first trace refuses at its end, and a later
-one where the use happens (:meth:`mpcore.recorder.Recorder.refuse_seed`). What is not
+one where the use happens (:meth:`mpcore.tracing.recorder.Recorder.refuse_seed`). What is not
 Python arithmetic (``hash((s, i))``, ``str(s)``, ``float(s)``, ``s == k``, ``s.real``,
 ``random.Random(s)``, NumPy's ``np.add(s, 1)``) escapes the checks where the seed also
 went to a random op: refusing ``__hash__``, ``__eq__`` or ``__float__`` would break dict keys
@@ -25,7 +25,7 @@ and kernels.
 
 A step that draws only when an attribute is unset (``if self.seed is None: self.seed =
 next_seed()``) would draw at every replay, where eager execution draws once: the trace that
-sets the attribute is refused (:mod:`mpcore.trace_python_state`), unless it is a first trace
+sets the attribute is refused (:mod:`mpcore.tracing.python_state`), unless it is a first trace
 that creates variables (run eagerly, never replayed; the next trace finds the attribute set).
 """
 

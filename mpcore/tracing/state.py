@@ -14,7 +14,7 @@ class TraceError(RuntimeError):
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.recorder: Any = None          # a mpcore.recorder.Recorder while recording
+        self.recorder: Any = None          # a mpcore.tracing.recorder.Recorder while recording
         self.replaying = 0
 
 

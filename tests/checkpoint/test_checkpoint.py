@@ -125,7 +125,7 @@ def test_checkpoint_needs_a_matching_optimizer(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"Adam.*SGD"):
         other.load_checkpoint(path)
     # (into a LossScaleOptimizer around the same optimizer it restores: issue 33's
-    # tests/training/test_loss_scale_optimizer_keras.py)
+    # tests/optimizers/test_loss_scale_optimizer_keras.py)
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])

@@ -210,7 +210,7 @@ def test_import_mpcore_loads_no_plugin_and_training_loads_no_command() -> None:
         def loaded(*prefixes):
             return sorted(m for m in sys.modules if m.startswith(prefixes))
 
-        commands = ("mpcore.demo", "mpcore.conformance")
+        commands = ("mpcore.cli.demo", "mpcore.conformance")
         assert loaded("mpcore_", *commands) == [], loaded("mpcore_", *commands)
         mp.get_backend("cpu")
         assert loaded(*commands) == [], loaded(*commands)
@@ -223,4 +223,4 @@ def test_import_mpcore_loads_no_plugin_and_training_loads_no_command() -> None:
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stdout.strip()
-    assert "'mpcore.demo'" in loaded and "'mpcore.conformance.cli'" in loaded
+    assert "'mpcore.cli.demo'" in loaded and "'mpcore.conformance.cli'" in loaded

@@ -20,7 +20,7 @@ import pytest
 
 import mpcore
 
-AUTODIFF = ("mpcore.tensor", "mpcore.tape", "mpcore.ops")
+AUTODIFF = ("mpcore.core.tensor", "mpcore.core.tape", "mpcore.ops")
 
 
 @dataclass(frozen=True)
@@ -205,8 +205,8 @@ def _path(graph: dict[str, set[str]], source: str, target: str) -> list[str] | N
 
 
 @pytest.mark.parametrize(("source", "forbidden"), [
-    ("mpcore.backend", ("mpcore.plugins", "mpcore.registry")),
-    ("mpcore.policy", ("mpcore.registry", "mpcore.verdict", "mpcore.backend")),
+    ("mpcore.core.backend", ("mpcore.plugins", "mpcore.plugins.registry")),
+    ("mpcore.mixed_precision.policy", ("mpcore.plugins.registry", "mpcore.mixed_precision.verdict", "mpcore.core.backend")),
 ])
 def test_value_modules_do_not_reach_up(source: str, forbidden: tuple[str, ...]) -> None:
     chains = [" -> ".join(chain) for target in forbidden
@@ -222,15 +222,15 @@ def test_the_cli_names_no_modules() -> None:
                  if isinstance(node, ast.ImportFrom)}
     problems = [f"imports {m}" for m in sorted(imported) if m.split(".")[0] == "importlib"]
     problems += [f"imports {e.target} ({e.where})" for e in EDGES if e.source == "mpcore.cli"
-                 and e.target.startswith(("mpcore.demo", "mpcore.conformance"))]
+                 and e.target.startswith(("mpcore.cli.demo", "mpcore.conformance"))]
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                        ast.AsyncFunctionDef))
                   and ast.get_docstring(node) is not None}
-    problems += [f"names {node.value!r} (mpcore/cli.py:{node.lineno})" for node in ast.walk(tree)
+    problems += [f"names {node.value!r} (mpcore/cli/app.py:{node.lineno})" for node in ast.walk(tree)
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
                  and id(node) not in docstrings
-                 and ("mpcore.demo" in node.value or "mpcore.conformance" in node.value)]
+                 and ("mpcore.cli.demo" in node.value or "mpcore.conformance" in node.value)]
     assert not problems, "mpcore.cli reaches its subcommands by name:\n  " + "\n  ".join(problems)
 
 

@@ -116,7 +116,7 @@ def test_copy_deepcopy_pickle(name: str) -> None:
     assert pickle.loads(pickle.dumps(fixed)).loss_scale == mp.FixedLossScale(512)
 
 
-# (None is Keras 3's "the global policy": tests/core/test_policy_keras.py)
+# (None is Keras 3's "the global policy": tests/mixed_precision/test_policy_keras.py)
 @pytest.mark.parametrize("bad", [16, 1.5, b"float32", ["float32"], mp.Policy])
 def test_non_string_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match="string"):

@@ -273,8 +273,9 @@ def test_compile_honours_a_bfloat16_policys_explicit_loss_scale() -> None:
 
 
 def test_an_explicit_policy_loss_scale_follows_the_first_models_training() -> None:
-    """The decision (mpcore.loss_scale_optimizer.for_policy): an explicit dynamic scale is the
-    first compile's own, so policy.loss_scale shows training; later compiles get copies."""
+    """The decision (mpcore.optimizers.loss_scale_optimizer.for_policy): an explicit dynamic
+    scale is the first compile's own, so policy.loss_scale shows training; later compiles get
+    copies."""
     policy = mp.Policy("mixed_float16", loss_scale=mp.DynamicLossScale(4.0, increment_period=1))
     mp.set_global_policy(policy)
     first = mp.Sequential([mp.Input((4,)), mp.layers.Dense(2)])

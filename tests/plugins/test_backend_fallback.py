@@ -174,7 +174,7 @@ except mp.BackendUnavailableError as exc:
     env = run(failing, ["-c", "import mpcore as mp; mp.get_backend()"], MPCORE_BACKEND="nobuild")
     assert env.returncode != 0
     lines = env.stderr.strip().splitlines()
-    error = next(line for line in reversed(lines) if line.startswith("mpcore.backend.Kernel"))
+    error = next(line for line in reversed(lines) if line.startswith("mpcore.core.backend.Kernel"))
     assert ("MPCORE_BACKEND=nobuild: backend 'nobuild' fails on first use: its kernels failed "
             "to build: KernelBuildError: program gemm") in error
     assert "  fallback: available" in env.stderr

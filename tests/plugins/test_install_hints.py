@@ -25,7 +25,7 @@ def extras_named(hint: str) -> list[str]:
 
 
 def test_install_command_doctests() -> None:
-    assert doctest.testmod(mpcore.extras).failed == 0
+    assert doctest.testmod(mpcore.plugins.extras).failed == 0
 
 
 @pytest.mark.parametrize("backend", mp.backends(), ids=lambda b: b.name)

@@ -1,4 +1,5 @@
-"""mpcore.settings.env_choice: the one parser of every MPCORE_* setting with fixed values."""
+"""mpcore.plugins.settings.env_choice: the one parser of every MPCORE_* setting with fixed
+values."""
 
 from __future__ import annotations
 

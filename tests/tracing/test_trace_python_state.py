@@ -1,4 +1,4 @@
-"""Python state changed by a traced step (issue 33, item 1; mpcore.trace_python_state): a
+"""Python state changed by a traced step (issue 33, item 1; mpcore.tracing.python_state): a
 replay runs no Python code, so a step that changes a Python attribute, a container it reaches
 or a global is refused with a TraceError naming the object and the attribute (under
 ``fallback``: run eagerly, warned), while the state mpcore replays (variables, metrics,

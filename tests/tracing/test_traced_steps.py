@@ -102,7 +102,7 @@ def test_tensors_nested_in_a_list_are_another_signature_than_the_same_tensors_fl
 def test_a_plain_tensor_signature_is_the_general_walks() -> None:
     import sys
 
-    signature = sys.modules["mpcore.trace_arguments"].signature
+    signature = sys.modules["mpcore.tracing.signature"].signature
     a, b = mp.constant([1.0, 2.0]), mp.constant(np.ones((2, 3), np.float16))
     for args in ((a, b), (a, a), (b,), ()):
         assert signature(args, {}, list(args), True) == signature(args, {}, list(args))

@@ -231,8 +231,8 @@ def test_training_through_ops_uses_the_fused_backward(cuda: CudaBackend) -> None
 def test_a_training_step_reads_the_device_once_at_most(cuda: CudaBackend, policy: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's budget: one small device-to-host read per step, the loss-scale decision
-    (``mpcore.loss_scale._finite_flag``), and none without loss scaling. CuPy raises on any
-    other synchronising call inside ``cupyx.allow_synchronize(False)``."""
+    (``mpcore.mixed_precision.loss_scale._finite_flag``), and none without loss scaling. CuPy
+    raises on any other synchronising call inside ``cupyx.allow_synchronize(False)``."""
     import cupyx
 
     import mpcore.mixed_precision.loss_scale as loss_scale_module

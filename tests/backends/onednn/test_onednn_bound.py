@@ -1,7 +1,7 @@
-"""oneDNN kernels bound to a traced call's operands (``kernel.bind``, see mpcore.recorder): the
-GEMMs and the recorded optimizer updates give the unbound kernel's bits, fall back to it where
-a later call's operands differ from the ones bound (strides, shapes, hyperparameters), respect
-the skip flag, and free their primitives with the traced program."""
+"""oneDNN kernels bound to a traced call's operands (``kernel.bind``, see mpcore.tracing.recorder):
+the GEMMs and the recorded optimizer updates give the unbound kernel's bits, fall back to it where a
+later call's operands differ from the ones bound (strides, shapes, hyperparameters), respect the
+skip flag, and free their primitives with the traced program."""
 
 from __future__ import annotations
 
