@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpcore.core.trace_seeds import replay_draw
 from mpcore.tracing.program import (
     Assign,
     KernelCall,
@@ -52,7 +53,6 @@ from mpcore.tracing.program import (
     reads,
     step_reads,
 )
-from mpcore.tracing.seeds import replay_draw
 
 #: Argument kinds a captured kernel call may take (see ``mpcore.program``).
 CAPTURABLE_SPECS = frozenset("svcltT")

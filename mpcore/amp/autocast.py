@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.core.categories import Category
+from mpcore.mixed_precision import amp_hooks as hooks
 from mpcore.mixed_precision.policy import global_policy, policy_origin
 from mpcore.plugins import registry
 

@@ -32,18 +32,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
 from mpcore.core import user_frames as _user_frames
 from mpcore.core.tensor import Variable
+from mpcore.mixed_precision import amp_hooks as hooks
+from mpcore.mixed_precision import trace_hooks
 from mpcore.mixed_precision.policy import global_policy, policy_origin
 from mpcore.ops import dispatch as _dispatch
 from mpcore.optimizers import Optimizer
 from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 from mpcore.plugins import registry
-from mpcore.tracing import hooks as trace_hooks
 from mpcore.tracing.function import TraceError, in_kept_whole, in_traced_step
 from mpcore.tracing.program import KernelCall, WholeCall, reads
 

@@ -46,11 +46,11 @@ ALIASES: dict[str, str] = {
     "mpcore.program": "mpcore.tracing.program",
     "mpcore.trace_arguments": "mpcore.tracing.signature",
     "mpcore.trace_outputs": "mpcore.tracing.outputs",
-    "mpcore.trace_hooks": "mpcore.tracing.hooks",
+    "mpcore.trace_hooks": "mpcore.mixed_precision.trace_hooks",
     "mpcore.trace_python_state": "mpcore.tracing.python_state",
     "mpcore.trace_reach": "mpcore.tracing.reach",
-    "mpcore.trace_seeds": "mpcore.tracing.seeds",
-    "mpcore.trace_state": "mpcore.tracing.state",
+    "mpcore.trace_seeds": "mpcore.core.trace_seeds",
+    "mpcore.trace_state": "mpcore.core.trace_state",
     "mpcore.clipping": "mpcore.optimizers.clipping",
     "mpcore.hyperparameters": "mpcore.optimizers.hyperparameters",
     "mpcore.optimizer_gradients": "mpcore.optimizers.gradients",
@@ -59,6 +59,9 @@ ALIASES: dict[str, str] = {
     "mpcore.demo": "mpcore.cli.demo",
     "mpcore.demo_report": "mpcore.cli.demo_report",
     "mpcore.train": "mpcore.amp.train",
+    # modules of packages that moved to break a cycle between packages
+    "mpcore.amp.hooks": "mpcore.mixed_precision.amp_hooks",
+    "mpcore.debugging.scopes": "mpcore.layers.scopes",
 }
 
 

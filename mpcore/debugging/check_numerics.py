@@ -14,7 +14,7 @@ from mpcore import ops
 from mpcore.core import dtypes as _dtypes
 from mpcore.core.tape import VariableRead
 from mpcore.core.tensor import Tensor, Variable
-from mpcore.debugging.scopes import layer_path
+from mpcore.layers.scopes import layer_path
 from mpcore.ops import dispatch as _dispatch
 
 _checking = contextvars.ContextVar("mpcore_checking", default=False)

@@ -2,7 +2,7 @@
 backward pass watched and measured against the 16- and 8-bit formats a user might train in.
 
 How it watches: the same per-op hook as ``enable_check_numerics`` (dispatch calls it with every
-op's inputs and output), layers naming themselves with :func:`~mpcore.debugging.scopes.
+op's inputs and output), layers naming themselves with :func:`~mpcore.layers.scopes.
 layer_scope`, and a scope around each recorded node's backward ops (``backprop.node_scope``), so
 a gradient op is named after the layer of the forward op it differentiates. Every op's output is
 read to the host once and reduced to a :class:`~mpcore.debugging.formats.Measurement`; no
@@ -30,8 +30,8 @@ from mpcore.core.tape import GradientTape, Node, VariableRead
 from mpcore.core.tensor import Tensor, Variable
 from mpcore.debugging import formats as _formats
 from mpcore.debugging.report import NumericsReport, OpRecord
-from mpcore.debugging.scopes import layer_path
 from mpcore.layers.base import Layer, flatten, no_tapes
+from mpcore.layers.scopes import layer_path
 from mpcore.losses import losses as _losses
 from mpcore.mixed_precision import policy as _policy
 from mpcore.models.data import count, to_device

@@ -26,15 +26,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mpcore import ops
-from mpcore.amp import hooks as _amp
 from mpcore.core import dtypes as _dtypes
 from mpcore.core import random as _random
 from mpcore.core import tape as _tape
 from mpcore.core.tensor import Tensor, Variable
-from mpcore.debugging import scopes as _scopes
 from mpcore.layers import added_losses as _added_losses
 from mpcore.layers import auto_config as _auto_config
+from mpcore.layers import scopes as _scopes
 from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
+from mpcore.mixed_precision import amp_hooks as _amp
 from mpcore.mixed_precision import policy as _policy
 from mpcore.ops.dispatch import autocast_scope
 

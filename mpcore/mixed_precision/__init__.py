@@ -65,7 +65,7 @@ def _rewrite_enabled() -> bool:
 def _autocast_on() -> bool:
     import sys
 
-    hooks = sys.modules.get("mpcore.amp.hooks")
+    hooks = sys.modules.get("mpcore.mixed_precision.amp_hooks")
     return hooks is not None and hooks.autocast_on()
 
 

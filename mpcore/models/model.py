@@ -26,6 +26,7 @@ from mpcore.layers.base import (
 )
 from mpcore.losses import losses as _losses
 from mpcore.metrics import metrics as _metrics
+from mpcore.mixed_precision import trace_hooks as _trace_hooks
 from mpcore.models import compile_utils as _compile
 from mpcore.models import data as _data
 from mpcore.models import graph as _graph
@@ -34,7 +35,6 @@ from mpcore.models import summary as _summary
 from mpcore.models.trainer import Trainer
 from mpcore.optimizers import loss_scale_optimizer as _lso
 from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
-from mpcore.tracing import hooks as _trace_hooks
 from mpcore.tracing.function import function
 
 _REFRESH_S = 0.25  # progress-bar refresh period: each refresh reads the metrics once

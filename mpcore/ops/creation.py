@@ -13,9 +13,9 @@ from mpcore.core import arguments as _args
 from mpcore.core import dtypes as _dt
 from mpcore.core import random as _random
 from mpcore.core.tensor import Tensor
+from mpcore.core.trace_seeds import given_seed
+from mpcore.core.trace_state import local
 from mpcore.plugins import registry
-from mpcore.tracing.seeds import given_seed
-from mpcore.tracing.state import local
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 

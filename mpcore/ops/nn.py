@@ -15,6 +15,7 @@ from mpcore.core import dtypes as _dt
 from mpcore.core import random as _random
 from mpcore.core.tape import Node, recording
 from mpcore.core.tensor import Tensor
+from mpcore.core.trace_seeds import given_seed
 from mpcore.ops.creation import (
     index_tensor,
     one_hot,
@@ -50,7 +51,6 @@ from mpcore.ops.elementwise import (
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import max, one_axis, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import expand_dims, reshape
-from mpcore.tracing.seeds import given_seed
 
 
 def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:

@@ -41,20 +41,20 @@ from mpcore.core import backend as _backend
 from mpcore.core import random as _random
 from mpcore.core import tape as _tape
 from mpcore.core import tensor as _tensor
+from mpcore.core import trace_seeds as _seeds
 from mpcore.core import user_frames as _user_frames
 from mpcore.core.tensor import Tensor, Variable
+from mpcore.core.trace_state import TraceError, refuse
+from mpcore.core.trace_state import local as _local
 from mpcore.mixed_precision import loss_scale as _loss_scale
+from mpcore.mixed_precision import trace_hooks as _hooks
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tracing import hooks as _hooks
 from mpcore.tracing import outputs as _outputs
 from mpcore.tracing import python_state as _python_state
-from mpcore.tracing import seeds as _seeds
 from mpcore.tracing import signature as _args
 from mpcore.tracing.program import Assign, Program, WholeCall, fold_constants, weakened
 from mpcore.tracing.recorder import Recorder
 from mpcore.tracing.signature import value_key
-from mpcore.tracing.state import TraceError, refuse
-from mpcore.tracing.state import local as _local
 
 __all__ = ["Function", "TraceError", "function", "in_kept_whole", "in_traced_step", "kept_whole",
            "on_replay", "recording_kernels", "value_key"]

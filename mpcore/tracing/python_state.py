@@ -5,7 +5,7 @@ only while it is traced. So a step that changes Python state (``self.calls += 1`
 ``self.last = x``, ``self.history.append(...)``, ``state["n"] += 1`` on a dict it closes over,
 a ``global`` counter) would change it once, at the trace, and never again: eagerly it changes at
 every call. ``tf.function`` lets that happen silently; mpcore refuses it with a
-:class:`~mpcore.tracing.state.TraceError` naming the object and the attribute (or, under
+:class:`~mpcore.core.trace_state.TraceError` naming the object and the attribute (or, under
 ``fallback=True``, runs the function eagerly from then on).
 
 How it is seen: before the step runs, :class:`StateWatch` takes a shallow snapshot of the Python

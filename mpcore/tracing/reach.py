@@ -20,7 +20,7 @@ from typing import Any
 
 from mpcore.core.backend import Backend
 from mpcore.core.tensor import Tensor, Variable
-from mpcore.tracing.seeds import DrawnSeed
+from mpcore.core.trace_seeds import DrawnSeed
 
 __all__ = ["BUILTIN_PLAIN", "MAX_ITEMS", "MISSING", "At", "Owner", "Path", "kind_of",
            "owner_of", "read", "show", "text"]

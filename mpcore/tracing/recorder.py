@@ -12,9 +12,9 @@ from typing import Any
 
 from mpcore.core import user_frames as _user_frames
 from mpcore.core.tensor import Tensor, Variable
+from mpcore.core.trace_seeds import SEED_COPY, DrawnSeed
+from mpcore.core.trace_state import refuse
 from mpcore.tracing.program import KernelCall, Spec, WholeCall
-from mpcore.tracing.seeds import SEED_COPY, DrawnSeed
-from mpcore.tracing.state import refuse
 
 #: Kernels that take a seed, and the seed's position among their arguments.
 _SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}

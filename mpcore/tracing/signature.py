@@ -19,8 +19,8 @@ from typing import Any
 
 from mpcore.core.tensor import Tensor, Variable
 from mpcore.mixed_precision import policy as _policy
+from mpcore.mixed_precision import trace_hooks as _hooks
 from mpcore.plugins import registry as _registry
-from mpcore.tracing import hooks as _hooks
 
 _BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
 

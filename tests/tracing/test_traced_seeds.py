@@ -1,4 +1,4 @@
-"""Seeds in traced steps (mpcore.tracing.seeds): each seed a step draws is drawn again at each
+"""Seeds in traced steps (mpcore.core.trace_seeds): each seed a step draws is drawn again at each
 replay where eager execution draws it, so random ops get the seeds eager execution would give
 them, in the same order, whatever else the step draws or sets in between. Each case compares
 the replays with eager calls from the same seed, on every backend here."""

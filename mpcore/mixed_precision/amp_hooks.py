@@ -15,8 +15,8 @@ import threading
 from typing import Any, Protocol
 
 from mpcore.core import dtypes as _dt
+from mpcore.mixed_precision import trace_hooks
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tracing import hooks as trace_hooks
 
 
 class Decider(Protocol):

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore.core import random as _random
-from mpcore.tracing.state import local
+from mpcore.core.trace_state import local
 
 __all__ = ["DrawnSeed", "given_seed", "next_seed_recorded", "replay_draw", "seed_refusal"]
 
