@@ -1,7 +1,7 @@
 """The CUDA backend's kernels against the CPU backend, on a GPU (skipped elsewhere with the
 reason): batched 16-bit GEMMs, bit-exact casts, the device flag, the fused optimizer kernels,
-image kernels and random numbers (the rules, messages and NVRTC checks that run anywhere:
-test_cuda.py)."""
+image kernels and random numbers (the rules and messages that run anywhere: test_cuda.py;
+the NVRTC checks: test_cuda_sources.py)."""
 
 from __future__ import annotations
 
