@@ -1,9 +1,10 @@
 """Checkpoints (``mp.checkpoint``): a model's whole training state in one checksummed file, so
 a resumed run repeats an uninterrupted one; the names of :mod:`mpcore.checkpoint.checkpoint`.
 
-A package of its own, not part of ``saving/``: ``Model.save_weights`` and ``BackupAndRestore``
-use it, and ``saving/`` (Keras' formats) sits above ``models/`` (it registers the models'
-classes), so ``saving/checkpoint`` would make ``models`` and ``saving`` import each other."""
+A package of its own beside ``saving/``: ``saving/`` is Keras 3's formats (``.keras``,
+``.weights.h5``, configs), this is mpcore's own file of the whole training state (slots, loss
+scale, seeds, step), which ``Model.save``/``load_weights`` and ``BackupAndRestore`` use and
+``saving/`` borrows only for its atomic writes; ``mp.checkpoint`` was a module of its own."""
 
 from __future__ import annotations
 
