@@ -90,6 +90,6 @@ __all__ = [
 
 # Nothing is detected here: the backend is chosen and proved at first use (get_backend), so
 # `import mpcore` opens no device and a bad MPCORE_BACKEND cannot stop `mpcore info`.
-# The module paths of before issue 34 (mpcore.policy, mpcore.loss_scale ...) keep working, as
+# The module paths of before issue 34 (mpcore.<module>: policy, loss_scale ...) keep working, as
 # the same module objects; installed last, so the modules loaded above keep mpcore's names.
 _module_aliases.install()
