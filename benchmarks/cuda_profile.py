@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import mpcore as mp
-from mpcore import backend as backend_module
+from mpcore.core import backend as backend_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_train_step import POLICIES, GuideLoop, flops_per_step
@@ -45,7 +45,7 @@ extern "C" __global__ void spin(long long cycles) {
 
 
 class KernelTimer:
-    """A kernel view (``mpcore.backend.set_kernel_view``) that times each kernel call."""
+    """A kernel view (``mpcore.core.backend.set_kernel_view``) that times each kernel call."""
 
     def __init__(self, backend: mp.Backend, lead_us: float = 200.0) -> None:
         self.backend = backend

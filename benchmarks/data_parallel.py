@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
-from mpcore.demo import build_model
+from mpcore.cli.demo import build_model
 from mpcore.distribution import launch
 from mpcore.distribution.sharding import rows_of
 

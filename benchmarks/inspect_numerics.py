@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
+from mpcore.cli.demo import build_model
 from mpcore.debugging import DEFAULT_DTYPES, FORMATS
-from mpcore.demo import build_model
 
 
 def _seconds(fn: Callable[[], Any], repeat: int) -> float:

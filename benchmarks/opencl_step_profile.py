@@ -21,7 +21,7 @@ import numpy as np
 import pyopencl as cl
 
 import mpcore as mp
-from mpcore.demo import build_model
+from mpcore.cli.demo import build_model
 
 
 def _watch(rt: Any, events: list[tuple[str, Any]]) -> None:

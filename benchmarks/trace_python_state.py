@@ -1,4 +1,4 @@
-"""What the Python-state check (mpcore.trace_python_state) adds to tracing a step: a ResNet
+"""What the Python-state check (mpcore.tracing.python_state) adds to tracing a step: a ResNet
 with about as many layers as ResNet-50 (``--blocks 8``: 176), its training step traced (a kept
 trace: the model and optimizer built first), timed with and without the check's two parts
 (the snapshot before the step, the comparison after). Replays never take the snapshot.
@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_zoo import ResNetShape, resnet
 
 import mpcore as mp
-from mpcore import trace_python_state as _python_state
-from mpcore.trace_python_state import StateWatch
+from mpcore.tracing import python_state as _python_state
+from mpcore.tracing.python_state import StateWatch
 
 
 class _Off:
-    """No check: the trace as it was before mpcore.trace_python_state."""
+    """No check: the trace as it was before mpcore.tracing.python_state."""
 
     def __init__(self, *args: Any) -> None:
         pass

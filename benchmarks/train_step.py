@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 import mpcore as mp
-from mpcore.demo import build_model
+from mpcore.cli.demo import build_model
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "mixed_float8")
 #: What runs without --policy (mixed_float8 is asked for: it needs --path fit).

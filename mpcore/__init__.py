@@ -13,8 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mpcore import dtypes, ops, random
-from mpcore.backend import (
+from mpcore import ops
+from mpcore.core import dtypes, random
+from mpcore.core import module_aliases as _module_aliases
+from mpcore.core.backend import (
     Backend,
     BackendUnavailableError,
     Device,
@@ -22,16 +24,16 @@ from mpcore.backend import (
     KernelSet,
     Support,
 )
-from mpcore.function import Function, TraceError, function
-from mpcore.hookspecs import hookimpl
-from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.core.tape import GradientTape
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.mixed_precision import DTypePolicy, set_global_policy, set_policy
-from mpcore.plugins import plugin_errors
-from mpcore.policy import Policy, global_policy, policy_scope
-from mpcore.registry import backends, get_backend, set_backend
-from mpcore.tape import GradientTape
-from mpcore.tensor import Tensor, Variable
-from mpcore.verdict import Measurement, Verdict, check_policy
+from mpcore.mixed_precision.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.mixed_precision.policy import Policy, global_policy, policy_scope
+from mpcore.mixed_precision.verdict import Measurement, Verdict, check_policy
+from mpcore.plugins.hookspecs import hookimpl
+from mpcore.plugins.manager import plugin_errors
+from mpcore.plugins.registry import backends, get_backend, set_backend
+from mpcore.tracing.function import Function, TraceError, function
 
 __version__ = "0.1.0"
 
@@ -44,20 +46,24 @@ _LAZY_MODULES = {
     "losses": "mpcore.losses", "metrics": "mpcore.metrics", "datasets": "mpcore.datasets",
     "callbacks": "mpcore.callbacks", "checkpoint": "mpcore.checkpoint",
     "debugging": "mpcore.debugging", "distribution": "mpcore.distribution",
-    "train": "mpcore.train",   # tf.train.experimental.enable_mixed_precision_graph_rewrite
+    "train": "mpcore.amp.train",   # tf.train.experimental.enable_mixed_precision_graph_rewrite
     "utils": "mpcore.utils",   # keras.utils: PyDataset, (un)pack_x_y_sample_weight
     "saving": "mpcore.saving",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
     "Model": ("mpcore.models", "Model"), "Sequential": ("mpcore.models", "Sequential"),
     "Input": ("mpcore.layers", "Input"),
-    "LossScaleOptimizer": ("mpcore.loss_scale_optimizer", "LossScaleOptimizer"),
+    "LossScaleOptimizer": ("mpcore.optimizers.loss_scale_optimizer", "LossScaleOptimizer"),
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         module = importlib.import_module(_LAZY_MODULES[name])
+        globals()[name] = module
+        return module
+    if f"mpcore.{name}" in _module_aliases.ALIASES:   # a module's old path, e.g. mp.policy
+        module = importlib.import_module(f"mpcore.{name}")
         globals()[name] = module
         return module
     if name in _LAZY_ATTRS:
@@ -84,3 +90,6 @@ __all__ = [
 
 # Nothing is detected here: the backend is chosen and proved at first use (get_backend), so
 # `import mpcore` opens no device and a bad MPCORE_BACKEND cannot stop `mpcore info`.
+# The module paths of before issue 34 (mpcore.<module>: policy, loss_scale ...) keep working, as
+# the same module objects; installed last, so the modules loaded above keep mpcore's names.
+_module_aliases.install()

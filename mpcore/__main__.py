@@ -2,6 +2,6 @@
 
 import sys
 
-from mpcore.cli import main
+from mpcore.cli.app import main
 
 sys.exit(main())

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore import registry
 
 # (rtol, atol) by the dtype a result is delivered in: the conformance kit's table, so the
 # project's tests hold the built-in backends to what the kit holds a third party's to.
 from mpcore.conformance.harness import TOLERANCES
+from mpcore.plugins import registry
 
 BACKEND_NAMES = ("cpu", "opencl", "cuda")
 
@@ -117,7 +117,7 @@ def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
 def train_guide_on_mnist(policy: str | mp.Policy, data: Any) -> tuple[Any, float]:
     """The guide's model (64 units) trained on ``data`` with ``policy`` on the current backend
     (5 epochs, batch 128, validation_split 0.2, seed 0): the model and its test accuracy."""
-    from mpcore import demo
+    from mpcore.cli import demo
 
     mp.random.set_seed(0)
     with mp.policy_scope(policy):

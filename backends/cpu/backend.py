@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from mpcore_xp import LOW, XpBackend
 
-from mpcore.backend import Device, Support
-from mpcore.extras import install_command
+from mpcore.core.backend import Device, Support
+from mpcore.plugins.extras import install_command
 
 from .compile import compile_program
 from .cpuinfo import cpu_device

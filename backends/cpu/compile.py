@@ -1,6 +1,6 @@
 """The CPU backend's ``compile_program``: the recorded program, rewritten where the rewrite
 gives the same bits with fewer calls, then written as one Python function as the generic replay
-is (:meth:`mpcore.program.Program.compile`).
+is (:meth:`mpcore.tracing.program.Program.compile`).
 
 Both rewrites stand for particular kernels (the CPU backend's own softmax and cross-entropy,
 its own SGD and RMSprop bodies), so they apply only where the kernel table holds those: a
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpcore.program import Program
+from mpcore.tracing.program import Program
 
 from .grouped_updates import FORMS, GATHER_MAX_ELEMENTS, group_updates
 from .softmax_reuse import PAIR, reuse_softmax

@@ -6,7 +6,7 @@ import os
 import platform
 from functools import lru_cache
 
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 # Flags that matter for mixed precision speed, shown in the device description.
 INTERESTING = frozenset({

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 from mpcore_xp import DTYPES, F16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 from .elementwise import quiet
 from .pool import POOL, aligned_empty

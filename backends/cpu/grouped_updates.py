@@ -33,8 +33,18 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F32
 
-from mpcore.function import value_key
-from mpcore.program import NONE, Const, KernelCall, ListOf, Node, Op, Program, Slot, VariableRead
+from mpcore.tracing.function import value_key
+from mpcore.tracing.program import (
+    NONE,
+    Const,
+    KernelCall,
+    ListOf,
+    Node,
+    Op,
+    Program,
+    Slot,
+    VariableRead,
+)
 
 from .optim import _rmsprop, _rmsprop_constants, _sgd, _sgd_constants
 

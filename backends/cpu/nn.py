@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, DTYPES, F16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 _F32 = F32
 _ZERO32 = np.zeros((), _F32)

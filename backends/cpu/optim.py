@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F32, LOW
 
-from mpcore.backend import same_values
+from mpcore.core.backend import same_values
 
 from .elementwise import quiet
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.settings import SettingError
+from mpcore.plugins.settings import SettingError
 
 #: Arrays smaller than this come from ``np.empty`` (glibc reuses small blocks well).
 MIN_BYTES = 1 << 20

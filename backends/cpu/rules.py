@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mpcore.backend import Support
-from mpcore.extras import install_command
-from mpcore.policy import POLICIES
+from mpcore.core.backend import Support
+from mpcore.mixed_precision.policy import POLICIES
+from mpcore.plugins.extras import install_command
 
 # The instructions that make a 16-bit matmul faster than float32 on a CPU.
 FAST_FLAGS: dict[str, tuple[str, ...]] = {

@@ -10,7 +10,7 @@ does so only where both calls are this backend's own kernels (``compile.py`` che
 that replaces either may compute them differently), nothing reads the softmax before the
 cross-entropy runs, and nothing between the two may write into an array (an optimizer's
 in-place update, a call kept whole, an assignment: the logits may be a view of a variable).
-Kernels never write into their operands (:func:`mpcore.program.fold_constants` relies on the
+Kernels never write into their operands (:func:`mpcore.tracing.program.fold_constants` relies on the
 same), so the softmax's readers and the cross-entropy's gradient can share the array; one
 softmax per cross-entropy, so that two predictions are never one array.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.program import (
+from mpcore.tracing.program import (
     Const,
     KernelCall,
     ListOf,

@@ -24,8 +24,8 @@ from typing import Any
 
 from mpcore_xp import XpBackend
 
-from mpcore.backend import Device, Support
-from mpcore.extras import install_command
+from mpcore.core.backend import Device, Support
+from mpcore.plugins.extras import install_command
 
 from .creation import CudaCreation
 from .devices import cupy_missing, describe, device_table, hidden_by_env, no_device

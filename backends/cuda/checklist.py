@@ -90,11 +90,11 @@ def plan(python: str = sys.executable, peer: str | None = PEER) -> list[Check]:
         # the contract a third-party backend is held to: dtypes and shapes of every kernel
         Check("conformance", "cuda_tests", 120, (python, "-m", "mpcore", "conformance", "cuda")),
         Check("traced steps on cuda", "traced", 150,
-              (*pytest, "tests/training/test_traced_steps.py",
+              (*pytest, "tests/tracing/test_traced_steps.py",
                "tests/backends/cuda/test_cuda_graphs.py", "--log-level=INFO",
                "-o", "log_cli=true"), cuda),
         Check("traced steps, graphs off", "traced", 90,
-              (*pytest, "-x", "tests/training/test_traced_steps.py"),
+              (*pytest, "-x", "tests/tracing/test_traced_steps.py"),
               {**cuda, "MPCORE_CUDA_GRAPHS": "0"}),
         Check("bench graphs on", "bench", 60, (*bench, "--jit", *small),
               {"MPCORE_CUDA_GRAPHS": "1"}),

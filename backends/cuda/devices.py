@@ -9,7 +9,7 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 from .rules import TENSOR_CORE_CAPABILITY
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.settings import env_choice
+from mpcore.plugins.settings import env_choice
 
 FP8_CAPABILITY = (8, 9)
 ALIGNMENT = 16

@@ -1,5 +1,5 @@
 """Which steps of a traced program a CUDA graph may hold, and how the program splits into
-captured segments (pure functions of a :class:`mpcore.program.Program`: no CuPy here, so the
+captured segments (pure functions of a :class:`mpcore.tracing.program.Program`: no CuPy here, so the
 CPU suite tests them on programs traced on the cpu backend).
 
 A graph replays the device work recorded while it was captured, with the arguments it had
@@ -42,7 +42,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore.program import (
+from mpcore.core.trace_seeds import replay_draw
+from mpcore.tracing.program import (
     Assign,
     Const,
     KernelCall,
@@ -61,9 +62,8 @@ from mpcore.program import (
     step_writes,
     walk,
 )
-from mpcore.trace_seeds import replay_draw
 
-#: Argument node types a captured kernel call may take (see ``mpcore.program_nodes``).
+#: Argument node types a captured kernel call may take (see ``mpcore.tracing.program_nodes``).
 CAPTURABLE_SPECS = frozenset({Slot, VariableRead, Const, ListOf, TupleOf, TensorOf})
 
 WHOLE = ("kept whole: it runs Python at each replay (optimizer state, the loss-scale update "

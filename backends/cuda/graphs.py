@@ -60,7 +60,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mpcore.program import (
+from mpcore.tracing.program import (
     KernelCall,
     Node,
     Program,

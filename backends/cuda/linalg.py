@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, F16, LOW
 
-from mpcore.settings import env_choice
+from mpcore.plugins.settings import env_choice
 
 from .rules import TENSOR_CORE_CAPABILITY
 

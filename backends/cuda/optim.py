@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F32
 
-from mpcore.tensor import Tensor
+from mpcore.core.tensor import Tensor
 
 from . import kernels as _k
 from .kernels import BLOCK, CTYPE, KERNEL_FLOATS, grid

@@ -20,9 +20,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from mpcore.backend import Device, Support
-from mpcore.extras import install_command
-from mpcore.policy import POLICIES
+from mpcore.core.backend import Device, Support
+from mpcore.mixed_precision.policy import POLICIES
+from mpcore.plugins.extras import install_command
 
 #: The compute capability whose tensor cores run each 16-bit dtype.
 TENSOR_CORE_CAPABILITY: dict[str, tuple[int, int]] = {"float16": (7, 0), "bfloat16": (8, 0)}

@@ -23,7 +23,7 @@ _lock = threading.Lock()
 
 def _policy_compute(policy: Any) -> str:
     if isinstance(policy, str):
-        from mpcore.policy import POLICIES
+        from mpcore.mixed_precision.policy import POLICIES
 
         return POLICIES[policy][0] if policy in POLICIES else policy
     return str(getattr(policy, "compute_dtype", ""))

@@ -50,8 +50,8 @@ import numpy as np
 from mpcore_xp import DTYPES
 
 import mpcore
-from mpcore.backend import Backend, KernelSet
-from mpcore.settings import env_choice
+from mpcore.core.backend import Backend, KernelSet
+from mpcore.plugins.settings import env_choice
 
 from .conv import ConvCache
 from .convolution import ConvKernels

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 from .dnnl import DnnlError, Entry, Library, PrimitiveCache, _check, _ExecArg, _vp
 
@@ -170,7 +170,7 @@ class ReorderCast:
         return out
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
-        """For a traced step (``mpcore.backend.bind_call``): conversions of arrays of
+        """For a traced step (``mpcore.core.backend.bind_call``): conversions of arrays of
         ``x``'s dtype and size (fixed by the trace) on a reorder of their own, each call's
         layout checked; the fallback's converter (bound in turn) where this never takes
         them."""

@@ -26,7 +26,7 @@ import numpy as np
 from mpcore_xp import F16 as _F16
 from mpcore_xp import F32 as _F32
 
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 # Distributions that ship libdnnl.so, in order of preference. The CPU-runtime builds come first:
 # the plain ``onednn`` wheel (2025+) is built with the SYCL CPU runtime, which finds no CPU device

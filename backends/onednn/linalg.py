@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import DTYPES, LOW
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 from .matmul import MatmulCache
 from .nn import relu_in_place

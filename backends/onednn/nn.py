@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import BF16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 from .dnnl import DnnlError
 from .elementwise import BinaryCache

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.backend import bind_call, same_values
+from mpcore.core.backend import bind_call, same_values
 
 from .elementwise import BinaryCache
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib.util
 
 import mpcore
-from mpcore.backend import Backend, KernelSet
-from mpcore.extras import install_command
-from mpcore.settings import env_choice
+from mpcore.core.backend import Backend, KernelSet
+from mpcore.plugins.extras import install_command
+from mpcore.plugins.settings import env_choice
 
 from . import arithmetic
 from .creation import MIN_ELEMENTS, FastCast, cast_model

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpcore_xp import F16, F32
 
-from mpcore.backend import bind_call
+from mpcore.core.backend import bind_call
 
 #: ONNX TensorProto.DataType codes of the dtypes converted here.
 ONNX_TYPES = {F32: 1, F16: 10}
@@ -123,7 +123,7 @@ class FastCast:
                 and x.size >= MIN_ELEMENTS)
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
-        """For a traced step (``mpcore.backend.bind_call``): where this never takes arrays
+        """For a traced step (``mpcore.core.backend.bind_call``): where this never takes arrays
         of ``x``'s dtype and size (fixed by the trace), the fallback's converter, bound in
         turn; else this one, which decides on each call's layout."""
         if self._pair(x, np.dtype(dtype)):

@@ -15,7 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mpcore.dtypes import ALL as ALL_DTYPES
+from mpcore.core.dtypes import ALL as ALL_DTYPES
 
 # NumPy's dtype for every mpcore dtype name (bfloat16 comes from ml_dtypes).
 NP_DTYPES: dict[str, np.dtype[Any]] = {

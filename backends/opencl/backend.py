@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mpcore.backend import Backend, BackendUnavailableError, Device, KernelBuildError, Support
-from mpcore.extras import install_command
+from mpcore.core.backend import Backend, BackendUnavailableError, Device, KernelBuildError, Support
+from mpcore.plugins.extras import install_command
 
 from . import devices as _devices
 from .creation import CreationKernels

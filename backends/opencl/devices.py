@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mpcore.backend import Device
-from mpcore.extras import install_command
+from mpcore.core.backend import Device
+from mpcore.plugins.extras import install_command
 
 # Substrings of ICD library names (lower case) that belong to GPU drivers.
 GPU_DRIVERS = ("igdrcl", "intel-opencl", "amdocl", "rocm", "nvidia", "rusticl", "mesaopencl",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.backend import Device
-from mpcore.settings import env_choice
+from mpcore.core.backend import Device
+from mpcore.plugins.settings import env_choice
 
 from .rules import FP16
 

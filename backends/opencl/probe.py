@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata, resources
 from typing import Any
 
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 from .tiling import VECTOR_WIDTHS, candidate_widths
 

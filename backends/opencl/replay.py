@@ -6,7 +6,8 @@ kernel method per call, while a recorder watches the runtime: for each kernel ca
 every launch (the ``cl.Kernel``, its global and local sizes and its arguments) and every
 allocation, and where each buffer argument comes from: an operand of the call (a slot, a
 variable's current array, a constant), an allocation made inside the call, or the device error
-record. From then on the runner is one Python function (as :meth:`mpcore.program.Program.compile`
+record. From then on the runner is one Python function (as
+:meth:`mpcore.tracing.program.Program.compile`
 writes one) in which each such call is its allocations and its launches, ``k3(queue, (256,),
 (256,), n, s2.data, a7)``: none of the kernel method's per-call work (program lookups,
 broadcast geometry, scalar conversion, argument checks) is left.
@@ -25,7 +26,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from mpcore.program import (
+from mpcore.tracing.program import (
     Composite,
     Const,
     KernelCall,

@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mpcore.backend import Device, Support
-from mpcore.extras import install_command
-from mpcore.policy import POLICIES
+from mpcore.core.backend import Device, Support
+from mpcore.mixed_precision.policy import POLICIES
+from mpcore.plugins.extras import install_command
 
 FP16 = "cl_khr_fp16"
 INTEL_MATRIX = "cl_intel_subgroup_matrix_multiply_accumulate"

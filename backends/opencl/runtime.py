@@ -26,7 +26,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.tools as cl_tools
 
-from mpcore.backend import KernelBuildError
+from mpcore.core.backend import KernelBuildError
 
 from .arrays import FLOATS, MAX_ITEMS, NP_DTYPES, CLArray
 

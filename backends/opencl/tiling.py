@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 #: The vector widths the GEMM kernels are written for (OpenCL C has no 3-wide loads there).
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)

@@ -1,4 +1,4 @@
-""":class:`XpBackend`: a :class:`~mpcore.backend.Backend` whose kernels are written against an
+""":class:`XpBackend`: a :class:`~mpcore.core.backend.Backend` whose kernels are written against an
 array module with NumPy's API (``self.xp``), one family per module.
 
 A subclass sets ``xp`` (NumPy, or CuPy imported on first use), and overrides the kernels its
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from mpcore.backend import Backend
+from mpcore.core.backend import Backend
 
 from .creation import CreationKernels
 from .dtypes import LOW

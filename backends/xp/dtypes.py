@@ -11,7 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mpcore.dtypes import ALL
+from mpcore.core.dtypes import ALL
 
 #: mpcore dtype name -> NumPy dtype.
 DTYPES: dict[str, Any] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore.hookspecs import hookimpl
+from mpcore.plugins.hookspecs import hookimpl
 
 
 def __getattr__(name: str) -> Any:

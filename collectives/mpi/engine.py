@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from mpcore_mpi.shared import SharedBuckets
 
-from mpcore.backend import Backend
+from mpcore.core.backend import Backend
+from mpcore.core.tensor import Tensor
 from mpcore.distribution.collectives import MPI_HINT, Collectives, check_reduction
 from mpcore.distribution.faults import DistributionError, timeout_message
-from mpcore.tensor import Tensor
 
 # dtypes MPI reduces natively (16-bit gradients are averaged in float32: gradients.wire_dtype)
 REDUCIBLE = ("float32", "float64", "int32", "int64", "uint8")

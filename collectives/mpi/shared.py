@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mpcore.tensor import Tensor
+from mpcore.core.tensor import Tensor
 
 #: "0" turns the shared-memory buckets off (every bucket through MPI's all-reduce).
 SHARED_ENV = "MPCORE_MPI_SHARED_MEMORY"

@@ -4,7 +4,7 @@ installed (``pip install nvidia-nccl-cu12``; ``cupy-cuda12x[ctk]`` does not pull
 
 from __future__ import annotations
 
-from mpcore.hookspecs import hookimpl
+from mpcore.plugins.hookspecs import hookimpl
 
 
 @hookimpl

@@ -13,11 +13,11 @@ from typing import Any
 from mpcore_mpi.engine import MpiCollectives
 from mpcore_nccl.bootstrap import nccl_dtype, nccl_op, share_unique_id
 
-from mpcore.backend import Backend
+from mpcore.core.backend import Backend
+from mpcore.core.tensor import Tensor
 from mpcore.distribution.collectives import Collectives, check_reduction
 from mpcore.distribution.faults import timeout_message
-from mpcore.extras import install_command
-from mpcore.tensor import Tensor
+from mpcore.plugins.extras import install_command
 
 
 class NcclCollectives(Collectives):

@@ -30,12 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore import registry
-from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.target import check_dtype, device_dtype
-from mpcore.categories import Category
-from mpcore.policy import global_policy, policy_origin
+from mpcore.core.categories import Category
+from mpcore.mixed_precision import amp_hooks as hooks
+from mpcore.mixed_precision.policy import global_policy, policy_origin
+from mpcore.plugins import registry
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
 

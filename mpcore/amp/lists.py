@@ -1,6 +1,6 @@
 """The op lists of automatic mixed precision, and the three ways a user edits them.
 
-The defaults are the category table of :mod:`mpcore.categories` (after TF's
+The defaults are the category table of :mod:`mpcore.core.categories` (after TF's
 ``auto_mixed_precision_lists.h``): allow, deny, infer and clear. A user edits them without
 touching code, as Intel's ITEX and TF itself let one do:
 
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.categories import CATEGORIES, Category
+from mpcore.core.categories import CATEGORIES, Category
 
 LISTS = ("allowlist", "denylist", "inferlist", "clearlist")
 _OF_LIST = {"allowlist": Category.ALLOW, "denylist": Category.DENY,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mpcore.amp.lists import AutoMixedPrecisionLists
-from mpcore.categories import Category
+from mpcore.core.categories import Category
 
 ALLOW, DENY, INFER, CLEAR = Category.ALLOW, Category.DENY, Category.INFER, Category.CLEAR
 

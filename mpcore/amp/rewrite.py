@@ -9,7 +9,7 @@ steps) is rewritten per signature, in its first call (issue 34: a step prepared 
    ``finish`` sees), and each dtype decision of the dispatch is matched to the op it made; the
    painting pass (:mod:`mpcore.amp.painting`) colours the graph. What the pre-pass changed
    (variables, seeds, the Python state of calls kept whole) is put back
-   (:mod:`mpcore.trace_effects`) and its program is not kept;
+   (:mod:`mpcore.tracing.effects`) and its program is not kept;
 2. the same call traces again, and each op's dtype decision, identified by its order in
    the deterministic trace and checked against the recorded op name, is its painted dtype:
    16-bit ops cast their float32 inputs (variables included) to 16 bits and float32 ops cast
@@ -35,19 +35,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore import registry, trace_hooks
-from mpcore import user_frames as _user_frames
-from mpcore.amp import hooks
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
 from mpcore.amp.painting import OpNode, Painting, label, paint
 from mpcore.amp.target import check_dtype, device_dtype
-from mpcore.function import TraceError, in_kept_whole, in_traced_step
-from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.core import user_frames as _user_frames
+from mpcore.core.tensor import Variable
+from mpcore.mixed_precision import amp_hooks as hooks
+from mpcore.mixed_precision import trace_hooks
+from mpcore.mixed_precision.policy import global_policy, policy_origin
 from mpcore.ops import dispatch as _dispatch
 from mpcore.optimizers import Optimizer
-from mpcore.policy import global_policy, policy_origin
-from mpcore.program import KernelCall, WholeCall, step_reads, step_writes
-from mpcore.tensor import Variable
+from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.plugins import registry
+from mpcore.tracing.function import TraceError, in_kept_whole, in_traced_step
+from mpcore.tracing.program import KernelCall, WholeCall, step_reads, step_writes
 
 logger = logging.getLogger("mpcore")
 
@@ -94,7 +95,7 @@ class _Session:
     @property
     def pre_pass(self) -> bool:
         """Whether this trace only records the float32 op graph: its effects are put back
-        and the painted trace follows in the same call (:mod:`mpcore.trace_effects`)."""
+        and the painted trace follows in the same call (:mod:`mpcore.tracing.effects`)."""
         return self.plan is None
 
     def begin(self, recorder: Any) -> None:

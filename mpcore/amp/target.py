@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Any
 
-from mpcore import dtypes as _dt
-from mpcore.verdict import Verdict, check_policy
+from mpcore.core import dtypes as _dt
+from mpcore.mixed_precision.verdict import Verdict, check_policy
 
 logger = logging.getLogger("mpcore")
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 
-from mpcore import arguments as _args
-from mpcore import checkpoint as _checkpoint
 from mpcore.callbacks.base import Callback
+from mpcore.checkpoint import checkpoint as _checkpoint
+from mpcore.core import arguments as _args
 
 _FILE = "latest.mpck"
 

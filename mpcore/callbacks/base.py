@@ -20,7 +20,7 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpcore import arguments as _args
+from mpcore.core import arguments as _args
 
 logger = logging.getLogger("mpcore")
 

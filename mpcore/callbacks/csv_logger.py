@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterable
 from typing import IO, Any
 
-from mpcore import arguments as _args
 from mpcore.callbacks.base import Callback
+from mpcore.core import arguments as _args
 
 
 class CSVLogger(Callback):

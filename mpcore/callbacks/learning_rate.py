@@ -15,8 +15,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore.callbacks.base import Callback, check_monitor, improved, mode_for
+from mpcore.core import arguments as _args
 
 
 def _optimizer(callback: Callback, owner: str) -> Any:

@@ -16,9 +16,9 @@ import os
 import time
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore.callbacks.base import Callback
-from mpcore.extras import install_command
+from mpcore.core import arguments as _args
+from mpcore.plugins.extras import install_command
 
 _UNSUPPORTED = {"write_images": False, "profile_batch": 0, "embeddings_freq": 0,
                 "embeddings_metadata": None}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore.callbacks.base import Callback
+from mpcore.core import arguments as _args
 
 
 def _bad(loss: Any) -> bool:

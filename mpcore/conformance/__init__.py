@@ -11,7 +11,7 @@ It checks, with the CPU backend as the reference and dtype-aware tolerances:
 - the Backend contract: a class attribute ``name``, construction without arguments, a cheap
   (timed) ``unavailable_reason()``, ``devices()`` returning :class:`~mpcore.Device` objects,
   ``policy_support`` returning a :class:`~mpcore.Support` for every policy, every kernel of
-  :data:`~mpcore.backend.REQUIRED_KERNELS` present and callable;
+  :data:`~mpcore.core.backend.REQUIRED_KERNELS` present and callable;
 - every required kernel's values, dtype and shape on small random inputs, in float32 and (where
   the core calls the kernel in 16 bits, i.e. the op is not *deny* on this backend) float16 and
   bfloat16: broadcasting, Python-scalar operands, reductions over axes with keepdims, matmul

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mpcore.conformance.plan import check, check_names
-from mpcore.hookspecs import hookimpl
+from mpcore.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from mpcore.cli import Subcommands
+    from mpcore.cli.app import Subcommands
 
 HELP = "check a backend against the kernel and plugin contract"
 

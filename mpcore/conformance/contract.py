@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import time
 
-from mpcore.backend import OPTIONAL_KERNELS, REQUIRED_KERNELS, Device, Support
 from mpcore.conformance.harness import CheckFailedError, Context
-from mpcore.policy import POLICIES
+from mpcore.core.backend import OPTIONAL_KERNELS, REQUIRED_KERNELS, Device, Support
+from mpcore.mixed_precision.policy import POLICIES
 
 #: ``unavailable_reason()`` runs at ``import mpcore``; slower than this is a failure.
 CHEAP_SECONDS = 0.25

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore.backend import Backend
-from mpcore.categories import Category
 from mpcore.conformance.report import FAIL, PASS, SKIP, CheckResult, Report
+from mpcore.core.backend import Backend
+from mpcore.core.categories import Category
 
 FLOATS = ("float32", "float16", "bfloat16")
 LOW = ("float16", "bfloat16")

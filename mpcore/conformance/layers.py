@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpcore.backend import Backend
 from mpcore.conformance.harness import CheckFailedError, Context
+from mpcore.core.backend import Backend
 
 #: (rtol, atol as a fraction of the largest reference value): float32 holds several roundings
 #: per value; 16-bit inputs and activations round each layer's every step.
@@ -79,8 +79,10 @@ def _run(be: Backend, case: Case, host: list[Any], weights: list[Any] | None,
     """The case's output, the gradients of ``sum(output * r)`` and the layer's weights after
     the call (BatchNorm's moving statistics), all as host arrays; computed on ``be`` under the
     policy of ``dtype`` (float64 on the reference)."""
-    from mpcore import ops, policy, registry
-    from mpcore.tape import GradientTape
+    from mpcore import ops
+    from mpcore.core.tape import GradientTape
+    from mpcore.mixed_precision import policy
+    from mpcore.plugins import registry
 
     with registry.backend_scope(be), policy.policy_scope(POLICY[dtype]):
         layer = case.make()

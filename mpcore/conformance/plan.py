@@ -16,9 +16,9 @@ import mpcore.conformance.kernels as kernels
 import mpcore.conformance.layers as layers
 import mpcore.conformance.training as training
 import mpcore.conformance.training_kernels as training_kernels
-from mpcore.backend import Backend
 from mpcore.conformance.harness import FLOATS, Check, run_checks, selected
 from mpcore.conformance.report import Report
+from mpcore.core.backend import Backend
 
 
 def checks(quick: bool) -> Iterator[Check]:
@@ -131,7 +131,7 @@ def check_names(quick: bool = False) -> list[str]:
 def _resolve(backend: Backend | str) -> Backend:
     if isinstance(backend, Backend):
         return backend
-    from mpcore.registry import backends, find_backend
+    from mpcore.plugins.registry import backends, find_backend
 
     found = find_backend(backend)      # any case, as MPCORE_BACKEND
     if found is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpcore.backend import REQUIRED_KERNELS
+from mpcore.core.backend import REQUIRED_KERNELS
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 

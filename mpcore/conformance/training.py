@@ -8,16 +8,16 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from mpcore.backend import Backend
 from mpcore.conformance.harness import LOW, CheckFailedError, Context
+from mpcore.core.backend import Backend
 
 
 def _mlp_grads(be: Backend, host: dict[str, Any], dtype: str) -> dict[str, Any]:
     """Gradients of a small MLP's loss on ``be``: the weights are ``dtype`` Variables read in
     ``dtype`` (float16/bfloat16: float32 Variables read through a cast, as layers do)."""
     from mpcore import ops
-    from mpcore.tape import GradientTape
-    from mpcore.tensor import Variable
+    from mpcore.core.tape import GradientTape
+    from mpcore.core.tensor import Variable
 
     var_dtype = "float32" if dtype in LOW else dtype
     ws = {n: Variable(host[n], dtype=var_dtype, backend=be, name=n)
@@ -83,9 +83,9 @@ def check_training(ctx: Context) -> str:
     """mixed_float16 training with a dynamic loss scale: one batch carries an Inf, that step
     is skipped (weights untouched, scale halved) and training goes on."""
     np = ctx.np
-    from mpcore.loss_scale import DynamicLossScale
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.mixed_precision.loss_scale import DynamicLossScale
     from mpcore.optimizers import SGD
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     host = _mlp_inputs(ctx)
     steps = 6 if ctx.quick else 20
@@ -93,8 +93,8 @@ def check_training(ctx: Context) -> str:
 
     def train(be: Backend) -> tuple[list[float], list[bool], list[float], bool, int]:
         from mpcore import ops
-        from mpcore.tape import GradientTape
-        from mpcore.tensor import Variable
+        from mpcore.core.tape import GradientTape
+        from mpcore.core.tensor import Variable
 
         ws = [Variable(host[n], dtype="float32", backend=be, name=n)
               for n in ("w1", "b1", "w2", "b2")]

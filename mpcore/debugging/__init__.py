@@ -20,7 +20,7 @@ from mpcore.debugging.check_numerics import (
     enable_check_numerics,
 )
 from mpcore.debugging.formats import FORMATS
-from mpcore.debugging.scopes import layer_scope, watching
+from mpcore.layers.scopes import layer_scope, watching
 
 if TYPE_CHECKING:
     from mpcore.debugging.inspector import DEFAULT_DTYPES, inspect_numerics

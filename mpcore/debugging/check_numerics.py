@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from mpcore import dtypes as _dtypes
 from mpcore import ops
-from mpcore.debugging.scopes import layer_path
+from mpcore.core import dtypes as _dtypes
+from mpcore.core.tape import VariableRead
+from mpcore.core.tensor import Tensor, Variable
+from mpcore.layers.scopes import layer_path
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tape import VariableRead
-from mpcore.tensor import Tensor, Variable
 
 _checking = contextvars.ContextVar("mpcore_checking", default=False)
 

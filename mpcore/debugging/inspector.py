@@ -2,7 +2,7 @@
 backward pass watched and measured against the 16- and 8-bit formats a user might train in.
 
 How it watches: the same per-op hook as ``enable_check_numerics`` (dispatch calls it with every
-op's inputs and output), layers naming themselves with :func:`~mpcore.debugging.scopes.
+op's inputs and output), layers naming themselves with :func:`~mpcore.layers.scopes.
 layer_scope`, and a scope around each recorded node's backward ops (``backprop.node_scope``), so
 a gradient op is named after the layer of the forward op it differentiates. Every op's output is
 read to the host once and reduced to a :class:`~mpcore.debugging.formats.Measurement`; no
@@ -24,19 +24,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mpcore import dtypes as _dtypes
-from mpcore import losses as _losses
-from mpcore import policy as _policy
-from mpcore.categories import CLEAR
+from mpcore.core import dtypes as _dtypes
+from mpcore.core.categories import CLEAR
+from mpcore.core.tape import GradientTape, Node, VariableRead
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.debugging import formats as _formats
 from mpcore.debugging.report import NumericsReport, OpRecord
-from mpcore.debugging.scopes import layer_path
 from mpcore.layers.base import Layer, flatten, no_tapes
+from mpcore.layers.scopes import layer_path
+from mpcore.losses import losses as _losses
+from mpcore.mixed_precision import policy as _policy
 from mpcore.models.data import count, to_device
 from mpcore.ops import backprop as _backprop
 from mpcore.ops import dispatch as _dispatch
-from mpcore.tape import GradientTape, Node, VariableRead
-from mpcore.tensor import Tensor, Variable
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 

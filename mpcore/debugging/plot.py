@@ -8,7 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from mpcore.debugging import formats as _formats
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 if TYPE_CHECKING:
     from mpcore.debugging.report import NumericsReport

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpcore.categories import DENY
+from mpcore.core.categories import DENY
 from mpcore.debugging import formats as _formats
 from mpcore.debugging.formats import Fractions, Measurement
 

@@ -15,7 +15,7 @@ import logging
 import warnings
 from typing import Any
 
-from mpcore import random as _random
+from mpcore.core import random as _random
 from mpcore.distribution import collectives as _collectives
 from mpcore.distribution import faults as _faults
 
@@ -40,8 +40,8 @@ class DataParallel:
 
     def __init__(self, communicator: Any = None, engine: str | None = None,
                  bucket_bytes: int = 4 << 20) -> None:
-        from mpcore import arguments as _args
-        from mpcore.registry import get_backend
+        from mpcore.core import arguments as _args
+        from mpcore.plugins.registry import get_backend
 
         self.bucket_bytes = _args.integer("bucket_bytes", bucket_bytes, 1)
         self.timeout = _faults.collective_timeout()

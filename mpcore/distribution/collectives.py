@@ -19,11 +19,11 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mpcore.distribution.faults import DistributionError
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 if TYPE_CHECKING:
-    from mpcore.backend import Backend
-    from mpcore.tensor import Tensor
+    from mpcore.core.backend import Backend
+    from mpcore.core.tensor import Tensor
 
 REDUCTIONS = ("sum", "min", "max")
 MPI_HINT = (f"{install_command('mpi')} for the site's MPI, or {install_command('mpi-mpich')} "
@@ -114,7 +114,7 @@ class Collectives:
 
 def engines() -> dict[str, type[Collectives]]:
     """Every engine the plugins provide, by name."""
-    from mpcore.plugins import get_plugins
+    from mpcore.plugins.manager import get_plugins
 
     found: dict[str, type[Collectives]] = {}
     for batch in get_plugins().manager.hook.mpcore_collectives():

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpcore import ops
-from mpcore import random as _random
-from mpcore.amp import hooks as _amp
+from mpcore.core import random as _random
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import api as _api
 from mpcore.distribution import faults as _faults
-from mpcore.tensor import Tensor, Variable
+from mpcore.mixed_precision import amp_hooks as _amp
 
 HEADER = ("layout", "loss_scale", "iterations", "random_counter", "rewrite")
 STATE_POINT = "the training state (layout, loss scale, step, random counter, graph rewrite)"

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 
 def mpiexec() -> str:

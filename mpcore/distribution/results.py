@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpcore.distribution import api as _api
-from mpcore.metrics import Mean, Metric
+from mpcore.metrics.metrics import Mean, Metric
 
 
 def results(metrics: Sequence[Metric]) -> list[float]:

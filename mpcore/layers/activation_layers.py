@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers import activations
 from mpcore.layers.base import Layer
-from mpcore.tensor import Tensor
 
 
 def large_negative(dtype: str) -> float:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import ops
-from mpcore.amp import hooks as _amp
-from mpcore.tensor import Tensor
+from mpcore.core.tensor import Tensor
+from mpcore.mixed_precision import amp_hooks as _amp
 
 Activation = Callable[[Tensor], Tensor]
 

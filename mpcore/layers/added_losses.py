@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.symbolic import flatten
-from mpcore.tensor import Tensor
 
 
 class _Depth(threading.local):

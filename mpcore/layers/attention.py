@@ -19,12 +19,12 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore import ops
+from mpcore.core import arguments as _args
+from mpcore.core.tensor import Tensor
 from mpcore.layers import initializers
 from mpcore.layers.activation_layers import large_negative
 from mpcore.layers.base import Layer
-from mpcore.tensor import Tensor
 
 # Keras 3 arguments mpcore has no machinery for: accepted (and kept in the config) only as None
 _UNSUPPORTED = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",

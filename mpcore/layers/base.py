@@ -25,18 +25,18 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mpcore import dtypes as _dtypes
 from mpcore import ops
-from mpcore import policy as _policy
-from mpcore import random as _random
-from mpcore import tape as _tape
-from mpcore.amp import hooks as _amp
-from mpcore.debugging import scopes as _scopes
+from mpcore.core import dtypes as _dtypes
+from mpcore.core import random as _random
+from mpcore.core import tape as _tape
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.layers import added_losses as _added_losses
 from mpcore.layers import auto_config as _auto_config
+from mpcore.layers import scopes as _scopes
 from mpcore.layers.symbolic import KerasTensor, Node, Shape, flatten, is_symbolic, map_structure
+from mpcore.mixed_precision import amp_hooks as _amp
+from mpcore.mixed_precision import policy as _policy
 from mpcore.ops.dispatch import autocast_scope
-from mpcore.tensor import Tensor, Variable
 
 _NAME_COUNTS: dict[str, int] = {}
 
@@ -92,7 +92,7 @@ class Layer:
     _autocast = True
     #: Set by the first call (a layer without weights builds in a traced step): every later
     #: call finds them so and leaves them, so a replay that does not set them changes nothing
-    #: eager execution would (mpcore.trace_python_state).
+    #: eager execution would (mpcore.tracing.python_state).
     _trace_set_once_attributes = ("built", "_build_shape")
     #: Written by build (the input rule) and by calls on KerasTensors (the functional graph's
     #: nodes), never by a call on tensors: not watched in a traced step, whose walk of a

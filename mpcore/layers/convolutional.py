@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers import activations
 from mpcore.layers.base import Layer
 from mpcore.ops.image import pair
-from mpcore.tensor import Tensor
 
 
 class Conv2D(Layer):

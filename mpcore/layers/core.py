@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers import activations
 from mpcore.layers.base import Layer
 from mpcore.layers.normalization import LayerNormalization  # noqa: F401 - its first home
-from mpcore.tensor import Tensor
 
 
 class Dense(Layer):
@@ -80,7 +80,7 @@ class Dense(Layer):
                              "(Keras' float8_from_float32 is not supported: use "
                              "mixed_bfloat16 layers)")
         from mpcore.mixed_precision.float8 import Float8Dense
-        from mpcore.policy import Policy
+        from mpcore.mixed_precision.policy import Policy
 
         self._dtype_policy = Policy("mixed_float8", float8_recipe=float8_recipe)
         self._float8 = Float8Dense(self, self._dtype_policy.float8_recipe)

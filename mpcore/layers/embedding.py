@@ -7,10 +7,10 @@ import warnings
 from typing import Any
 
 from mpcore import ops
-from mpcore.function import in_traced_step
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.layers.base import Layer
 from mpcore.layers.config import refuse_unsupported
-from mpcore.tensor import Tensor, Variable
+from mpcore.tracing.function import in_traced_step
 
 
 def _positive_int(layer: str, name: str, value: Any) -> int:

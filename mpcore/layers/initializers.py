@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import ops
-from mpcore.naming import by_name
-from mpcore.tensor import Tensor
+from mpcore.core.naming import by_name
+from mpcore.core.tensor import Tensor
 
 Initializer = Callable[[tuple[int, ...], str], Tensor]
 

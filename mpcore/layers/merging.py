@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import Layer, Shape
-from mpcore.tensor import Tensor
 
 
 def _shapes(layer: Layer, input_shape: Any, at_least: int = 1) -> list[Shape]:

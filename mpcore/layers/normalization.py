@@ -20,9 +20,9 @@ import warnings
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.layers.base import Layer
 from mpcore.layers.config import refuse_unsupported
-from mpcore.tensor import Tensor, Variable
 
 
 def _stat_dtype(dtype: str) -> str:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import KerasTensor, Layer, unique_name
-from mpcore.tensor import Tensor
 
 #: The binary operators, by op name.
 BINARY = {"add": ops.add, "subtract": ops.subtract, "multiply": ops.multiply,

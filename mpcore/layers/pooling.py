@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import Layer
 from mpcore.ops.image import pair
-from mpcore.tensor import Tensor
 
 _FORMATS = ("channels_last", "channels_first")
 

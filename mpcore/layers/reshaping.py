@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import Layer
-from mpcore.tensor import Tensor
 
 
 class Reshape(Layer):

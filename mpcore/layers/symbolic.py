@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from mpcore import dtypes as _dtypes
+from mpcore.core import dtypes as _dtypes
 
 if TYPE_CHECKING:
     from mpcore.layers.base import Layer
@@ -20,7 +20,7 @@ class KerasTensor:
     """A placeholder of the functional API: a shape (batch axis None) and a dtype."""
 
     #: The functional graph is made where a model is defined; a step, on tensors, never changes
-    #: it: not looked into for a traced step's Python state (mpcore.trace_python_state).
+    #: it: not looked into for a traced step's Python state (mpcore.tracing.python_state).
     _trace_opaque = True
 
     def __init__(self, shape: Shape, dtype: str, name: str | None = None,

@@ -2,17 +2,23 @@
 names of ``tf.keras.mixed_precision``.
 
 Setting the global policy is where the policy meets the hardware: a mixed policy logs the
-current backend's compatibility check here, so :mod:`mpcore.policy` stays a value module that
-loads no backend.
+current backend's compatibility check here, so :mod:`mpcore.mixed_precision.policy` stays a
+value module that loads no backend.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mpcore.loss_scale import DynamicLossScale, FixedLossScale, LossScale
-from mpcore.policy import Policy, global_policy, policy_scope, set_global
-from mpcore.verdict import check_policy, log_compatibility_once
+from mpcore.mixed_precision import loss_scale as _loss_scale
+from mpcore.mixed_precision.loss_scale import DynamicLossScale, FixedLossScale, LossScale
+from mpcore.mixed_precision.policy import Policy, global_policy, policy_scope, set_global
+from mpcore.mixed_precision.verdict import check_policy, log_compatibility_once
+from mpcore.ops import loss_scaling as _loss_scaling
+
+# a dynamic scale's device side (its variables and update kernel), wired here, above both
+# (policy.py and loss_scale.py are value modules that reach no op)
+_loss_scale.device = _loss_scaling
 
 #: Keras 3's name for a Policy (``keras.DTypePolicy``, ``keras.mixed_precision.DTypePolicy``).
 DTypePolicy = Policy
@@ -24,9 +30,9 @@ if TYPE_CHECKING:
         disable_mixed_precision_graph_rewrite,
         enable_mixed_precision_graph_rewrite,
     )
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
     from mpcore.mixed_precision import float8
     from mpcore.mixed_precision.recipes import CurrentScaling, DelayedScaling
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     experimental: Any   # a module made on first use (_experimental)
 
@@ -65,7 +71,7 @@ def _rewrite_enabled() -> bool:
 def _autocast_on() -> bool:
     import sys
 
-    hooks = sys.modules.get("mpcore.amp.hooks")
+    hooks = sys.modules.get("mpcore.mixed_precision.amp_hooks")
     return hooks is not None and hooks.autocast_on()
 
 
@@ -76,7 +82,7 @@ def _experimental() -> Any:
     LossScaleOptimizer with TF 2.3's ``loss_scale`` argument)."""
     import types
 
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     module = types.ModuleType(f"{__name__}.experimental", _experimental.__doc__)
     for name, value in (("Policy", Policy), ("DynamicLossScale", DynamicLossScale),
@@ -91,7 +97,7 @@ def _experimental() -> Any:
 #: Names that load on first use, and their modules: `import mpcore` takes set_global_policy
 #: from here and stays cheap.
 _LAZY = {
-    "LossScaleOptimizer": "mpcore.loss_scale_optimizer",
+    "LossScaleOptimizer": "mpcore.optimizers.loss_scale_optimizer",
     "enable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
     "disable_mixed_precision_graph_rewrite": "mpcore.amp.rewrite",
     "autocast": "mpcore.amp.autocast",

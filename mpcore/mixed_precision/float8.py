@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcore import ops
-from mpcore import tape as _tape
+from mpcore.core import tape as _tape
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.mixed_precision.recipes import (
     AMAX_COMPUTE_ALGOS,
     FORMATS,
@@ -39,7 +40,6 @@ from mpcore.ops.dispatch import autocast_scope
 from mpcore.ops.float8 import FORMATS as CODE_FORMATS
 from mpcore.ops.float8 import Quantized, float8_format
 from mpcore.ops.float8 import scale_tensor as check_scale
-from mpcore.tensor import Tensor, Variable
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "CODE_FORMATS", "FORMATS", "CurrentScaling", "DelayedScaling",
            "OperandScaling", "Quantized", "Recipe", "dequantize", "get", "quantize",

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mpcore import losses as _losses
-from mpcore import metrics as _metrics
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import flatten
-from mpcore.tensor import Tensor
+from mpcore.losses import losses as _losses
+from mpcore.metrics import metrics as _metrics
 
 
 def _by_output(what: str, spec: Any, names: list[str], single_ok: bool) -> list[Any]:
@@ -72,7 +72,7 @@ class CompileLoss:
 
     #: Each call's own per-output losses, read by the same step right after (its output loss
     #: trackers) and by nothing later: a replay's come from its program, so a traced step may
-    #: leave the trace's there (mpcore.trace_python_state).
+    #: leave the trace's there (mpcore.tracing.python_state).
     _trace_ignored_attributes = ("last",)
 
     def __init__(self, loss: Any, loss_weights: Any, names: list[str]) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from mpcore import losses as _losses
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import KerasTensor, flatten, map_structure
-from mpcore.tensor import Tensor
+from mpcore.losses import losses as _losses
 
 
 def match_inputs(data: Any, inputs: Any, model_name: str) -> Any:

@@ -10,14 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mpcore import callbacks as _callbacks
-from mpcore import checkpoint as _checkpoint
-from mpcore import loss_scale_optimizer as _lso
-from mpcore import losses as _losses
-from mpcore import metrics as _metrics
 from mpcore import ops
 from mpcore import optimizers as _optimizers
-from mpcore import trace_hooks as _trace_hooks
-from mpcore.function import function
+from mpcore.checkpoint import checkpoint as _checkpoint
+from mpcore.core.tape import GradientTape
+from mpcore.core.tensor import Tensor
 from mpcore.layers import added_losses as _added_losses
 from mpcore.layers.base import (
     InputLayer,
@@ -27,15 +24,18 @@ from mpcore.layers.base import (
     map_structure,
     unique_name,
 )
-from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.losses import losses as _losses
+from mpcore.metrics import metrics as _metrics
+from mpcore.mixed_precision import trace_hooks as _trace_hooks
 from mpcore.models import compile_utils as _compile
 from mpcore.models import data as _data
 from mpcore.models import graph as _graph
 from mpcore.models import step_metrics as _step_metrics
 from mpcore.models import summary as _summary
 from mpcore.models.trainer import Trainer
-from mpcore.tape import GradientTape
-from mpcore.tensor import Tensor
+from mpcore.optimizers import loss_scale_optimizer as _lso
+from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.tracing.function import function
 
 _REFRESH_S = 0.25  # progress-bar refresh period: each refresh reads the metrics once
 

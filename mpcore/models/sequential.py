@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import dtypes as _dtypes
+from mpcore.core import dtypes as _dtypes
 from mpcore.layers.base import Input, InputLayer, KerasTensor, Layer, unique_name
 from mpcore.models.model import Model
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import metrics as _metrics
 from mpcore import ops
 from mpcore.layers.base import flatten
+from mpcore.metrics import metrics as _metrics
 
 
 def update_in_step(loss_tracker: _metrics.Mean, output_losses: list[tuple[Any, Any]],

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from mpcore import ops
+from mpcore.core.tensor import Tensor
 from mpcore.layers import added_losses as _added_losses
 from mpcore.models import compile_utils as _compile
-from mpcore.tensor import Tensor
 
 
 def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:

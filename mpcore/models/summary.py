@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpcore import arguments as _args
+from mpcore.core import arguments as _args
 from mpcore.layers.base import InputLayer
 
 #: The widths of the output shape, policy and parameter count columns; the layer column takes

@@ -19,9 +19,9 @@ import time
 from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore import callbacks as _callbacks
 from mpcore import ops
+from mpcore.core import arguments as _args
 from mpcore.distribution import results as _global
 from mpcore.distribution import sharding as _sharding
 from mpcore.layers.base import flatten

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from mpcore.core.tape import Node
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import constant, ones_like
 from mpcore.ops.dispatch import GRADIENTS, cast
 from mpcore.ops.elementwise import add
-from mpcore.tape import Node
-from mpcore.tensor import Tensor
 
 
 def backprop(nodes: list[Node], targets: list[Tensor], seeds: list[Tensor | None],

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from mpcore import arguments as _args
-from mpcore import dtypes as _dt
-from mpcore import random as _random
-from mpcore import registry
-from mpcore.tensor import Tensor
-from mpcore.trace_seeds import given_seed
-from mpcore.trace_state import local
+from mpcore.core import arguments as _args
+from mpcore.core import dtypes as _dt
+from mpcore.core import random as _random
+from mpcore.core.tensor import Tensor
+from mpcore.core.trace_seeds import given_seed
+from mpcore.core.trace_state import local
+from mpcore.plugins import registry
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 

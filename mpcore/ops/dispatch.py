@@ -2,7 +2,7 @@
 
 An op (1) finds the backend of its tensor inputs (:func:`common`), (2) picks the compute dtype:
 the inputs' promoted dtype (:func:`mpcore.dtypes.promote_all`), moved to float32 where the op
-needs a floating result or where the op's mixed precision category (:mod:`mpcore.categories`,
+needs a floating result or where the op's mixed precision category (:mod:`mpcore.core.categories`,
 with the backend's overrides) denies 16 bits (:func:`compute_dtype`, the only place this rule
 is written), (3) casts its inputs to it with the recorded, differentiable :func:`cast`, (4) calls
 the backend's kernel, reached through the public ``Backend.kernels()`` table, and (5) records
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpcore import dtypes as _dt
-from mpcore import tape as _tape
-from mpcore.categories import Category
+from mpcore.core import dtypes as _dt
+from mpcore.core import tape as _tape
+from mpcore.core.categories import Category
+from mpcore.core.tape import Node, record
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.ops.creation import constant
-from mpcore.tape import Node, record
-from mpcore.tensor import Tensor, Variable
 
 TensorLike = Any  # a Tensor, a Python number or nested list, or a host/native array
 Grads = Sequence[Tensor | None]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mpcore import dtypes as _dt
 from mpcore import ops as _ops
-from mpcore import tape as _tape
+from mpcore.core import dtypes as _dt
+from mpcore.core import tape as _tape
+from mpcore.core.tape import Node, record, recording
+from mpcore.core.tensor import Tensor
 from mpcore.ops import dispatch as _d
 from mpcore.ops.creation import constant, ones_like, zeros_like
 from mpcore.ops.dispatch import (
@@ -24,8 +26,6 @@ from mpcore.ops.dispatch import (
     gradient,
     unrecorded,
 )
-from mpcore.tape import Node, record, recording
-from mpcore.tensor import Tensor
 
 _tapes = _tape.state
 _SCALARS = (int, float, bool)

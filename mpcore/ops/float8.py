@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from mpcore.core.tape import Node
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import constant
 from mpcore.ops.dispatch import Grads, TensorLike, cast, finish, gradient, unrecorded
 from mpcore.ops.shapes import reshape
-from mpcore.tape import Node
-from mpcore.tensor import Tensor
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpcore.core.tape import Node, recording
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import constant
 from mpcore.ops.dispatch import (
     Grads,
@@ -34,8 +36,6 @@ from mpcore.ops.elementwise import divide
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import sum as _sum
 from mpcore.ops.shapes import getitem, reshape
-from mpcore.tape import Node, recording
-from mpcore.tensor import Tensor
 
 Pads = tuple[int, int, int, int]
 _PADDINGS = ("valid", "same")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import builtins
 
 from mpcore import ops as _ops
+from mpcore.core.tape import Node
+from mpcore.core.tensor import Tensor
 from mpcore.ops.dispatch import Grads, TensorLike, common, finish, gradient
 from mpcore.ops.elementwise import relu
 from mpcore.ops.shapes import broadcast_to, reshape
-from mpcore.tape import Node
-from mpcore.tensor import Tensor
 
 #: The activations ``dense`` fuses (others run as their own op after it).
 DENSE_ACTIVATIONS = (None, "relu")

@@ -11,11 +11,10 @@ when the host reads it) and skipped steps. The update is TF's rule in float32, t
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mpcore import loss_scale as _loss_scale
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.ops.creation import constant
 from mpcore.ops.dispatch import cast
 from mpcore.ops.elementwise import (
@@ -31,7 +30,6 @@ from mpcore.ops.elementwise import (
     where,
 )
 from mpcore.ops.shapes import getitem, stack
-from mpcore.tensor import Tensor, Variable
 
 #: The counters' positions.
 GOOD_STEPS, OVERFLOWS, AT_FLOOR, SKIPPED = range(4)
@@ -125,7 +123,7 @@ def _update_composite(scale: Variable, inv_scale: Variable, counters: Variable, 
     counters.assign(new_c)
 
 
-# --- a DynamicLossScale's device side (mpcore.loss_scale.device) ---------------------------
+# --- a DynamicLossScale's device side (mpcore.mixed_precision.loss_scale uses it) ------------
 def make_state(backend: Any, scale: float, inv_scale: float,
                counters: list[int]) -> tuple[Variable, Variable, Variable]:
     """A dynamic scale's variables on ``backend``: scale, reciprocal, counters."""
@@ -150,5 +148,3 @@ def _value_like(value: Any, variable: Variable) -> Tensor:
 def flag(value: bool, backend: Any) -> Tensor:
     return constant(bool(value), "bool", backend=backend)
 
-
-_loss_scale.device = sys.modules[__name__]

@@ -2,7 +2,7 @@
 pass (with the bias gradient fused in), dropout; and their gradients.
 
 Each uses the backend's fused kernel when it has one (``OPTIONAL_KERNELS`` in
-:mod:`mpcore.backend`) and is built from primitive ops otherwise. Softmax and cross-entropy are
+:mod:`mpcore.core.backend`) and is built from primitive ops otherwise. Softmax and cross-entropy are
 *deny* ops: they compute in float32 whatever their inputs.
 """
 
@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpcore import dtypes as _dt
-from mpcore import random as _random
+from mpcore.core import dtypes as _dt
+from mpcore.core import random as _random
+from mpcore.core.tape import Node, recording
+from mpcore.core.tensor import Tensor
+from mpcore.core.trace_seeds import given_seed
 from mpcore.ops.creation import (
     index_tensor,
     one_hot,
@@ -48,9 +51,6 @@ from mpcore.ops.elementwise import (
 from mpcore.ops.linalg import matmul
 from mpcore.ops.reduction import max, one_axis, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import expand_dims, reshape
-from mpcore.tape import Node, recording
-from mpcore.tensor import Tensor
-from mpcore.trace_seeds import given_seed
 
 
 def bias_add(x: TensorLike, bias: TensorLike) -> Tensor:

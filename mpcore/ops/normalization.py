@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpcore import dtypes as _dtypes
+from mpcore.core import dtypes as _dtypes
+from mpcore.core.tape import Node, recording
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import stop_gradient
 from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, cast_to, finish, gradient
 from mpcore.ops.elementwise import add, multiply, rsqrt, square, subtract
 from mpcore.ops.reduction import mean, sum  # noqa: A004 - the ops' names
 from mpcore.ops.shapes import reshape
-from mpcore.tape import Node, recording
-from mpcore.tensor import Tensor
 
 _LOW = _dtypes.LOW_PRECISION
 

@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.ops.elementwise import add, divide, multiply, sqrt, subtract, where
-from mpcore.tensor import Tensor, Variable
 
 
 def _fused_kernel(name: str, variable: Variable, fused: bool) -> Callable[..., None] | None:

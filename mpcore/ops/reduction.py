@@ -7,6 +7,8 @@ import builtins
 from typing import Any
 
 from mpcore import ops as _ops
+from mpcore.core.tape import Node
+from mpcore.core.tensor import Tensor
 from mpcore.ops.dispatch import (
     Grads,
     TensorLike,
@@ -18,8 +20,6 @@ from mpcore.ops.dispatch import (
     gradient,
 )
 from mpcore.ops.elementwise import divide, equal, multiply
-from mpcore.tape import Node
-from mpcore.tensor import Tensor
 
 
 def normalize_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...] | None:

@@ -7,11 +7,11 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
+from mpcore.core.tape import Node
+from mpcore.core.tensor import Tensor
 from mpcore.ops.creation import index_tensor, shape_tuple
 from mpcore.ops.dispatch import Grads, TensorLike, as_tensor, common, finish, gradient
 from mpcore.ops.reduction import normalize_axes, unbroadcast
-from mpcore.tape import Node
-from mpcore.tensor import Tensor
 
 
 def shape(x: TensorLike) -> tuple[int, ...]:

@@ -8,10 +8,10 @@ the same float32 arithmetic as ops otherwise.
 ``learning_rate`` is a float or a callable ``schedule(step: int) -> float`` (called with
 ``iterations`` before each update), such as a Keras schedule of
 :mod:`mpcore.optimizers.schedules` (``mp.optimizers.schedules.ExponentialDecay`` ...). Every
-hyperparameter is checked when the optimizer is made (:mod:`mpcore.arguments`: a finite real
+hyperparameter is checked when the optimizer is made (:mod:`mpcore.core.arguments`: a finite real
 number in its range, not a bool or a string), a schedule's rate at each step.
 ``_apply(grads, variables, flag)`` is what
-:class:`~mpcore.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
+:class:`~mpcore.optimizers.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
 ``unscale_and_check``: when the flag is false, variables and slots keep their values (the fused
 kernels skip the write; the composite path selects the old values on the device), so a skipped
 step needs no host read of its own.
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import arguments as _args
 from mpcore import ops
-from mpcore.naming import by_name
+from mpcore.core import arguments as _args
+from mpcore.core.naming import by_name
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.optimizers import schedules
 from mpcore.optimizers.base import LearningRate, Optimizer
-from mpcore.tensor import Tensor, Variable
 
 __all__ = ["SGD", "Adam", "AdamW", "LearningRate", "Optimizer", "RMSprop", "by_class_name", "get",
            "schedules"]

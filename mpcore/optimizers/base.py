@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from mpcore import arguments as _args
-from mpcore import clipping as _clipping
 from mpcore import ops
+from mpcore.core import arguments as _args
+from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
-from mpcore.function import kept_whole, on_replay, recording_kernels, value_key
-from mpcore.hyperparameters import Hyperparameters
-from mpcore.optimizer_gradients import VarList, compute_gradients, split_grads_and_vars
+from mpcore.optimizers import clipping as _clipping
 from mpcore.optimizers import schedules
-from mpcore.tensor import Tensor, Variable
+from mpcore.optimizers.gradients import VarList, compute_gradients, split_grads_and_vars
+from mpcore.optimizers.hyperparameters import Hyperparameters
+from mpcore.tracing.function import kept_whole, on_replay, recording_kernels, value_key
 
 LearningRate = float | Callable[[int], float]
 
@@ -49,10 +49,10 @@ class Optimizer(Hyperparameters):
     #: ``apply`` keeps its variables for a later ``apply(grads)``, rebinding them only to other
     #: variables (:meth:`_keep_built_variables`): set by the first call, a traced step's replay
     #: leaves them as eager execution would; another traced step's other variables are a
-    #: change a replay would not make, refused (mpcore.trace_python_state).
+    #: change a replay would not make, refused (mpcore.tracing.python_state).
     _trace_set_once_attributes = ("_built_variables", "_iterations_var")
     #: The host's copy of ``iterations`` (None: unknown, read from the device when asked): a
-    #: recorded update drops it, as each replay does (mpcore.trace_python_state).
+    #: recorded update drops it, as each replay does (mpcore.tracing.python_state).
     _trace_ignored_attributes = ("_iterations_known", "_iterations_version")
     #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
     #: SGD and RMSprop do not, so their steps never read the count back.
@@ -63,7 +63,8 @@ class Optimizer(Hyperparameters):
                  global_clipnorm: float | None = None,
                  gradient_accumulation_steps: int | None = None) -> None:
         self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
-        #: (option, threshold) of the gradient clipping (:mod:`mpcore.clipping`), or None.
+        #: (option, threshold) of the gradient clipping (:mod:`mpcore.optimizers.clipping`), or
+        #: None.
         self.clipping = _clipping.check(clipnorm, clipvalue, global_clipnorm)
         #: Update every this many calls, with the mean of their gradients (None or 1: every
         #: call). ``iterations`` counts the updates, so N micro-batches of B train as one batch
@@ -104,7 +105,7 @@ class Optimizer(Hyperparameters):
         code that needs the device value (a traced step) reads ``iterations_variable``."""
         known, var = self._iterations_known, self._iterations_var
         # the copy holds while the variable is as the copy saw it: a value put back under it
-        # (the graph rewrite's pre-pass, mpcore.trace_effects) marks the variable updated
+        # (the graph rewrite's pre-pass, mpcore.tracing.effects) marks the variable updated
         if known is None or (var is not None and var._version != self._iterations_version):
             assert var is not None
             known = int(var.numpy())
@@ -346,7 +347,7 @@ class Optimizer(Hyperparameters):
     def _keep_built_variables(self, variables: list[Variable]) -> None:
         """Keep ``apply``'s variables for a later ``apply(grads)``. The same ones again are
         left as they are: a traced step's replay runs no Python, and a trace that changed
-        Python state would be refused (mpcore.trace_python_state)."""
+        Python state would be refused (mpcore.tracing.python_state)."""
         kept = getattr(self, "_built_variables", None)
         if kept is None or len(kept) != len(variables) or any(
                 a is not b for a, b in zip(kept, variables)):
@@ -371,7 +372,7 @@ class Optimizer(Hyperparameters):
     def compute_gradients(self, loss: Any, var_list: VarList, tape: Any = None
                           ) -> list[tuple[Tensor | None, Variable]]:
         """tf-keras' (gradient, variable) pairs of ``loss``: a callable, or a tensor computed
-        under ``tape`` (:func:`mpcore.optimizer_gradients.compute_gradients`)."""
+        under ``tape`` (:func:`mpcore.optimizers.gradients.compute_gradients`)."""
         return compute_gradients(loss, var_list, tape)
 
     def minimize(self, loss: Any, var_list: VarList, tape: Any = None) -> bool | Tensor:

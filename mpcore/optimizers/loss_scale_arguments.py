@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpcore import loss_scale as _ls
+from mpcore.mixed_precision import loss_scale as _ls
 
 _EXAMPLE = """
     with mp.GradientTape() as tape:

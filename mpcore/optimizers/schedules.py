@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mpcore import arguments as _args
+from mpcore.core import arguments as _args
 
 
 class LearningRateSchedule:

@@ -192,7 +192,7 @@ def _builtin_activation(fn: Any) -> bool:
 
 def policy_from_keras(value: Any) -> Any:
     """A layer's ``dtype`` entry: a DTypePolicy object, a policy config, a name or None."""
-    from mpcore.policy import Policy
+    from mpcore.mixed_precision.policy import Policy
 
     if isinstance(value, dict):
         inner = value.get("config", value)
@@ -207,8 +207,8 @@ policy_to_keras = keras_names.policy_to_keras
 def optimizer_to_keras(optimizer: Any) -> dict[str, Any]:
     """An optimizer's config as Keras 3 writes it: a schedule as Keras' serialized schedule,
     a LossScaleOptimizer as Keras' (inner optimizer, initial scale, growth steps)."""
-    from mpcore import loss_scale as _ls
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.mixed_precision import loss_scale as _ls
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     if isinstance(optimizer, LossScaleOptimizer):
         scale = optimizer.loss_scale
@@ -236,9 +236,9 @@ def _keras_dynamic(scale: Any) -> bool:
 
 def optimizer_from_keras(cls: type, config: dict[str, Any],
                          custom_objects: dict[str, Any] | None) -> Any:
-    from mpcore import loss_scale as _ls
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.mixed_precision import loss_scale as _ls
     from mpcore.optimizers import schedules
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     config = dict(config)
     if cls is LossScaleOptimizer:

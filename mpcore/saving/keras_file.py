@@ -18,7 +18,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-from mpcore import checkpoint as _checkpoint
+from mpcore.checkpoint import checkpoint as _checkpoint
 from mpcore.saving import serialization, weights_h5
 
 CONFIG = "config.json"
@@ -152,7 +152,7 @@ def _optimizer_groups(opt: Any, var_list: list[Any], stored: dict[str, list[Any]
                       ) -> list[weights_h5.Entry]:
     """The optimizer's groups to read, also across a LossScaleOptimizer and a plain one (a
     mixed_float16 run continued in float32, or the reverse: the inner optimizer's state)."""
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     scaled_file = "optimizer/inner_optimizer" in stored
     if isinstance(opt, LossScaleOptimizer) and not scaled_file:

@@ -66,11 +66,13 @@ def policy_to_keras(policy: Any) -> dict[str, Any]:
 def _builtins_below() -> dict[str, dict[str, type]]:
     """The built-ins of the packages below this one, imported on first use (``import
     mpcore`` loads layers, optimizers, losses and metrics lazily)."""
-    from mpcore import layers, losses, metrics, optimizers
+    from mpcore import layers, optimizers
     from mpcore.layers import merging, pooling
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.losses import losses
+    from mpcore.metrics import metrics
+    from mpcore.mixed_precision.policy import Policy
     from mpcore.optimizers import schedules
-    from mpcore.policy import Policy
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     layer_classes = [getattr(layers, n) for n in layers.__all__
                      if isinstance(getattr(layers, n), type)

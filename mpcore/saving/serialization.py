@@ -233,8 +233,8 @@ def _find(name: str, registered_name: str | None, module: str | None,
         if builtin is not None:
             return builtin
     elif module == "builtins" or (module or "").startswith("keras"):
-        from mpcore import losses
         from mpcore.layers import activations
+        from mpcore.losses import losses
         found = getattr(activations, name, None) or getattr(losses, name, None)
         if isinstance(found, types.FunctionType):
             return found

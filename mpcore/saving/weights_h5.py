@@ -125,7 +125,7 @@ def _walk_layer(layer: Layer, path: str, out: list[Entry], visited: set[int]) ->
 def optimizer_entries(optimizer: Any, var_list: list[Any], path: str) -> list[Entry]:
     """The optimizer's groups, its slots built for ``var_list`` (Keras builds them for the
     model's trainable variables, in that order)."""
-    from mpcore.loss_scale_optimizer import LossScaleOptimizer
+    from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     if isinstance(optimizer, LossScaleOptimizer):
         inner = optimizer.inner_optimizer
@@ -165,7 +165,7 @@ def _to_float32(value: float) -> float:
 
 
 def _set_scale_state(scale: Any, key: str, value: Any) -> None:
-    from mpcore import loss_scale as _ls
+    from mpcore.mixed_precision import loss_scale as _ls
 
     if not isinstance(scale, _ls.DynamicLossScale):
         return        # a fixed scale has no state: its value is in the config

@@ -11,7 +11,7 @@ import pytest
 from amp_models import MNIST, needs_mnist, rewrite_off  # noqa: F401 - autouse
 
 import mpcore as mp
-from mpcore import demo
+from mpcore.cli import demo
 
 pytestmark = needs_mnist
 

@@ -10,10 +10,10 @@ import pytest
 from amp_models import MNIST, needs_mnist, rewrite_off  # noqa: F401 - autouse
 
 import mpcore as mp
-from mpcore import cli
 from mpcore.amp import rewrite, target
 from mpcore.amp.target import choose_dtype
-from mpcore.verdict import Verdict
+from mpcore.cli import app as cli
+from mpcore.mixed_precision.verdict import Verdict
 
 
 @needs_mnist
@@ -100,7 +100,7 @@ def test_demo_rewrite_checks_the_lists_before_training(
                                    "'foo'; valid names:")
     assert len(captured.err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match=r"MPCORE_AMP_ALLOWLIST_ADD"):   # run() checks too
-        from mpcore import demo
+        from mpcore.cli import demo
         demo.run(rewrite=True, out=lambda line: None)
 
 
@@ -119,7 +119,7 @@ def test_demo_report_covers_the_rewrite_run_and_is_honest_about_speed() -> None:
     """Issue 18, defects 13 and 14: the rewrite run's loss scale and skipped steps were left
     out, its row did not say its dtype, and speed ratios were printed as if exact next to a
     "not fast" verdict."""
-    from mpcore import demo_report
+    from mpcore.cli import demo_report
 
     lines: list[str] = []
     verdict = _verdict("mixed_bfloat16", False)
@@ -138,7 +138,7 @@ def test_demo_report_explains_a_fast_verdict_beside_a_slower_mixed_run(
     """A "fast" verdict next to a mixed run slower than float32 (the README's demo at 64 units
     on a CPU with avx512_bf16) is explained, not left as a contradiction; an equal or faster
     run needs no note."""
-    from mpcore import demo_report
+    from mpcore.cli import demo_report
 
     result = _result()
     result["runs"]["mixed_bfloat16"]["time_per_sample"] = mixed_time  # type: ignore[index]
@@ -160,7 +160,7 @@ def test_demo_plot_draws_every_loss_scale_and_whole_epochs(
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from mpcore import demo_report
+    from mpcore.cli import demo_report
 
     figures: list[object] = []
     monkeypatch.setattr(plt, "close", figures.append)

@@ -1,6 +1,6 @@
 """Issue 34 item 3: a step is prepared before it runs. Under the graph rewrite, the first call
 of a signature records the float32 op graph in a pre-pass whose effects are put back
-(``mpcore.trace_effects``), then traces painted: it returns the painted (16-bit) result and
+(``mpcore.tracing.effects``), then traces painted: it returns the painted (16-bit) result and
 applies one painted update, exactly what a replay of that program computes; ``tracing_count``
 counts one trace per signature."""
 

@@ -13,7 +13,7 @@ from amp_models import X, Y, float32_model, rewrite_off  # noqa: F401 - rewrite_
 
 import mpcore as mp
 from mpcore.amp.lists import AutoMixedPrecisionLists
-from mpcore.function import TraceError
+from mpcore.tracing.function import TraceError
 
 MP = mp.mixed_precision
 

@@ -11,7 +11,7 @@ import pytest
 
 import mpcore as mp
 from mpcore.amp.lists import AutoMixedPrecisionLists, current_lists
-from mpcore.categories import CATEGORIES, Category
+from mpcore.core.categories import CATEGORIES, Category
 
 
 def test_the_defaults_are_the_category_table() -> None:

@@ -12,9 +12,9 @@ from amp_models import X, Y, float32_model, rewrite_off  # noqa: F401 - rewrite_
 
 import mpcore as mp
 from mpcore.amp import rewrite
-from mpcore.categories import Category
-from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.core.categories import Category
 from mpcore.ops import dispatch
+from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 enable = mp.mixed_precision.enable_mixed_precision_graph_rewrite
 disable = mp.mixed_precision.disable_mixed_precision_graph_rewrite

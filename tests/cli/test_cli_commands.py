@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import mpcore as mp
-from mpcore import cli
-from mpcore.plugins import COMMANDS_GROUP, command_plugins
+from mpcore.cli import app as cli
+from mpcore.plugins.manager import COMMANDS_GROUP, command_plugins
 
 
 class _Hello:
@@ -106,7 +106,7 @@ def test_a_broken_command_plugin_is_reported_and_the_others_work(
 
 
 def test_add_checks_its_arguments() -> None:
-    from mpcore.commands import Subcommands
+    from mpcore.cli.commands import Subcommands
 
     subcommands = Subcommands("p", {})
     with pytest.raises(ValueError, match="is not a word"):
@@ -210,11 +210,11 @@ def test_import_mpcore_loads_no_plugin_and_training_loads_no_command() -> None:
         def loaded(*prefixes):
             return sorted(m for m in sys.modules if m.startswith(prefixes))
 
-        commands = ("mpcore.demo", "mpcore.conformance")
+        commands = ("mpcore.cli.demo", "mpcore.conformance")
         assert loaded("mpcore_", *commands) == [], loaded("mpcore_", *commands)
         mp.get_backend("cpu")
         assert loaded(*commands) == [], loaded(*commands)
-        from mpcore import cli
+        from mpcore.cli import app as cli
         cli.commands()
         print(loaded(*commands))
     """)
@@ -223,4 +223,4 @@ def test_import_mpcore_loads_no_plugin_and_training_loads_no_command() -> None:
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stdout.strip()
-    assert "'mpcore.demo'" in loaded and "'mpcore.conformance.cli'" in loaded
+    assert "'mpcore.cli.demo'" in loaded and "'mpcore.conformance.cli'" in loaded

@@ -13,10 +13,10 @@ import pytest
 from mpcore_cpu import CpuBackend
 
 import mpcore as mp
-from mpcore.cli import format_info, info_report, main
-from mpcore.extras import install_command
-from mpcore.plugins import get_plugins
-from mpcore.policy import POLICIES
+from mpcore.cli.app import format_info, info_report, main
+from mpcore.mixed_precision.policy import POLICIES
+from mpcore.plugins.extras import install_command
+from mpcore.plugins.manager import get_plugins
 
 
 def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
@@ -137,7 +137,7 @@ class _Plugin:
 
 def test_measure_option(monkeypatch: pytest.MonkeyPatch,
                         capsys: pytest.CaptureFixture[str]) -> None:
-    from mpcore import verdict
+    from mpcore.mixed_precision import verdict
 
     real = verdict.measure_matmul_speed
     monkeypatch.setattr(verdict, "measure_matmul_speed",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mpcore import demo
+from mpcore.cli import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_MNIST
 
-from mpcore import cli, demo
+from mpcore.cli import app as cli
+from mpcore.cli import demo
 
 SHARED = SHARED_MNIST
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="the shared MNIST files are not here")

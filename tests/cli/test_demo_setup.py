@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from mpcore_cpu import CpuBackend
 
 import mpcore as mp
-from mpcore import demo
-from mpcore.backend import Device
+from mpcore.cli import demo
+from mpcore.core.backend import Device
 
 SKYLAKE = frozenset({"avx2", "fma", "f16c", "avx512f"})
 COOPER_LAKE = SKYLAKE | {"avx512_bf16"}
@@ -171,7 +171,7 @@ def test_a_corrupt_mnist_file_ends_the_demo_in_one_line(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     import gzip
 
-    from mpcore import cli
+    from mpcore.cli import app as cli
     from mpcore.datasets import mnist
 
     images = tmp_path / "t10k-images-idx3-ubyte.gz"

@@ -20,8 +20,8 @@ from conftest import REPO_ROOT, backend_problem
 from mpcore_cpu import CpuBackend
 
 from mpcore import conformance
-from mpcore.backend import OPTIONAL_KERNELS, REQUIRED_KERNELS
 from mpcore.conformance import contract
+from mpcore.core.backend import OPTIONAL_KERNELS, REQUIRED_KERNELS
 
 ROOT = REPO_ROOT
 TEMPLATE = ROOT / "examples" / "backend_template"

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpcore as mp
-from mpcore import arguments, layers
+from mpcore import layers
+from mpcore.core import arguments
 
 RNG = np.random.default_rng(12)
 X = RNG.standard_normal((8, 4)).astype(np.float32)

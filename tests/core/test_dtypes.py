@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mpcore import dtypes
+from mpcore.core import dtypes
 
 
 @pytest.mark.parametrize("name", dtypes.ALL)

@@ -20,7 +20,7 @@ import pytest
 
 import mpcore
 
-AUTODIFF = ("mpcore.tensor", "mpcore.tape", "mpcore.ops")
+AUTODIFF = ("mpcore.core.tensor", "mpcore.core.tape", "mpcore.ops")
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def _is_autodiff(module: str) -> bool:
 
 
 def _concern(component: set[str]) -> str:
-    if "mpcore.cli" in component:
+    if "mpcore.cli.app" in component:
         return "cli"
     return "autodiff" if any(_is_autodiff(m) for m in component) else "others"
 
@@ -205,8 +205,9 @@ def _path(graph: dict[str, set[str]], source: str, target: str) -> list[str] | N
 
 
 @pytest.mark.parametrize(("source", "forbidden"), [
-    ("mpcore.backend", ("mpcore.plugins", "mpcore.registry")),
-    ("mpcore.policy", ("mpcore.registry", "mpcore.verdict", "mpcore.backend")),
+    ("mpcore.core.backend", ("mpcore.plugins.manager", "mpcore.plugins.registry")),
+    ("mpcore.mixed_precision.policy", ("mpcore.plugins.registry", "mpcore.mixed_precision.verdict",
+                                       "mpcore.core.backend")),
 ])
 def test_value_modules_do_not_reach_up(source: str, forbidden: tuple[str, ...]) -> None:
     chains = [" -> ".join(chain) for target in forbidden
@@ -215,23 +216,26 @@ def test_value_modules_do_not_reach_up(source: str, forbidden: tuple[str, ...]) 
 
 
 def test_the_cli_names_no_modules() -> None:
-    tree = ast.parse((ROOT / "cli.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "cli" / "app.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in _imports(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module or "" for node in _imports(tree)
                  if isinstance(node, ast.ImportFrom)}
     problems = [f"imports {m}" for m in sorted(imported) if m.split(".")[0] == "importlib"]
-    problems += [f"imports {e.target} ({e.where})" for e in EDGES if e.source == "mpcore.cli"
-                 and e.target.startswith(("mpcore.demo", "mpcore.conformance"))]
+    problems += [f"imports {e.target} ({e.where})" for e in EDGES
+                 if e.source in ("mpcore.cli", "mpcore.cli.app")
+                 and e.target.startswith(("mpcore.cli.demo", "mpcore.conformance"))]
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                        ast.AsyncFunctionDef))
                   and ast.get_docstring(node) is not None}
-    problems += [f"names {node.value!r} (mpcore/cli.py:{node.lineno})" for node in ast.walk(tree)
+    problems += [f"names {node.value!r} (mpcore/cli/app.py:{node.lineno})"
+                 for node in ast.walk(tree)
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
                  and id(node) not in docstrings
-                 and ("mpcore.demo" in node.value or "mpcore.conformance" in node.value)]
-    assert not problems, "mpcore.cli reaches its subcommands by name:\n  " + "\n  ".join(problems)
+                 and ("mpcore.cli.demo" in node.value or "mpcore.conformance" in node.value)]
+    assert not problems, ("mpcore.cli.app reaches its subcommands by name:\n  "
+                          + "\n  ".join(problems))
 
 
 def test_modules_use_each_others_public_names_only() -> None:

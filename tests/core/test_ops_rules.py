@@ -11,7 +11,7 @@ from op_cases import BINARY, COMPARISONS, FLOATS, UNARY, data, host
 
 import mpcore as mp
 from mpcore import ops
-from mpcore.categories import ALLOW, CATEGORIES, CLEAR, DENY, INFER
+from mpcore.core.categories import ALLOW, CATEGORIES, CLEAR, DENY, INFER
 
 
 # --- categories -------------------------------------------------------------------------

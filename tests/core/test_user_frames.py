@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore import user_frames
+from mpcore.core import user_frames
 
 
 def test_stacklevel_names_the_first_frame_outside_mpcore() -> None:

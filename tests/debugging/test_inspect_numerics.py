@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import mpcore as mp
+from mpcore.cli.demo import build_model
 from mpcore.debugging import NumericsReport
-from mpcore.demo import build_model
 
 UNITS = 16
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from mpcore import demo
+from mpcore.cli import demo
 
 
 def job_arguments(*argv: str) -> list[str]:

@@ -42,7 +42,7 @@ def test_without_a_distribution_one_process_trains_alone() -> None:
 
 
 def test_a_ranks_stream_changes_dropout_masks_but_not_shared_draws() -> None:
-    from mpcore import random as _random
+    from mpcore.core import random as _random
 
     def draw(stream: int) -> tuple[list[float], list[float], int]:
         _random.set_seed(5)
@@ -309,7 +309,7 @@ def test_a_save_on_rank_0_alone_is_named_in_the_barriers_timeout(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # `if rank() == 0: model.save_weights(p)` leaves rank 0 in this barrier until the
     # deadline: its name (printed with the timeout) says what to do instead
-    from mpcore import checkpoint
+    from mpcore.checkpoint import checkpoint
 
     waits: list[str | None] = []
 

@@ -10,7 +10,7 @@ from mpcore_cpu.rules import cpu_policy_support
 from mpcore_cuda.rules import compatibility_check, cuda_policy_support
 
 import mpcore as mp
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 from mpcore.mixed_precision import CurrentScaling, DelayedScaling, recipes
 
 

@@ -15,8 +15,8 @@ from mpcore_cpu import CpuBackend
 from test_plugins import make_plugin, run
 
 import mpcore as mp
-from mpcore import registry
-from mpcore.plugins import get_plugins
+from mpcore.plugins import registry
+from mpcore.plugins.manager import get_plugins
 
 SHARED = SHARED_MNIST
 
@@ -75,7 +75,7 @@ def test_failing_auto_detected_backends_are_passed_over(failing: Path) -> None:
 import json
 import mpcore as mp
 import failing_plugin
-from mpcore import registry
+from mpcore.plugins import registry
 at_import = list(failing_plugin.calls)
 be = mp.get_backend()
 total = float(mp.ops.sum(mp.constant([1.0, 2.0])))
@@ -174,7 +174,7 @@ except mp.BackendUnavailableError as exc:
     env = run(failing, ["-c", "import mpcore as mp; mp.get_backend()"], MPCORE_BACKEND="nobuild")
     assert env.returncode != 0
     lines = env.stderr.strip().splitlines()
-    error = next(line for line in reversed(lines) if line.startswith("mpcore.backend.Kernel"))
+    error = next(line for line in reversed(lines) if line.startswith("mpcore.core.backend.Kernel"))
     assert ("MPCORE_BACKEND=nobuild: backend 'nobuild' fails on first use: its kernels failed "
             "to build: KernelBuildError: program gemm") in error
     assert "  fallback: available" in env.stderr

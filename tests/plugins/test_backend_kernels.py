@@ -10,8 +10,8 @@ import pytest
 from mpcore_cpu import CpuBackend
 
 import mpcore as mp
-from mpcore import backend as backend_module
-from mpcore import plugins
+from mpcore.core import backend as backend_module
+from mpcore.plugins import manager as plugins
 
 
 class _Fresh(CpuBackend):

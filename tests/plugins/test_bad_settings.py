@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from mpcore_cpu import CpuBackend
 
-from mpcore import registry
-from mpcore.plugins import Plugins, get_plugins
-from mpcore.settings import SettingError
+from mpcore.plugins import registry
+from mpcore.plugins.manager import Plugins, get_plugins
+from mpcore.plugins.settings import SettingError
 
 POOL_VALUES = "a whole number of MB >= 0 (default 1024; 0 turns the pool off)"
 

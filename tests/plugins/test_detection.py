@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from test_plugins import make_plugin, run
 
 import mpcore as mp
-from mpcore import registry
-from mpcore.extras import install_command
+from mpcore.plugins import registry
+from mpcore.plugins.extras import install_command
 
 
 def cuda_unavailable() -> str | None:

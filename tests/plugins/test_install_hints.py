@@ -11,7 +11,7 @@ import tomllib
 from conftest import REPO_ROOT
 
 import mpcore as mp
-import mpcore.extras
+import mpcore.plugins.extras
 
 ROOT = REPO_ROOT
 EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -25,7 +25,7 @@ def extras_named(hint: str) -> list[str]:
 
 
 def test_install_command_doctests() -> None:
-    assert doctest.testmod(mpcore.extras).failed == 0
+    assert doctest.testmod(mpcore.plugins.extras).failed == 0
 
 
 @pytest.mark.parametrize("backend", mp.backends(), ids=lambda b: b.name)

@@ -17,8 +17,8 @@ import pytest
 from mpcore_cpu import CpuBackend
 
 import mpcore as mp
-from mpcore.backend import Device
-from mpcore.plugins import get_plugins
+from mpcore.core.backend import Device
+from mpcore.plugins.manager import get_plugins
 
 
 def make_plugin(root: Path, dist: str, entry: str, module: str, source: str) -> None:
@@ -114,7 +114,7 @@ def test_third_party_backend_is_found_and_usable(plugin_dir: Path) -> None:
     out = run_json(plugin_dir, """
         import json
         import mpcore as mp
-        from mpcore.plugins import get_plugins
+        from mpcore.plugins.manager import get_plugins
         names = [b.name for b in mp.backends()]
         auto = mp.get_backend().name
         be = mp.set_backend("mine")
@@ -202,7 +202,7 @@ def test_kernel_set_plugin_overrides_cpu_kernels(tmp_path: Path) -> None:
     out = run_json(tmp_path, """
         import json, mpcore as mp
         import counting_kernels
-        from mpcore.backend import Device
+        from mpcore.core.backend import Device
         mp.set_backend("cpu")
         be = mp.get_backend()
         x = mp.constant([[1.0, 2.0], [3.0, 4.0]])
@@ -240,7 +240,7 @@ def test_kernel_set_plugin_overrides_cpu_kernels(tmp_path: Path) -> None:
 
 def test_in_process_registration_and_hook_docs() -> None:
     """``Plugins.register`` adds a plugin object directly; the hooks are documented."""
-    import mpcore.hookspecs as hookspecs
+    import mpcore.plugins.hookspecs as hookspecs
 
     for hook in (hookspecs.mpcore_backends, hookspecs.mpcore_kernels):
         assert hook.__doc__ and "Return" in hook.__doc__

@@ -1,6 +1,6 @@
-"""The typed program's nodes (mpcore.program_nodes) and the one walker every pass uses: leaves,
-reads, fold/unfold (evaluate, bind, the writer's source), mapped, constant-ness; nodes are
-frozen, and a pass builds new ones."""
+"""The typed program's nodes (mpcore.tracing.program_nodes) and the one walker every pass
+uses: leaves, reads, fold/unfold (evaluate, bind, the writer's source), mapped,
+constant-ness; nodes are frozen, and a pass builds new ones."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpcore as mp
-from mpcore.categories import DENY, INFER
-from mpcore.program import (
+from mpcore.core.categories import DENY, INFER
+from mpcore.tracing.program import (
     NONE,
     Assign,
     Const,

@@ -14,7 +14,7 @@ import pytest
 
 import mpcore as mp
 from mpcore.amp.rewrite import op_graph
-from mpcore.program import (
+from mpcore.tracing.program import (
     NONE,
     Assign,
     Const,

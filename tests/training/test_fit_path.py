@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import mpcore as mp
-from mpcore import losses, ops, optimizers
+from mpcore import ops, optimizers
 from mpcore.layers import activations
 from mpcore.layers.activations import softmax_logits
+from mpcore.losses import losses
 
 RNG = np.random.default_rng(6)
 

@@ -10,7 +10,7 @@ import pytest
 
 import mpcore as mp
 from mpcore import layers
-from mpcore.loss_scale_optimizer import LossScaleOptimizer
+from mpcore.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
 RNG = np.random.default_rng(3)
 X = RNG.standard_normal((96, 8)).astype(np.float32)

@@ -8,7 +8,7 @@ your hardware's.
 from __future__ import annotations
 
 from mpcore import Device, Support
-from mpcore.policy import POLICIES
+from mpcore.mixed_precision.policy import POLICIES
 
 # The CPU flags a real 16-bit GEMM would need; the template's kernels use none of them.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")

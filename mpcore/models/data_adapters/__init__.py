@@ -23,6 +23,7 @@ import collections.abc
 import warnings
 from typing import Any
 
+from mpcore.core.tensor import Tensor
 from mpcore.distribution import sharding as _sharding
 from mpcore.models import data as _data
 from mpcore.models.data_adapters import host_batches as _host
@@ -35,7 +36,6 @@ from mpcore.models.data_adapters.adapters import (
 )
 from mpcore.models.data_adapters.epoch_iterator import EpochIterator
 from mpcore.models.data_adapters.py_dataset import PyDataset, Sequence
-from mpcore.tensor import Tensor
 
 __all__ = ["ArrayAdapter", "Batch", "DataAdapter", "EpochIterator", "GeneratorAdapter",
            "PyDataset", "PyDatasetAdapter", "Sequence", "arrays", "fit_data", "get_adapter",

@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpcore import ops
-from mpcore import random as _random
-from mpcore import settings as _settings
+from mpcore.core import random as _random
 from mpcore.distribution import sharding as _sharding
 from mpcore.layers.base import flatten
 from mpcore.models import data as _data
 from mpcore.models.data_adapters import host_batches as _host
 from mpcore.models.data_adapters.prefetch import OrderedPool, Prefetcher
 from mpcore.models.data_adapters.py_dataset import PyDataset
+from mpcore.plugins import settings as _settings
 
 #: One batch on the device: x, y, sample_weight (None where absent) and its global rows.
 Batch = tuple[Any, Any, Any, int]

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from mpcore.core.tensor import Tensor
 from mpcore.layers.base import map_structure
 from mpcore.models import data as _data
-from mpcore.tensor import Tensor
 
 #: The names of a standardised batch's parts, for the error messages.
 PARTS = ("x", "y", "sample_weight")

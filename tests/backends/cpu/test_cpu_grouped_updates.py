@@ -17,7 +17,7 @@ from mpcore_cpu.grouped_updates import GATHER_MAX_ELEMENTS, UpdateGroup, group_u
 
 import mpcore as mp
 from mpcore import layers
-from mpcore.program import NONE, Const, KernelCall, Node, Op, Program, Slot, VariableRead
+from mpcore.tracing.program import NONE, Const, KernelCall, Node, Op, Program, Slot, VariableRead
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

@@ -14,7 +14,7 @@ from mpcore_cpu import backend as cpu_backend
 from mpcore_cpu.pool import ALIGNMENT, BufferPool, aligned_empty
 
 import mpcore as mp
-from mpcore.settings import SettingError
+from mpcore.plugins.settings import SettingError
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

@@ -21,7 +21,7 @@ from conftest import assert_same_bits
 from mpcore_cpu import CpuBackend
 
 import mpcore as mp
-from mpcore import registry
+from mpcore.plugins import registry
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

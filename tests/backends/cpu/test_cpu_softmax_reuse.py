@@ -17,8 +17,8 @@ from mpcore_cpu.compile import runs_cpu_kernel
 from mpcore_cpu.softmax_reuse import reuse_softmax
 
 import mpcore as mp
-from mpcore.demo import build_model
-from mpcore.program import NONE, Const, KernelCall, Op, Program, Slot, TupleOf
+from mpcore.cli.demo import build_model
+from mpcore.tracing.program import NONE, Const, KernelCall, Op, Program, Slot, TupleOf
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

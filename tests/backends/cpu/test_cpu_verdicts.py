@@ -7,8 +7,8 @@ import pytest
 from mpcore_cpu import CpuBackend, cpu_device, cpu_policy_support, parse_cpuinfo
 
 import mpcore as mp
-from mpcore.backend import Device, KernelSet
-from mpcore.extras import install_command
+from mpcore.core.backend import Device, KernelSet
+from mpcore.plugins.extras import install_command
 
 #: the CPU backend current, whatever MPCORE_BACKEND says (its own kernels are tested)
 pytestmark = pytest.mark.usefixtures("on_cpu")

@@ -27,7 +27,7 @@ from mpcore_cuda.lt_header import (
 )
 from mpcore_xp.float8 import Float8Kernels
 
-from mpcore.settings import SettingError
+from mpcore.plugins.settings import SettingError
 
 #: NVIDIA's documented values (cublasLt.h, cublas_api.h, library_types.h of CUDA 12.x/13.x).
 DOCUMENTED = {

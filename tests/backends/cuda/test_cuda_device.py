@@ -1,7 +1,7 @@
 """The CUDA backend's kernels against the CPU backend, on a GPU (skipped elsewhere with the
 reason): batched 16-bit GEMMs, bit-exact casts, the device flag, the fused optimizer kernels,
-image kernels and random numbers (the rules, messages and NVRTC checks that run anywhere:
-test_cuda.py)."""
+image kernels and random numbers (the rules and messages that run anywhere: test_cuda.py;
+the NVRTC checks: test_cuda_sources.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from conftest import NUMPY_DTYPES
 from mpcore_cuda import CudaBackend
 
 import mpcore as mp
-from mpcore import registry
+from mpcore.plugins import registry
 
 _REASON = CudaBackend().unavailable_reason()
 
@@ -231,11 +231,11 @@ def test_training_through_ops_uses_the_fused_backward(cuda: CudaBackend) -> None
 def test_a_training_step_reads_the_device_once_at_most(cuda: CudaBackend, policy: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's budget: one small device-to-host read per step, the loss-scale decision
-    (``mpcore.loss_scale._finite_flag``), and none without loss scaling. CuPy raises on any
-    other synchronising call inside ``cupyx.allow_synchronize(False)``."""
+    (``mpcore.mixed_precision.loss_scale._finite_flag``), and none without loss scaling. CuPy
+    raises on any other synchronising call inside ``cupyx.allow_synchronize(False)``."""
     import cupyx
 
-    import mpcore.loss_scale as loss_scale_module
+    import mpcore.mixed_precision.loss_scale as loss_scale_module
 
     if not mp.check_policy(policy, cuda).supported:
         pytest.skip(f"{policy} is not supported on this GPU")

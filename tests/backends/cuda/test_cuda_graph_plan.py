@@ -14,7 +14,7 @@ from mpcore_cuda import CudaBackend, graphs
 from mpcore_cuda import graph_plan as gp
 
 import mpcore as mp
-from mpcore.program import (
+from mpcore.tracing.program import (
     Assign,
     Const,
     ListOf,
@@ -256,7 +256,7 @@ def test_a_host_array_constant_is_an_upload_on_the_host() -> None:
 def test_host_steps_run_as_the_default_replay(monkeypatch: Any, policy: str) -> None:
     """The runner's host-step interpreter (``graphs._run_step``) on every step of a training
     program, in place of the cpu backend's compile_program: bit for bit the eager steps."""
-    from mpcore.program import plan_frees
+    from mpcore.tracing.program import plan_frees
 
     def interpret(program: Program) -> Any:
         plan_frees(program)

@@ -1,7 +1,7 @@
-"""oneDNN kernels bound to a traced call's operands (``kernel.bind``, see mpcore.recorder): the
-GEMMs and the recorded optimizer updates give the unbound kernel's bits, fall back to it where
-a later call's operands differ from the ones bound (strides, shapes, hyperparameters), respect
-the skip flag, and free their primitives with the traced program."""
+"""oneDNN kernels bound to a traced call's operands (``kernel.bind``, see mpcore.tracing.recorder):
+the GEMMs and the recorded optimizer updates give the unbound kernel's bits, fall back to it where a
+later call's operands differ from the ones bound (strides, shapes, hyperparameters), respect the
+skip flag, and free their primitives with the traced program."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_the_guide_models_traced_fit_runs_bound_kernels_and_equals_eager() -> No
     weights) run bound in the replay; weights, metrics and the loss equal the eager fit's."""
     if "mpcore_onednn" not in [s.provider for s in mp.get_backend("cpu").kernel_sets]:
         pytest.skip("oneDNN is not in use on this CPU backend")
-    from mpcore.demo import build_model
+    from mpcore.cli.demo import build_model
 
     rng = np.random.default_rng(0)
     x = rng.random((128 * 4, 784), dtype=np.float32)
@@ -225,7 +225,7 @@ def test_the_guide_models_traced_fit_runs_bound_kernels_and_equals_eager() -> No
 
 
 def _kernel_calls(model: mp.Model) -> list[Any]:
-    from mpcore.program import KernelCall
+    from mpcore.tracing.program import KernelCall
 
     program = model.train_function.graph
     return [step for step in program.steps if type(step) is KernelCall]

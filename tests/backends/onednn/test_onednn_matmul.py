@@ -20,7 +20,7 @@ from mpcore_onednn.matmul import MatmulCache
 from onednn_isa import library_or_skip, onednn_backend, run_under
 
 import mpcore as mp
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -20,7 +20,7 @@ from mpcore_cpu import CpuBackend
 from mpcore_onnxruntime import MIN_ELEMENTS, FastCast, cast_model
 
 import mpcore as mp
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None,
                                 reason="onnxruntime is not installed: "

@@ -18,7 +18,7 @@ from mpcore_onnxruntime import MIN_ELEMENTS
 from mpcore_onnxruntime.arithmetic import NAMES, WidenedArithmetic
 
 import mpcore as mp
-from mpcore.extras import install_command
+from mpcore.plugins.extras import install_command
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None,
                                  reason="onnxruntime is not installed: "

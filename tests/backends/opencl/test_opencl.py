@@ -18,7 +18,7 @@ from mpcore_opencl.rules import INTEL_MATRIX, opencl_policy_support
 from opencl_cases import cl, cpu, host, needs_device  # noqa: F401 - cl, cpu: fixtures
 
 import mpcore as mp
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 BF16 = ml_dtypes.bfloat16
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from mpcore_opencl.rules import opencl_policy_support
 
-from mpcore.backend import Device
+from mpcore.core.backend import Device
 
 POCL = Device(name="pthread-Intel Xeon Sapphire Rapids", vendor="GenuineIntel", kind="cpu",
               features=frozenset({"cl_khr_fp64"}), index="0:0")

@@ -28,8 +28,8 @@ from mpcore_opencl.tiling import (
 )
 
 import mpcore as mp
-from mpcore.backend import Device
-from mpcore.extras import install_command
+from mpcore.core.backend import Device
+from mpcore.plugins.extras import install_command
 
 
 def _devices() -> list[Device]:

@@ -24,7 +24,7 @@ from conftest import (
 )
 
 import mpcore as mp
-from mpcore import registry
+from mpcore.plugins import registry
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 RNG = np.random.default_rng(17)

@@ -15,7 +15,7 @@ from mpcore_cpu import CpuBackend
 from mpcore_cuda import CudaBackend
 from mpcore_xp import DTYPES, XpBackend
 
-from mpcore.dtypes import ALL
+from mpcore.core.dtypes import ALL
 
 BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "equal",
           "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and",
