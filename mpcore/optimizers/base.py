@@ -392,7 +392,7 @@ class Optimizer(Hyperparameters):
                 return False, None
             cast, flag, variables = done
         self.last_gradients, self.last_variables = cast, list(variables)
-        lr = self.learning_rate
+        lr = self._step_rates(self.learning_rate)
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
@@ -439,6 +439,11 @@ class Optimizer(Hyperparameters):
                 ops.zeros(var.shape, var.dtype, var.backend), dtype=var.dtype, trainable=False,
                 name=f"{var.name}/accumulator")
         return acc
+
+    def _step_rates(self, learning_rate: Any) -> Any:
+        """What ``_update_variable`` gets as ``lr``: the learning rate itself, or what a
+        subclass computes from it once per step (Adam: its step size on the device)."""
+        return learning_rate
 
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
                          lr: float, step: int, flag: Tensor | None) -> None:
