@@ -287,15 +287,17 @@ class Optimizer(Hyperparameters):
         """While tracing: whether the step may record this update kernel by kernel, and then
         the hyperparameters it records (their values: the guard of the trace, so that another
         setting retraces); None keeps the call whole, replayed eagerly. Recorded: the built-in
-        SGD and RMSprop (a subclass opts in by naming ``_recorded_hyperparameters`` itself) with
-        a constant learning rate, no clipping, no accumulation, no distribution, and at most
-        :data:`_MAX_RECORDED_SETTINGS` settings seen."""
+        SGD, RMSprop, Adam and AdamW (a subclass opts in by naming ``_recorded_hyperparameters``
+        itself) with a constant learning rate, clipped or not (clipping is ops on the device),
+        no accumulation, no distribution, and at most :data:`_MAX_RECORDED_SETTINGS` settings
+        seen."""
         names = type(self).__dict__.get("_recorded_hyperparameters")
-        if (not names or callable(self._learning_rate) or self.clipping is not None
+        if (not names or callable(self._learning_rate)
                 or (self.gradient_accumulation_steps or 1) > 1
                 or _distribution.distribution() is not None):
             return None
-        setting = tuple(value_key(getattr(self, name)) for name in names)  # (-0.0 is not 0.0)
+        setting = (*(value_key(getattr(self, name)) for name in names),   # (-0.0 is not 0.0)
+                   self.clipping)
         seen = self.__dict__.setdefault("_recorded_settings", set())
         if setting not in seen:
             if len(seen) >= self._MAX_RECORDED_SETTINGS:

@@ -39,6 +39,13 @@ CONFIGS: dict[str, tuple[Callable[[], mp.optimizers.Optimizer], tuple[str, ...]]
     "adamw": (lambda: mp.optimizers.AdamW(0.01, weight_decay=0.1),
               ("adam_rates(", "adam_update(")),
     "adam-unfused": (lambda: _unfused(mp.optimizers.Adam(0.01)), ("power(", "sqrt(")),
+    # clipping: ops on the device, recorded with the update
+    "adam-clipnorm": (lambda: mp.optimizers.Adam(0.01, clipnorm=0.05),
+                      ("sum(", "maximum(", "adam_update(")),
+    "sgd-global_clipnorm": (lambda: mp.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=0.1),
+                            ("sum(", "maximum(", "sgd_update(")),
+    "rmsprop-clipvalue": (lambda: mp.optimizers.RMSprop(0.01, clipvalue=0.01),
+                          ("minimum(", "rmsprop_update(")),
 }
 
 
