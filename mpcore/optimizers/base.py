@@ -55,7 +55,8 @@ class Optimizer(Hyperparameters):
     #: recorded update drops it, as each replay does (mpcore.trace_python_state).
     _trace_ignored_attributes = ("_iterations_known",)
     #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
-    #: SGD and RMSprop do not, so their steps never read the count back.
+    #: optimizers do not (Adam reads ``iterations_variable`` on the device), so their steps
+    #: never read the count back.
     _uses_step = True
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
