@@ -87,14 +87,17 @@ def bench_memory_bound(backend: mp.Backend, units: int, repeats: int) -> None:
 
     variables = arrays(20)
     slots = [arrays(30, 0.0, 1.0), arrays(40, 0.0, 1.0)]
+    # Adam's (alpha, lr*wd) on the device (step 1), or unused where the backend lacks the kernel
+    rates = (k["adam_rates"](k["asarray"](0, "int64"), 1e-3, 0.9, 0.999, 0.0)
+             if "adam_rates" in k else None)
     updates: dict[str, tuple[Callable[[int], tuple[Any, ...]], int]] = {
         # name -> (the arguments for tensor i, arrays moved per element: reads + writes)
         "sgd_update": (lambda i: (variables[i], grads[i], slots[0][i], 1e-3, 0.9, False, None),
                        5),
         "rmsprop_update": (lambda i: (variables[i], grads[i], slots[1][i], None, 1e-3, 0.9,
                                       0.0, 1e-7, None), 5),
-        "adam_update": (lambda i: (variables[i], grads[i], slots[0][i], slots[1][i], 1e-3, 0.9,
-                                   0.999, 1e-7, 1, 0.0, None), 7),
+        "adam_update": (lambda i: (variables[i], grads[i], slots[0][i], slots[1][i], rates, 0.9,
+                                   0.999, 1e-7, 0.0, None), 7),
     }
     for name, (arguments, moved) in updates.items():
         if name not in k:

@@ -266,13 +266,22 @@ class CpuOptim:
 
         return bound
 
+    def adam_rates(self, iterations: np.ndarray, lr: Any, beta1: float, beta2: float,
+                   weight_decay: float) -> np.ndarray:
+        """Adam's (alpha, lr*weight_decay) for step ``iterations + 1``, float32 (2,): the
+        float64 expressions of Python, rounded once (``lr``: a number or a float32 array of
+        shape (), a schedule's rate)."""
+        step = int(iterations[()]) + 1
+        rate = float(lr[()]) if isinstance(lr, np.ndarray) else float(lr)
+        alpha = rate * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        return np.array([alpha, rate * weight_decay], np.float32)
+
     def adam_update(self, var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
-                    lr: float, beta1: float, beta2: float, epsilon: float, step: int,
+                    rates: np.ndarray, beta1: float, beta2: float, epsilon: float,
                     weight_decay: float, flag: Any) -> None:
         if _skip(flag):
             return
-        alpha = _f32(lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step))
-        decay = _f32(lr * weight_decay)
+        alpha, decay = _f32(rates[0]), _f32(rates[1])
         b1, b2, e = _f32(1.0 - beta1), _f32(1.0 - beta2), _f32(epsilon)
 
         def body(w: Any, g: Any, m1: Any, m2: Any, d: Any, denom: Any) -> None:

@@ -475,13 +475,28 @@ extern "C" __global__ void rmsprop_update(float* var, const float* grad, float* 
   }
 }
 
-// alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t), 1 - beta1, 1 - beta2 and decay = lr * weight_decay
-// come from the host (the step count lives there), rounded to float32 as the CPU kernels do.
+// Adam's step size and decay for step t = iterations + 1 (one thread): alpha = lr * sqrt(1 -
+// beta2^t) / (1 - beta1^t) and lr * weight_decay in double, rounded once to float32 (the
+// expressions the host computed in Python before; mpcore.ops.adam_rates). lr is lr_array[0]
+// (a schedule's float32 rate) when lr_array is not null, else lr_value.
+extern "C" __global__ void adam_rates(const long long* iterations, const float* lr_array,
+                                      double lr_value, double beta1, double beta2,
+                                      double weight_decay, float* rates) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double t = (double)(iterations[0] + 1);
+  const double lr = lr_array ? (double)lr_array[0] : lr_value;
+  rates[0] = (float)(lr * sqrt(1.0 - pow(beta2, t)) / (1.0 - pow(beta1, t)));
+  rates[1] = (float)(lr * weight_decay);
+}
+
+// rates = (alpha, decay) from adam_rates, read on the device; 1 - beta1 and 1 - beta2 rounded
+// to float32 as the CPU kernels do.
 extern "C" __global__ void adam_update(float* var, const float* grad, float* m, float* v, i64 n,
-                                       float alpha, float one_minus_beta1,
-                                       float one_minus_beta2, float epsilon, float decay,
+                                       const float* rates, float one_minus_beta1,
+                                       float one_minus_beta2, float epsilon, int use_decay,
                                        const unsigned char* flag) {
   if (!*flag) return;
+  const float alpha = rates[0], decay = use_decay ? rates[1] : 0.0f;
   GRID_STRIDE(i, n) {
     const float g = grad[i];
     float w = var[i];

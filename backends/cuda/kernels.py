@@ -28,7 +28,7 @@ UNARY_OPS: dict[str, int] = {"relu": 0, "sigmoid": 1, "erf": 2}
 
 #: Non-template kernels (``extern "C"``), looked up by name.
 PLAIN_KERNELS: tuple[str, ...] = ("sgd_update", "rmsprop_update", "adam_update",
-                                   "loss_scale_update", "transpose_u8")
+                                   "adam_rates", "loss_scale_update", "transpose_u8")
 
 #: NVRTC options, the same for the RawModule and the compile test (CuPy's default standard).
 OPTIONS: tuple[str, ...] = ("--std=c++14",)

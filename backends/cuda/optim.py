@@ -3,7 +3,6 @@ fused optimizer updates (float32 master weights, in place, gated on the device f
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -138,15 +137,26 @@ class CudaOptim:
              np.float32(lr), np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
              np.float32(epsilon), self._flag_or_true(flag)))
 
-    def adam_update(self, var: Any, grad: Any, m: Any, v: Any, lr: float, beta1: float,
-                    beta2: float, epsilon: float, step: int, weight_decay: float,
-                    flag: Any) -> None:
-        # Keras Adam: alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t); AdamW decays first.
-        alpha = lr * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
-        decay = lr * weight_decay
+    def adam_rates(self, iterations: Any, lr: Any, beta1: float, beta2: float,
+                   weight_decay: float) -> Any:
+        """Adam's (alpha, lr*weight_decay), float32 (2,), computed on the device in double
+        (one thread) from the step count and the rate (a number or a float32 array)."""
+        rates = self.cp.empty((2,), dtype=F32)
+        array = lr if not isinstance(lr, (int, float)) else None
+        _k.function("adam_rates")(
+            (1,), (1,), (iterations, array if array is not None else np.uint64(0),
+                         np.float64(0.0 if array is not None else lr), np.float64(beta1),
+                         np.float64(beta2), np.float64(weight_decay), rates))
+        return rates
+
+    def adam_update(self, var: Any, grad: Any, m: Any, v: Any, rates: Any, beta1: float,
+                    beta2: float, epsilon: float, weight_decay: float, flag: Any) -> None:
+        # Keras Adam: alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) (adam_rates, on the
+        # device); AdamW decays first.
         if not self._fusable(var, grad, m, v):
             g = grad.astype(var.dtype, copy=False)
-            w = var - decay * var if decay else var
+            alpha = rates[0].astype(var.dtype)
+            w = var - rates[1].astype(var.dtype) * var if weight_decay else var
             mi = m + (g - m) * (1 - beta1)
             vi = v + (g * g - v) * (1 - beta2)
             self._gated(var, w - alpha * mi / (self.cp.sqrt(vi) + epsilon), flag)
@@ -155,6 +165,6 @@ class CudaOptim:
             return
         _k.function("adam_update")(
             grid(var.size), (BLOCK,),
-            (var, grad, m, v, np.int64(var.size), np.float32(alpha), np.float32(1.0 - beta1),
-             np.float32(1.0 - beta2), np.float32(epsilon), np.float32(decay),
+            (var, grad, m, v, np.int64(var.size), rates, np.float32(1.0 - beta1),
+             np.float32(1.0 - beta2), np.float32(epsilon), np.int32(bool(weight_decay)),
              self._flag_or_true(flag)))

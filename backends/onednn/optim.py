@@ -37,7 +37,6 @@ stays, so their memory handles stay set; a traced step binds them to its operand
 
 from __future__ import annotations
 
-import math
 import struct
 import threading
 from collections import OrderedDict
@@ -273,19 +272,18 @@ def make_adam_update(original: Callable[..., None], cache: BinaryCache,
     alloc = alloc or np.empty
 
     def adam_update(var: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
-                    lr: float, beta1: float, beta2: float, epsilon: float, step: int,
+                    rates: np.ndarray, beta1: float, beta2: float, epsilon: float,
                     weight_decay: float, flag: Any) -> None:
         if not _eligible(var, grad, m, v):
-            return original(var, grad, m, v, lr, beta1, beta2, epsilon, step, weight_decay,
-                            flag)
+            return original(var, grad, m, v, rates, beta1, beta2, epsilon, weight_decay, flag)
         if _skip(flag):
             return None
         w, g, m1, m2 = _flat(var, grad, m, v)
-        # the NumPy kernel's float32 hyperparameters, from the same float64 expressions
-        alpha = lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        # the step size and decay of adam_rates, float32 on the host (the CPU's memory)
+        alpha, decay = float(rates[0]), float(rates[1])
         full = ("add", "full")
         if weight_decay:
-            cache.run("mul", w, -_scalar(lr * weight_decay), w, [full], [w])
+            cache.run("mul", w, -_scalar(decay), w, [full], [w])
         cache.run("sub", g, m1, m1, [("mul", "scalar"), full],
                   [_scalar(1.0 - beta1), m1])
         cache.run("mul", g, g, m2, [("sub", "full"), ("mul", "scalar"), full],

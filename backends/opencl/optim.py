@@ -7,7 +7,6 @@ so a loss-scaled step needs no host read before its updates.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -100,14 +99,27 @@ class OptimKernels(KernelFamily):
                             var.data, grad.data, ms.data,
                             (mom if mom is not None else ms).data)
 
-    def adam_update(self, var: CLArray, grad: CLArray, m: CLArray, v: CLArray, lr: float,
-                    beta1: float, beta2: float, epsilon: float, step: int, weight_decay: float,
-                    flag: Any) -> None:
+    def adam_rates(self, iterations: CLArray, lr: Any, beta1: float, beta2: float,
+                   weight_decay: float) -> CLArray:
+        """Adam's (alpha, lr*weight_decay), float32 (2,), computed on the device (one
+        work-item; in double where the device has cl_khr_fp64) from the step count and the
+        rate (a number or a float32 array of shape ())."""
+        rates = self._empty((2,), "float32")
+        prog = self._prog("optim.cl", ("A", "float32"))
+        real = np.float64 if self.runtime.fp64 else np.float32
+        array = lr if isinstance(lr, CLArray) else None
+        self.runtime.launch(prog["adam_rates"], 1, iterations.data, np.int32(array is not None),
+                            (array if array is not None else rates).data,
+                            real(0.0 if array is not None else lr), real(beta1), real(beta2),
+                            real(weight_decay), rates.data)
+        return rates
+
+    def adam_update(self, var: CLArray, grad: CLArray, m: CLArray, v: CLArray,
+                    rates: CLArray, beta1: float, beta2: float, epsilon: float,
+                    weight_decay: float, flag: Any) -> None:
         grad, use_flag, fbuf = self._update_args(var, grad, flag)
         prog = self._prog("optim.cl", ("A", self._dt(var)))
-        # in double, rounded once: the CPU's and CUDA's constants (see the kernel's comment)
-        alpha = lr * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
-        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), np.float32(alpha),
+        self.runtime.launch(prog["adam"], var.size, np.int32(var.size), rates.data,
                             np.float32(1.0 - beta1), np.float32(1.0 - beta2),
-                            np.float32(epsilon), np.float32(lr * weight_decay), use_flag, fbuf,
+                            np.float32(epsilon), np.int32(bool(weight_decay)), use_flag, fbuf,
                             var.data, grad.data, m.data, v.data)

@@ -48,7 +48,8 @@ EDITS = tuple(f"{name}_{how}" for name in LISTS for how in ("add", "remove"))
 UNLISTED = frozenset({"full", "copy", "convert", "dropout_mask", "random_normal",
                       "random_uniform", "sparse_softmax_cross_entropy_grad",
                       "unscale_and_check", "unscale_and_check_by", "loss_scale_update",
-                      "all_finite", "sgd_update", "rmsprop_update", "adam_update"})
+                      "all_finite", "sgd_update", "rmsprop_update", "adam_update",
+                      "adam_rates"})
 #: Every op name the lists take.
 KNOWN = frozenset(CATEGORIES) | UNLISTED
 ENV_PREFIX = "MPCORE_AMP_"

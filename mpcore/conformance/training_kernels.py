@@ -174,6 +174,32 @@ def check_all_finite(ctx: Context) -> None:
         raise CheckFailedError("all_finite on finite values whose sum overflows: false")
 
 
+def _rates(np: Any, weight_decay: float) -> Any:
+    return np.array([0.01 * math.sqrt(1.0 - 0.999**3) / (1.0 - 0.9**3), 0.01 * weight_decay],
+                    np.float32)
+
+
+def check_adam_rates(ctx: Context) -> None:
+    """Adam's step size from the device step count, bit for bit the reference's (float64,
+    rounded once) at steps from 1 to 10**7, with the rate a number or a float32 array."""
+    np = ctx.np
+    k = ctx.kernel("adam_rates")
+    ref = ctx.rk["adam_rates"]
+    for step in (0, 1, 2, 9, 99, 999, 12345, 10**7 - 1):
+        for lr, b1, b2, wd in ((1e-3, 0.9, 0.999, 0.0), (3e-4, 0.8, 0.95, 0.004)):
+            for as_array in (False, True):
+                rate = ctx.up(np.float32(lr), "float32") if as_array else lr
+                got = np.asarray(ctx.host(k(ctx.up(np.int64(step), "int64"), rate, b1, b2, wd),
+                                          "adam_rates"))
+                want = ref(np.array(step, np.int64), np.array(np.float32(lr)) if as_array
+                           else lr, b1, b2, wd)
+                if got.dtype != np.float32 or not np.array_equal(got, want):
+                    raise CheckFailedError(
+                        f"adam_rates(iterations={step}, lr={lr}{' as an array' * as_array}, "
+                        f"beta_1={b1}, beta_2={b2}, weight_decay={wd}) is {got!r}, expected "
+                        f"{want!r}")
+
+
 # --- optional fused kernels ---------------------------------------------------------------
 def check_softmaxes(ctx: Context) -> None:
     done = []
@@ -335,8 +361,9 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
             variants = [("plain", ["ms", None], (0.01, 0.9, 0.0, 1e-7)),
                         ("momentum", ["ms", "mom"], (0.01, 0.9, 0.5, 1e-7))]
         else:
-            variants = [("adam", ["m", "v"], (0.01, 0.9, 0.999, 1e-7, 3, 0.0)),
-                        ("adamw", ["m", "v"], (0.01, 0.9, 0.999, 1e-7, 3, 0.01))]
+            # (alpha, lr*wd) at step 3, lr 0.01: adam_rates' values, given as a device array
+            variants = [("adam", ["m", "v"], (_rates(np, 0.0), 0.9, 0.999, 1e-7, 0.0)),
+                        ("adamw", ["m", "v"], (_rates(np, 0.01), 0.9, 0.999, 1e-7, 0.01))]
         ok_flag = ctx.k["unscale_and_check"]([ctx.up(grad0, "float32")], 1.0)[1]
         bad_flag = ctx.k["unscale_and_check"]([ctx.up([np.inf], "float32")], 1.0)[1]
         for label, slots, hyper in variants:
@@ -348,7 +375,11 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
                 rvar = ctx.ref.asarray(np.array(var0, np.float32), "float32")
                 rbufs = [None if s is None else ctx.ref.asarray(np.array(slot0[s], np.float32),
                                                                 "float32") for s in slots]
-                out = k(var, grad, *bufs, *hyper, flag)
+                args, rargs = hyper, hyper
+                if name == "adam_update":
+                    args = (ctx.up(hyper[0], "float32"), *hyper[1:])
+                    rargs = (ctx.ref.asarray(hyper[0].copy(), "float32"), *hyper[1:])
+                out = k(var, grad, *bufs, *args, flag)
                 if out is not None:
                     raise CheckFailedError(f"{what}: returned {type(out).__name__}; fused updates "
                                            "work in place and return None")
@@ -359,7 +390,7 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
                         raise CheckFailedError(f"{what}: the gradient buffer changed")
                 else:
                     ctx.rk[name](rvar, ctx.ref.asarray(np.array(grad0, np.float32), "float32"),
-                                 *rbufs, *hyper, None)
+                                 *rbufs, *rargs, None)
                     wants = [ctx.ref_host(rvar), *[ctx.ref_host(b) for b in rbufs
                                                    if b is not None]]
                 gots = [var, *[b for b in bufs if b is not None]]

@@ -122,8 +122,13 @@ OPTIONAL_KERNELS: dict[str, str] = {
     "sgd_update": "(var, grad, velocity | None, lr, momentum, nesterov: bool, flag)",
     "rmsprop_update": "(var, grad, ms, mom | None, lr, rho, momentum, epsilon, flag)"
                       "  # Keras: ms = rho*ms + (1-rho)*g^2; var -= lr*g/sqrt(ms+eps)",
-    "adam_update": "(var, grad, m, v, lr, beta1, beta2, epsilon, step: int, weight_decay, flag)"
-                   "  # Keras Adam; AdamW (decoupled decay var -= lr*wd*var) when wd > 0",
+    "adam_update": "(var, grad, m, v, rates, beta1, beta2, epsilon, weight_decay, flag)"
+                   "  # Keras Adam; rates: float32 (2,) on the device = (alpha, lr*wd) from "
+                   "adam_rates; AdamW (decoupled decay var -= rates[1]*var) when wd != 0",
+    # Adam's step size from the step count on the device (int64, shape ()): t = iterations+1,
+    # alpha = lr*sqrt(1-beta2^t)/(1-beta1^t) and lr*weight_decay in float64 (float32 where the
+    # device has none), each rounded once to float32; lr a float or a float32 array of shape ()
+    "adam_rates": "(iterations, lr, beta1, beta2, weight_decay) -> float32 (2,)",
 }
 
 

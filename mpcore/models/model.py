@@ -230,6 +230,10 @@ class Model(Trainer, Layer):
                 key=lambda: tuple(id(v) for v in self.trainable_variables))
             traced.__name__ = f"the {kind} step of model {self.name!r}"
             traced.compiled = compiled
+        if kind in ("train", "custom_train") and self.optimizer is not None and self.built:
+            # the slots made before the step, as Keras 3 builds its optimizer: a recorded update
+            # that made them would be a first trace run eagerly and traced again
+            self.optimizer.build(self.trainable_variables)
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:

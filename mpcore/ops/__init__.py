@@ -89,7 +89,7 @@ from mpcore.ops.nn import (
     sparse_softmax_cross_entropy,
 )
 from mpcore.ops.normalization import batch_norm, layer_norm
-from mpcore.ops.optim import adam_update, rmsprop_update, sgd_update
+from mpcore.ops.optim import adam_rates, adam_update, rmsprop_update, sgd_update
 from mpcore.ops.reduction import argmax, max, mean, min, sum  # noqa: A004
 from mpcore.ops.shapes import (
     broadcast_to,
@@ -105,7 +105,8 @@ from mpcore.ops.shapes import (
 )
 
 __all__ = [
-    "DENSE_ACTIVATIONS", "TensorLike", "abs", "adam_update", "add", "all_finite", "argmax",
+    "DENSE_ACTIVATIONS", "TensorLike", "abs", "adam_rates", "adam_update", "add", "all_finite",
+    "argmax",
     "avg_pool2d", "batch_norm", "bias_add", "bias_grad", "broadcast_to", "cast", "clip_by_value",
     "concat", "constant", "conv2d", "convert_to_tensor", "dense", "dequantize_fp8", "divide",
     "dropout", "dropout_mask", "equal", "erf", "exp", "expand_dims", "float8_dot", "fp8_matmul",

@@ -11,12 +11,14 @@ composite path selects the old values on the device), so a skipped step needs no
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from mpcore.core.tensor import Tensor, Variable
-from mpcore.ops.elementwise import add, divide, multiply, sqrt, subtract, where
+from mpcore.ops.creation import constant
+from mpcore.ops.dispatch import cast
+from mpcore.ops.elementwise import add, divide, multiply, power, sqrt, subtract, where
+from mpcore.ops.shapes import concat, getitem, reshape
 
 
 def _fused_kernel(name: str, variable: Variable, fused: bool) -> Callable[..., None] | None:
@@ -91,24 +93,58 @@ def rmsprop_update(variable: Variable, gradient: Tensor, velocity: Variable,
                    (momentum_slot, mom, old_mom)])
 
 
+def adam_rates(iterations: Tensor, learning_rate: float | Tensor, beta_1: float,
+               beta_2: float, weight_decay: float = 0.0, fused: bool = True) -> Tensor:
+    """Adam's step size and decay for the step after ``iterations`` (the int64 step count on
+    the device, shape ()), as a float32 tensor of shape (2,): ``alpha = lr*sqrt(1 -
+    b2^t)/(1 - b1^t)`` with ``t = iterations + 1``, and ``lr*weight_decay``. ``learning_rate``
+    is a number or a float32 tensor of shape () (a schedule's rate on the device).
+
+    Computed on the device in float64 and rounded once to float32, the formula the host used
+    when it computed them in Python (the same values, so eager steps keep their results); an
+    eager step and each replay of a traced one run this same kernel, so they agree bit for bit.
+    A device without float64 (OpenCL without ``cl_khr_fp64``) computes in float32."""
+    be = iterations._backend
+    kernel = be.kernels().get("adam_rates") if fused else None
+    if kernel is not None:
+        lr = learning_rate.data if isinstance(learning_rate, Tensor) else float(learning_rate)
+        return Tensor(kernel(iterations.data, lr, float(beta_1), float(beta_2),
+                             float(weight_decay)), be, "float32")
+    # shape (1,), not (): NumPy makes a 0-d float64 result a np.float64 scalar, which a trace
+    # would take for a Python constant (a float subclass) and fold
+    t = cast(reshape(add(iterations, 1), (1,)), "float64")
+    root = sqrt(subtract(1.0, power(float(beta_2), t)))
+    lr: float | Tensor
+    if isinstance(learning_rate, Tensor):
+        lr = cast(reshape(learning_rate, (1,)), "float64")
+        decay = cast(multiply(lr, float(weight_decay)), "float32")
+    else:
+        lr = float(learning_rate)
+        decay = constant([lr * float(weight_decay)], "float32", backend=be)
+    # lr * sqrt(..) / (..) in Python's order: the product first (lr * root == root * lr)
+    alpha = divide(multiply(root, lr), subtract(1.0, power(float(beta_1), t)))
+    return concat([cast(alpha, "float32"), decay])
+
+
 def adam_update(variable: Variable, gradient: Tensor, m_slot: Variable, v_slot: Variable,
-                learning_rate: float, beta_1: float, beta_2: float, epsilon: float, step: int,
+                rates: Tensor, beta_1: float, beta_2: float, epsilon: float,
                 weight_decay: float = 0.0, flag: Tensor | None = None,
                 fused: bool = True) -> None:
     """Keras' Adam: ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``;
-    ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)``, ``t``
-    = ``step``. ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW)."""
+    ``var -= alpha*m / (sqrt(v) + eps)``, ``alpha`` and the decay ``lr*wd`` read on the device
+    from ``rates`` (:func:`adam_rates`). ``weight_decay`` > 0 first decays ``var -= lr*wd*var``
+    (decoupled, AdamW)."""
     kernel = _fused_kernel("adam_update", variable, fused)
     if kernel is not None:
-        kernel(variable.data, gradient.data, m_slot.data, v_slot.data, learning_rate, beta_1,
-               beta_2, epsilon, step, weight_decay, _data(flag))
+        kernel(variable.data, gradient.data, m_slot.data, v_slot.data, rates.data, beta_1,
+               beta_2, epsilon, weight_decay, _data(flag))
         _mark_updated(variable, m_slot, v_slot)
         return
     old_var = var = variable.current_value()
     old_m, old_v = m_slot.current_value(), v_slot.current_value()
     if weight_decay:
-        var = subtract(var, multiply(var, learning_rate * weight_decay))
-    alpha = learning_rate * math.sqrt(1.0 - beta_2**step) / (1.0 - beta_1**step)
+        var = subtract(var, multiply(var, getitem(rates, 1)))
+    alpha = getitem(rates, 0)
     m = add(old_m, multiply(subtract(gradient, old_m), 1.0 - beta_1))
     v = add(old_v, multiply(subtract(multiply(gradient, gradient), old_v), 1.0 - beta_2))
     update = divide(multiply(m, alpha), add(sqrt(v), epsilon))

@@ -92,7 +92,15 @@ class Adam(Optimizer):
     """Keras' Adam: ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``;
     ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)`` and
     ``t = iterations + 1`` (under a LossScaleOptimizer ``iterations`` counts skipped steps
-    too). ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW)."""
+    too). ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW).
+
+    ``alpha`` and ``lr*wd`` are computed once per step on the device from
+    ``iterations_variable`` (``ops.adam_rates``), so a traced step records the update kernel by
+    kernel and reads no step count back."""
+
+    _recorded_hyperparameters = ("_learning_rate", "beta_1", "beta_2", "epsilon",
+                                 "weight_decay", "use_fused_kernels")
+    _uses_step = False
 
     def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,
@@ -108,10 +116,17 @@ class Adam(Optimizer):
     def slot_names(self) -> tuple[str, ...]:
         return ("m", "v")
 
+    def _step_rates(self, learning_rate: Any) -> Tensor:
+        var = self._iterations_var
+        assert var is not None
+        return ops.adam_rates(var, learning_rate, self.beta_1, self.beta_2, self.weight_decay,
+                              self.use_fused_kernels)
+
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
-                         lr: float, step: int, flag: Tensor | None) -> None:
+                         lr: Any, step: int, flag: Tensor | None) -> None:
+        # lr: the step's (alpha, lr*weight_decay) on the device, from _step_rates
         ops.adam_update(var, grad, slots["m"], slots["v"], lr, self.beta_1, self.beta_2,
-                        self.epsilon, step, self.weight_decay, flag, self.use_fused_kernels)
+                        self.epsilon, self.weight_decay, flag, self.use_fused_kernels)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
@@ -120,6 +135,8 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (default 0.004, as Keras)."""
+
+    _recorded_hyperparameters = Adam._recorded_hyperparameters
 
     def __init__(self, learning_rate: LearningRate = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,

@@ -55,7 +55,8 @@ class Optimizer(Hyperparameters):
     #: recorded update drops it, as each replay does (mpcore.tracing.python_state).
     _trace_ignored_attributes = ("_iterations_known", "_iterations_version")
     #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
-    #: SGD and RMSprop do not, so their steps never read the count back.
+    #: optimizers do not (Adam reads ``iterations_variable`` on the device), so their steps
+    #: never read the count back.
     _uses_step = True
 
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
@@ -293,15 +294,17 @@ class Optimizer(Hyperparameters):
         """While tracing: whether the step may record this update kernel by kernel, and then
         the hyperparameters it records (their values: the guard of the trace, so that another
         setting retraces); None keeps the call whole, replayed eagerly. Recorded: the built-in
-        SGD and RMSprop (a subclass opts in by naming ``_recorded_hyperparameters`` itself) with
-        a constant learning rate, no clipping, no accumulation, no distribution, and at most
-        :data:`_MAX_RECORDED_SETTINGS` settings seen."""
+        SGD, RMSprop, Adam and AdamW (a subclass opts in by naming ``_recorded_hyperparameters``
+        itself) with a constant learning rate, clipped or not (clipping is ops on the device),
+        no accumulation, no distribution, and at most :data:`_MAX_RECORDED_SETTINGS` settings
+        seen."""
         names = type(self).__dict__.get("_recorded_hyperparameters")
-        if (not names or callable(self._learning_rate) or self.clipping is not None
+        if (not names or callable(self._learning_rate)
                 or (self.gradient_accumulation_steps or 1) > 1
                 or _distribution.distribution() is not None):
             return None
-        setting = tuple(value_key(getattr(self, name)) for name in names)  # (-0.0 is not 0.0)
+        setting = (*(value_key(getattr(self, name)) for name in names),   # (-0.0 is not 0.0)
+                   self.clipping)
         seen = self.__dict__.setdefault("_recorded_settings", set())
         if setting not in seen:
             if len(seen) >= self._MAX_RECORDED_SETTINGS:
@@ -398,7 +401,7 @@ class Optimizer(Hyperparameters):
                 return False, None
             cast, flag, variables = done
         self.last_gradients, self.last_variables = cast, list(variables)
-        lr = self.learning_rate
+        lr = self._step_rates(self.learning_rate)
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
@@ -445,6 +448,11 @@ class Optimizer(Hyperparameters):
                 ops.zeros(var.shape, var.dtype, var.backend), dtype=var.dtype, trainable=False,
                 name=f"{var.name}/accumulator")
         return acc
+
+    def _step_rates(self, learning_rate: Any) -> Any:
+        """What ``_update_variable`` gets as ``lr``: the learning rate itself, or what a
+        subclass computes from it once per step (Adam: its step size on the device)."""
+        return learning_rate
 
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],
                          lr: float, step: int, flag: Tensor | None) -> None:

@@ -37,6 +37,12 @@ from mpcore.tracing.program import (
 _SEEDED = {"random_uniform": 2, "random_normal": 2, "dropout_mask": 3, "random_permutation": 1}
 
 
+#: Python values a trace keeps as constants. Exact types: a NumPy scalar (``np.float64`` is a
+#: ``float``) is what a kernel returns for a 0-d float64 result on the CPU, a value of the step
+#: that each replay computes afresh, never the trace's constant.
+_PYTHON_VALUES = frozenset({bool, int, float, str})
+
+
 class Recorder:
     def __init__(self) -> None:
         self.steps: list[Any] = []
@@ -94,7 +100,7 @@ class Recorder:
         if isinstance(value, (list, tuple)):
             items = tuple(self.spec(v) for v in value)
             return ListOf(items) if isinstance(value, list) else TupleOf(items)
-        if value is None or isinstance(value, (bool, int, float, str)):
+        if value is None or type(value) in _PYTHON_VALUES or type(value) is DrawnSeed:
             # a drawn seed given as it is to any kernel (constant(s), full(shape, s)): the
             # replay's draw, not the trace's value
             seed = self.drawn_spec(value) if type(value) is DrawnSeed else None
@@ -194,7 +200,7 @@ class Recorder:
         if isinstance(value, (list, tuple)):
             items = tuple(self.bind(v) for v in value)
             return ListOf(items) if isinstance(value, list) else TupleOf(items)
-        if value is None or isinstance(value, (bool, int, float, str)):
+        if value is None or type(value) in _PYTHON_VALUES:
             return Const(value)
         slot = self.slot_of.get(id(value))
         return Slot(slot if slot is not None else self.new_slot(value))

@@ -183,11 +183,12 @@ def test_a_replayed_step_equals_the_eager_step_bit_for_bit(backend: str, optimiz
         np.testing.assert_array_equal(a, b)
     assert fn is not None and fn.tracing_count <= 2               # the others replayed
     graph = str(fn.graph)
-    if optimizer != "adam":     # Adam's step count is a host value: its update is kept whole
-        assert "[kept whole]" not in graph
-        assert f"{optimizer}_update(" in graph
-        if scale == "dynamic":
-            assert "loss_scale_update(" in graph and "unscale_and_check_by(" in graph
+    assert "[kept whole]" not in graph
+    assert f"{optimizer}_update(" in graph
+    if optimizer == "adam":     # its step size from the device step count
+        assert "adam_rates(" in graph
+    if scale == "dynamic":
+        assert "loss_scale_update(" in graph and "unscale_and_check_by(" in graph
 
 
 # --- no host read in a replay --------------------------------------------------------------

@@ -211,10 +211,10 @@ def test_a_traced_function_keeps_no_argument_object_alive(backend: mp.Backend) -
         return loss
 
     refs: list[weakref.ref[Any]] = []
-    for make in (lambda: mp.optimizers.Adam(0.1), lambda: mp.optimizers.SGD(0.1)):
+    for make in (lambda: mp.optimizers.Adam(lambda step: 0.1), lambda: mp.optimizers.SGD(0.1)):
         for _ in range(2):
             w, n = mp.Variable(np.ones(4, F32)), mp.Variable(np.zeros(1, F32))
-            opt = make()            # Adam is kept whole, SGD recorded kernel by kernel
+            opt = make()    # Adam with a Python schedule is kept whole, SGD recorded
             eager = make()
             w_eager, n_eager = mp.Variable(np.ones(4, F32)), mp.Variable(np.zeros(1, F32))
             for _ in range(3):

@@ -60,9 +60,10 @@ def test_variables_without_gradients_are_named() -> None:
 
 def test_a_warning_from_a_replayed_call_names_the_users_line() -> None:
     """The replay is compiled code named ``<mpcore traced step>``: a warning of a call it
-    replays (here Adam's apply_gradients, kept whole) named that pseudo-file."""
+    replays (here Adam's apply_gradients with a schedule written in Python, kept whole) named
+    that pseudo-file."""
     v, w = mp.Variable([1.0], name="v"), mp.Variable([2.0], name="w")
-    opt = mp.optimizers.Adam(0.1)
+    opt = mp.optimizers.Adam(lambda step: 0.1)
 
     @mp.function
     def step(x: mp.Tensor) -> mp.Tensor:

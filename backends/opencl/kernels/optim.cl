@@ -130,16 +130,39 @@ __kernel void rmsprop(const int n, const float lr, const float rho, const float 
  * as the CPU and CUDA kernels take them: 1 - (float)0.999 on the device is 0.0009999871, ~55
  * ulp from the first step's update of the composite path. The decoupled decay
  * (var -= decay * var) is applied before the step, as Keras does. */
-__kernel void adam(const int n, const float alpha, const float one_minus_beta1,
-                   const float one_minus_beta2, const float epsilon, const float decay,
+/* Adam's step size and decay for step t = iterations + 1 (one work-item): alpha = lr * sqrt(1 -
+ * beta2^t) / (1 - beta1^t) and lr * weight_decay, in double where the device has cl_khr_fp64
+ * (the expressions the host computed in Python before), rounded once to float32; in float32
+ * otherwise. lr is lr_array[0] (a schedule's float32 rate) when use_lr_array is set. */
+#ifdef cl_khr_fp64
+#define RATE_T double
+#else
+#define RATE_T float
+#endif
+__kernel void adam_rates(__global const long *iterations, const int use_lr_array,
+                         __global const float *lr_array, const RATE_T lr_value,
+                         const RATE_T beta1, const RATE_T beta2, const RATE_T weight_decay,
+                         __global float *rates) {
+    if (get_global_id(0) != 0) return;
+    const RATE_T t = (RATE_T)(iterations[0] + 1);
+    const RATE_T lr = use_lr_array ? (RATE_T)lr_array[0] : lr_value;
+    const RATE_T one = 1;
+    rates[0] = (float)(lr * sqrt(one - pow(beta2, t)) / (one - pow(beta1, t)));
+    rates[1] = (float)(lr * weight_decay);
+}
+
+/* rates = (alpha, decay) from adam_rates, read on the device; decay applied when use_decay. */
+__kernel void adam(const int n, __global const float *rates, const float one_minus_beta1,
+                   const float one_minus_beta2, const float epsilon, const int use_decay,
                    const int use_flag, __global const uchar *flag, __global A_ST *var,
                    __global const A_ST *grad, __global A_ST *pm, __global A_ST *pv) {
     if (SKIP) return;
     const int i = get_global_id(0);
     if (i >= n) return;
+    const float alpha = rates[0];
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
-    if (decay > 0) w -= w * decay;
+    if (use_decay) w -= w * rates[1];
     const A_CT m = LOAD_A(pm, i) + (g - LOAD_A(pm, i)) * one_minus_beta1;
     const A_CT v = LOAD_A(pv, i) + (g * g - LOAD_A(pv, i)) * one_minus_beta2;
     STORE_A(pm, i, m);

@@ -392,7 +392,9 @@ def test_blocked_adam_is_bit_for_bit_the_plain_formula(weight_decay: float) -> N
     v = rng.random(n, dtype=F32)
     ref = [var.copy(), m.copy(), v.copy()]
     _adam_plain(ref[0], g, ref[1], ref[2], 1e-3, 0.9, 0.999, 1e-7, 3, weight_decay)
-    CpuBackend().adam_update(var, g, m, v, 1e-3, 0.9, 0.999, 1e-7, 3, weight_decay, None)
+    cpu = CpuBackend()
+    rates = cpu.adam_rates(np.array(2, np.int64), 1e-3, 0.9, 0.999, weight_decay)   # step 3
+    cpu.adam_update(var, g, m, v, rates, 0.9, 0.999, 1e-7, weight_decay, None)
     for got, want in zip((var, m, v), ref):
         assert np.array_equal(_bits(got), _bits(want))
 

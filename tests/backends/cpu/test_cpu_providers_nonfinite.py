@@ -161,8 +161,11 @@ def _rmsprop(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
 
 
 def _adam(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:
-    yield *_state(60, 4), 1e-3, 0.9, 0.999, 1e-7, 3, 0.0, None
-    yield *_state(70, 4), 1e-3, 0.9, 0.999, 1e-7, 1, 0.004, None      # AdamW
+    rates = CpuBackend().adam_rates       # (alpha, lr*wd) at steps 3 and 1
+    yield (*_state(60, 4), rates(np.array(2, np.int64), 1e-3, 0.9, 0.999, 0.0), 0.9, 0.999,
+           1e-7, 0.0, None)
+    yield (*_state(70, 4), rates(np.array(0, np.int64), 1e-3, 0.9, 0.999, 0.004), 0.9, 0.999,
+           1e-7, 0.004, None)                                              # AdamW
 
 
 def _unscale(dtype: np.dtype) -> Iterator[tuple[Any, ...]]:

@@ -327,8 +327,10 @@ def test_fused_optimizer_updates_match_the_cpu(cuda: CudaBackend, cpu: mp.Backen
             be.rmsprop_update(var, grad, a, b if kind.endswith("momentum") else None, 0.01,
                               0.9, 0.5, 1e-7, flag)
         else:
-            be.adam_update(var, grad, a, b, 0.001, 0.9, 0.999, 1e-7, 3,
-                           0.004 if kind == "adamw" else 0.0, flag)
+            wd = 0.004 if kind == "adamw" else 0.0
+            rates = be.adam_rates(be.asarray(np.array(2, np.int64), "int64"), 0.001, 0.9,
+                                  0.999, wd)      # step 3
+            be.adam_update(var, grad, a, b, rates, 0.9, 0.999, 1e-7, wd, flag)
         return [np.asarray(be.to_host(x)) for x in (var, a, b)]
 
     for flag_value in (None, True):

@@ -295,17 +295,23 @@ def _operands(rng: np.random.Generator, shape: tuple[int, ...], count: int) -> l
     return [a.reshape(shape) for a in (var, grad, *slots)]
 
 
+def _rates(step: int, weight_decay: float) -> np.ndarray:
+    """Adam's (alpha, lr*wd) at ``step`` (lr 1e-3), as the optimizer hands them over."""
+    return CpuBackend().adam_rates(np.array(step - 1, np.int64), 1e-3, 0.9, 0.999,
+                                   weight_decay)
+
+
 # name -> (arrays: var, grad, slots..., a function of (arrays, step) giving the call's
 # arguments after the arrays, as the optimizers pass them)
 UPDATES: dict[str, tuple[int, Any]] = {
     "sgd_update": (3, lambda step: (0.01, 0.9, False, None)),
     "rmsprop_update": (3, lambda step: (None, 1e-3 * step, 0.9, 0.0, 1e-7, None)),
-    "adam_update": (4, lambda step: (1e-3, 0.9, 0.999, 1e-7, step, 0.0, None)),
+    "adam_update": (4, lambda step: (_rates(step, 0.0), 0.9, 0.999, 1e-7, 0.0, None)),
 }
 VARIANTS: list[tuple[str, int, Any]] = [
     ("sgd_update", 2, lambda step: (None, 0.05, 0.0, False, None)),           # plain SGD
     ("sgd_update", 3, lambda step: (0.01, 0.9, True, None)),                  # Nesterov
-    ("adam_update", 4, lambda step: (1e-3, 0.9, 0.999, 1e-7, step, 0.004, None)),  # AdamW
+    ("adam_update", 4, lambda step: (_rates(step, 0.004), 0.9, 0.999, 1e-7, 0.004, None)),
 ]
 
 

@@ -363,8 +363,9 @@ def test_every_kernel_gets_fast_argument_packing(cl: Any) -> None:
     cl.sum(x, None, False)
     cl.random_uniform((3,), "float32", 1, 0.0, 1.0)
     cl.adam_update(cl.full((2,), 1, "float32"), cl.full((2,), 1, "float32"),
-                   cl.full((2,), 0, "float32"), cl.full((2,), 0, "float32"), 0.1, 0.9, 0.999,
-                   1e-7, 1, 0.0, None)
+                   cl.full((2,), 0, "float32"), cl.full((2,), 0, "float32"),
+                   cl.adam_rates(cl.full((), 0, "int64"), 0.1, 0.9, 0.999, 0.0), 0.9, 0.999,
+                   1e-7, 0.0, None)
     programs = list(cl.runtime._programs.values())
     assert len(programs) >= 6
     assert [name for p in programs if p.arg_info for name in p.generic] == []

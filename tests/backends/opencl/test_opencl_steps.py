@@ -178,7 +178,8 @@ def test_unscale_flag_and_skipped_update(cl: Any) -> None:
     assert not host(cl, flag)[()]
     var = cl.asarray(np.ones(2, np.float32), "float32")
     m, v = cl.full((2,), 0, "float32"), cl.full((2,), 0, "float32")
-    cl.adam_update(var, outs[0], m, v, 0.1, 0.9, 0.999, 1e-7, 1, 0.0, flag)
+    rates = cl.adam_rates(cl.full((), 0, "int64"), 0.1, 0.9, 0.999, 0.0)
+    cl.adam_update(var, outs[0], m, v, rates, 0.9, 0.999, 1e-7, 0.0, flag)
     np.testing.assert_array_equal(host(cl, var), [1.0, 1.0])  # skipped on the device
     assert not host(cl, cl.all_finite([g1, g2]))[()] and host(cl, cl.all_finite([g1]))[()]
 
