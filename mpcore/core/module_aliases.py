@@ -23,7 +23,7 @@ import importlib.machinery
 import sys
 import types
 
-#: old module -> new module (the one table; ``/work/reorg_rewrite.py`` holds the same moves)
+#: old module -> new module (the one table of the moves)
 ALIASES: dict[str, str] = {
     "mpcore.tensor": "mpcore.core.tensor",
     "mpcore.tape": "mpcore.core.tape",
@@ -44,6 +44,7 @@ ALIASES: dict[str, str] = {
     "mpcore.function": "mpcore.tracing.function",
     "mpcore.recorder": "mpcore.tracing.recorder",
     "mpcore.program": "mpcore.tracing.program",
+    "mpcore.program_nodes": "mpcore.tracing.program_nodes",
     "mpcore.trace_arguments": "mpcore.tracing.signature",
     "mpcore.trace_outputs": "mpcore.tracing.outputs",
     "mpcore.trace_hooks": "mpcore.mixed_precision.trace_hooks",
@@ -51,6 +52,7 @@ ALIASES: dict[str, str] = {
     "mpcore.trace_reach": "mpcore.tracing.reach",
     "mpcore.trace_seeds": "mpcore.core.trace_seeds",
     "mpcore.trace_state": "mpcore.core.trace_state",
+    "mpcore.trace_effects": "mpcore.tracing.effects",
     "mpcore.clipping": "mpcore.optimizers.clipping",
     "mpcore.hyperparameters": "mpcore.optimizers.hyperparameters",
     "mpcore.optimizer_gradients": "mpcore.optimizers.gradients",
