@@ -224,6 +224,7 @@ def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
         return
     if event == "create":
         recorder.created.append(variable.name)
+        recorder.created_trainable = recorder.created_trainable or variable.trainable
         recorder.variable_of[id(variable._data)] = variable
         return
     # the value's spec before the array is the variable's (it would read as the variable)
@@ -399,10 +400,15 @@ class Function:
             warnings.warn(f"{self.__name__} runs eagerly: {recorder.refused}", RuntimeWarning,
                           stacklevel=_user_frames.stacklevel())
             return out
-        if recorder.created:
+        # variables were made: run eagerly, trace again. A pre-pass that made only
+        # non-trainable ones (an optimizer recorded kernel by kernel makes its slots in its
+        # first update) is put back below and the same call traces painted, which makes them
+        # again (the pre-pass's Python state, slot tables included, was put back): that trace
+        # runs as the variable-creating one, so the first call is still a painted step
+        if recorder.created and (held is None or recorder.created_trainable):
             self._traced_once = True
-            return out                      # variables were made: run eagerly, trace again
-        self._traced_once = True
+            return out
+        self._traced_once = not recorder.created
         kept = session is None or session.keep()
         lines = [step.text for step in recorder.steps]
         program = Program(recorder.steps, recorder.slots, inputs, output,

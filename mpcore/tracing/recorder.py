@@ -55,6 +55,10 @@ class Recorder:
         self.retired: dict[int, tuple[Any, Variable, Any]] = {}
         self.pending: list[int] = []
         self.created: list[str] = []
+        #: whether a created variable is trainable (a weight of a model built by this call,
+        #: drawn from mp.random), not state that starts from a constant (an optimizer's slots
+        #: and step count, made by its first update)
+        self.created_trainable = False
         #: the seeds drawn in the step (mp.random.next_seed), by id: (the seed, its draw's slot)
         self.seeds: dict[int, tuple[int, int]] = {}
         #: their values (a plain int equal to one, given to a random op, is refused)

@@ -99,8 +99,8 @@ def test_a_first_call_that_creates_variables_counts_two_traces() -> None:
 
 
 def test_a_model_whose_optimizer_makes_its_slots_in_the_first_step_is_painted_at_once() -> None:
-    """The optimizer's slots, made by the first update (kept whole), go back to their first
-    value after the pre-pass: the model's first step is already painted."""
+    """The optimizer's slots, made before the step (fit and train_on_batch build the optimizer
+    first): the model's first step is already painted, one trace."""
     model = _model(False)
     opt = enable(mp.optimizers.Adam(), dtype="float16")
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt)
@@ -108,6 +108,40 @@ def test_a_model_whose_optimizer_makes_its_slots_in_the_first_step_is_painted_at
     assert model.train_function.tracing_count == 1
     assert "mixed precision graph rewrite (float16)" in str(model.train_function.graph)
     assert opt.iterations == 1
+
+
+def test_a_custom_step_whose_adam_makes_its_slots_in_the_first_call_paints_that_call() -> None:
+    """Adam is recorded kernel by kernel: a custom loop's step makes its slots in its first
+    call, inside the pre-pass, whose Python state (the slot tables) is put back. That call must
+    still be a painted step, not a float32 one: here float16 overflows where float32 does not,
+    so the first call skips its update and halves the scale. The painted trace made the slots
+    (a variable-creating trace, run once): the second call traces it again, then replays."""
+    model = _model(False)
+    opt = enable(mp.optimizers.Adam(), dtype="float16")
+    loss_fn = mp.losses.SparseCategoricalCrossentropy()
+
+    @mp.function
+    def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+            scaled = opt.get_scaled_loss(loss)
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    weights = model.get_weights()
+    step(mp.constant(X * 3e4), mp.constant(Y))        # finite in float32, Inf in float16
+    for a, b in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert opt.loss_scale.skipped_steps == 1 and float(opt.loss_scale) == 2.0 ** 14
+    assert opt.iterations == 1 and step.tracing_count == 1
+    state = opt.get_state(model.trainable_variables)["inner"]
+    assert all(not np.any(slot) for slots in state["slots"] for slot in slots.values())
+    step(mp.constant(X), mp.constant(Y))
+    assert step.tracing_count == 2
+    assert "mixed precision graph rewrite (float16)" in str(step.graph)
+    step(mp.constant(X), mp.constant(Y))              # a replay
+    assert step.tracing_count == 2 and opt.iterations == 3
 
 
 class _CountingSGD(mp.optimizers.SGD):
