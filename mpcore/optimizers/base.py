@@ -14,7 +14,7 @@ from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
 from mpcore.optimizers import clipping as _clipping
-from mpcore.optimizers import schedules
+from mpcore.optimizers import device_schedules, schedules
 from mpcore.optimizers.gradients import VarList, compute_gradients, split_grads_and_vars
 from mpcore.optimizers.hyperparameters import Hyperparameters
 from mpcore.tracing.function import kept_whole, on_replay, recording_kernels, value_key
@@ -293,24 +293,55 @@ class Optimizer(Hyperparameters):
     def _recordable(self) -> tuple[Any, ...] | None:
         """While tracing: whether the step may record this update kernel by kernel, and then
         the hyperparameters it records (their values: the guard of the trace, so that another
-        setting retraces); None keeps the call whole, replayed eagerly. Recorded: the built-in
-        SGD, RMSprop, Adam and AdamW (a subclass opts in by naming ``_recorded_hyperparameters``
-        itself) with a constant learning rate, clipped or not (clipping is ops on the device),
-        no accumulation, no distribution, and at most :data:`_MAX_RECORDED_SETTINGS` settings
-        seen."""
+        setting retraces); None keeps the call whole, replayed eagerly
+        (:meth:`kept_whole_reason` says why). Recorded: the built-in SGD, RMSprop, Adam and
+        AdamW (a subclass opts in by naming ``_recorded_hyperparameters`` itself) with a
+        constant learning rate or a schedule evaluated on the device
+        (:mod:`mpcore.optimizers.device_schedules`), clipped or not (clipping is ops on the
+        device), no accumulation, no distribution, and at most
+        :data:`_MAX_RECORDED_SETTINGS` settings seen."""
         names = type(self).__dict__.get("_recorded_hyperparameters")
-        if (not names or callable(self._learning_rate)
+        if (not names or (callable(self._learning_rate) and not self._device_schedule())
                 or (self.gradient_accumulation_steps or 1) > 1
                 or _distribution.distribution() is not None):
             return None
-        setting = (*(value_key(getattr(self, name)) for name in names),   # (-0.0 is not 0.0)
-                   self.clipping)
+        setting = (*(self._guard_value(name) for name in names), self.clipping)
         seen = self.__dict__.setdefault("_recorded_settings", set())
         if setting not in seen:
             if len(seen) >= self._MAX_RECORDED_SETTINGS:
                 return None
             seen.add(setting)
         return setting
+
+    def _guard_value(self, name: str) -> Any:
+        value = getattr(self, name)
+        if callable(value):   # a schedule evaluated on the device: its settings are constants
+            return (type(value), repr(value.get_config()))
+        return value_key(value)   # (-0.0 is not 0.0)
+
+    def kept_whole_reason(self) -> str | None:
+        """Why a traced step keeps :meth:`apply_gradients` whole: ``print(fn.graph)`` shows it."""
+        if not type(self).__dict__.get("_recorded_hyperparameters"):
+            return (f"{type(self).__name__} names no _recorded_hyperparameters: its update may "
+                    "compute in Python at each step")
+        if callable(self._learning_rate) and not self._device_schedule():
+            var = self._iterations_var
+            return device_schedules.why_not(self._learning_rate,
+                                            None if var is None else var.backend)
+        if (self.gradient_accumulation_steps or 1) > 1:
+            return "gradient accumulation: its micro-step count is Python state"
+        if _distribution.distribution() is not None:
+            return "distribution: the averaging and the agreed flag are host collectives"
+        if len(self.__dict__.get("_recorded_settings", ())) >= self._MAX_RECORDED_SETTINGS:
+            return (f"more than {self._MAX_RECORDED_SETTINGS} settings of the hyperparameters "
+                    "traced")
+        return None
+
+    def _device_schedule(self) -> bool:
+        """Whether the rate is a schedule computed on the device (eagerly too: replays agree)."""
+        lr, var = self._learning_rate, self._iterations_var
+        return (callable(lr) and var is not None
+                and device_schedules.why_not(lr, var.backend) is None)
 
     def finish_recorded_update(self, flag: Tensor | None, grads: list[Tensor],
                                variables: list[Variable]) -> None:
@@ -401,7 +432,10 @@ class Optimizer(Hyperparameters):
                 return False, None
             cast, flag, variables = done
         self.last_gradients, self.last_variables = cast, list(variables)
-        lr = self._step_rates(self.learning_rate)
+        var = self._iterations_var
+        rate = (device_schedules.device_rate(self._learning_rate, var)
+                if var is not None and self._device_schedule() else self.learning_rate)
+        lr = self._step_rates(rate)
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
@@ -450,8 +484,11 @@ class Optimizer(Hyperparameters):
         return acc
 
     def _step_rates(self, learning_rate: Any) -> Any:
-        """What ``_update_variable`` gets as ``lr``: the learning rate itself, or what a
-        subclass computes from it once per step (Adam: its step size on the device)."""
+        """What ``_update_variable`` gets as ``lr``: the learning rate (a schedule's device
+        rate rounded once to a float32 device scalar, as the kernels round a number), or what
+        a subclass computes from it once per step (Adam: its step size on the device)."""
+        if isinstance(learning_rate, Tensor):
+            return ops.reshape(ops.cast(learning_rate, "float32"), ())
         return learning_rate
 
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],

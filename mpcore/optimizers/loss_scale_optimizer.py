@@ -235,6 +235,13 @@ class LossScaleOptimizer(Optimizer):
             return None
         return (inner, id(self._loss_scale))
 
+    def kept_whole_reason(self) -> str | None:
+        """Why the loss scaling and update are kept whole (the inner optimizer's reason, or
+        a user's own loss scale rule)."""
+        if not _built_in_rule(self._loss_scale):
+            return "a user's own LossScale.update: called with the flag (a host read)"
+        return self._inner.kept_whole_reason()
+
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
         if callable(loss) and not isinstance(loss, Tensor):
