@@ -67,7 +67,7 @@ def _ceil(x: Tensor) -> Tensor:
     return ops.where(ops.less(down, x), ops.add(down, 1.0), down)
 
 
-def _progress(s: _s._StepDecay, step: Tensor) -> Tensor:
+def _progress(s: _s.ExponentialDecay | _s.InverseTimeDecay, step: Tensor) -> Tensor:
     p = ops.divide(step, float(s.decay_steps))
     return _floor(p) if s.staircase else p
 

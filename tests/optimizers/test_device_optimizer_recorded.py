@@ -63,6 +63,16 @@ CONFIGS: dict[str, tuple[Callable[[], mp.optimizers.Optimizer], tuple[str, ...]]
     "adamw-polynomial": (lambda: mp.optimizers.AdamW(S.PolynomialDecay(0.01, 5, power=0.5),
                                                      weight_decay=0.1),
                          ("power(", "adam_rates(", "adam_update(")),
+    # gradient accumulation: the micro-step count and the accumulators on the device, the
+    # update gated by (last micro-step and finite); 8 steps end in mid-accumulation
+    "sgd-accumulate-3": (lambda: mp.optimizers.SGD(0.05, momentum=0.9,
+                                                   gradient_accumulation_steps=3),
+                         ("equal(", "logical_and(", "sgd_update(")),
+    "adam-accumulate-2-clipnorm": (lambda: mp.optimizers.Adam(
+        0.01, clipnorm=0.05, gradient_accumulation_steps=2), ("equal(", "adam_update(")),
+    "rmsprop-exponential-accumulate-3-unfused": (lambda: _unfused(mp.optimizers.RMSprop(
+        S.ExponentialDecay(0.01, 2, 0.7), gradient_accumulation_steps=3)),
+        ("equal(", "power(", "sqrt(")),
 }
 
 
