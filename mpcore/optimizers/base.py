@@ -439,9 +439,9 @@ class Optimizer(Accumulation, Hyperparameters):
         if (self.gradient_accumulation_steps or 1) > 1:
             cast, flag, variables, updated = self._accumulate(cast, list(variables))
         self.last_gradients, self.last_variables = cast, list(variables)
-        var = self._iterations_var
-        rate = (device_schedules.device_rate(self._learning_rate, var)
-                if var is not None and self._device_schedule() else self.learning_rate)
+        count = self._iterations_var
+        rate = (device_schedules.device_rate(self._learning_rate, count)
+                if count is not None and self._device_schedule() else self.learning_rate)
         lr = self._step_rates(rate)
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
