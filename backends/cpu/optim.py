@@ -108,13 +108,19 @@ def _sgd(v: Any, g: Any, vel: Any, step: Any, update: Any,
         v += vel
 
 
+def _rate(lr: Any) -> float:
+    """A rate given as a number or a device scalar (a float32 array of shape (); a
+    schedule's rate), read where it lies: the CPU's memory."""
+    return float(lr.reshape(-1)[0]) if isinstance(lr, np.ndarray) else lr
+
+
 def _sgd_constants(lr: float, momentum: float) -> tuple[np.float32, np.float32]:
-    return _f32(lr), _f32(momentum)
+    return _f32(_rate(lr)), _f32(momentum)
 
 
 def _rmsprop_constants(lr: float, rho: float, momentum: float,
                        epsilon: float) -> tuple[np.float32, ...]:
-    return _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(lr), _f32(momentum)
+    return _f32(rho), _f32(1.0 - rho), _f32(epsilon), _f32(_rate(lr)), _f32(momentum)
 
 
 def _rmsprop(v: Any, g: Any, s: Any, mo: Any, sq: Any, inc: Any,
@@ -213,15 +219,17 @@ class CpuOptim:
                         lr: float, momentum: float, nesterov: bool,
                         flag: Any) -> Callable[..., None] | None:
         """``sgd_update`` of one block for a traced step (as :meth:`bind_rmsprop_update`)."""
-        if not (0 < var.size <= BLOCK and _flat(var, grad, velocity)):
-            return None
+        if isinstance(lr, np.ndarray) or not (0 < var.size <= BLOCK
+                                              and _flat(var, grad, velocity)):
+            return None     # (a device rate: read at each call, by the kernel)
         constants = _sgd_constants(lr, momentum)
         shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
         kernel = self._kernel_table["sgd_update"]
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:
-            if (not same_values((velocity is None, lr, momentum, nesterov), hyper)
+            if (isinstance(lr, np.ndarray)
+                    or not same_values((velocity is None, lr, momentum, nesterov), hyper)
                     or var.shape != shape
                     or not _flat(var, grad, velocity)):
                 return kernel(var, grad, velocity, lr, momentum, nesterov, flag)
@@ -247,7 +255,8 @@ class CpuOptim:
                             epsilon: float, flag: Any) -> Callable[..., None] | None:
         """``rmsprop_update`` of one block (a bias, a small layer) for a traced step: its
         float32 hyperparameters rounded once, the passes run on the arrays as they are."""
-        if not (0 < var.size <= BLOCK and _flat(var, grad, ms, mom)):
+        if isinstance(lr, np.ndarray) or not (0 < var.size <= BLOCK
+                                              and _flat(var, grad, ms, mom)):
             return None
         constants = _rmsprop_constants(lr, rho, momentum, epsilon)
         shape, hyper = var.shape, (mom is None, lr, rho, momentum, epsilon)
@@ -255,7 +264,8 @@ class CpuOptim:
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
-            if (not same_values((mom is None, lr, rho, momentum, epsilon), hyper)
+            if (isinstance(lr, np.ndarray)
+                    or not same_values((mom is None, lr, rho, momentum, epsilon), hyper)
                     or var.shape != shape
                     or not _flat(var, grad, ms, mom)):
                 return kernel(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
@@ -269,10 +279,10 @@ class CpuOptim:
     def adam_rates(self, iterations: np.ndarray, lr: Any, beta1: float, beta2: float,
                    weight_decay: float) -> np.ndarray:
         """Adam's (alpha, lr*weight_decay) for step ``iterations + 1``, float32 (2,): the
-        float64 expressions of Python, rounded once (``lr``: a number or a float32 array of
-        shape (), a schedule's rate)."""
+        float64 expressions of Python, rounded once (``lr``: a number or a float64/float32
+        array of one element, a schedule's rate)."""
         step = int(iterations[()]) + 1
-        rate = float(lr[()]) if isinstance(lr, np.ndarray) else float(lr)
+        rate = float(_rate(lr))
         alpha = rate * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
         return np.array([alpha, rate * weight_decay], np.float32)
 

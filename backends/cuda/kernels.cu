@@ -439,10 +439,12 @@ extern "C" __global__ void loss_scale_update(float* scale, float* inv_scale, i64
 // --- fused optimizer updates over float32 master weights, in place ---------------------------
 // `flag` is the device byte from unscale_check (or a constant 1): when it is 0 the step was
 // skipped and no buffer is touched, with no host round trip.
+// The rate: lr_array[0] (a schedule's, on the device) where lr_array is not null, else lr_value.
 extern "C" __global__ void sgd_update(float* var, const float* grad, float* velocity, i64 n,
-                                      float lr, float momentum, int nesterov,
-                                      const unsigned char* flag) {
+                                      float lr_value, const float* lr_array, float momentum,
+                                      int nesterov, const unsigned char* flag) {
   if (!*flag) return;
+  const float lr = lr_array ? lr_array[0] : lr_value;
   GRID_STRIDE(i, n) {
     const float g = grad[i];
     if (velocity) {
@@ -456,10 +458,11 @@ extern "C" __global__ void sgd_update(float* var, const float* grad, float* velo
 }
 
 extern "C" __global__ void rmsprop_update(float* var, const float* grad, float* ms, float* mom,
-                                          i64 n, float lr, float rho, float one_minus_rho,
-                                          float momentum, float epsilon,
-                                          const unsigned char* flag) {
+                                          i64 n, float lr_value, const float* lr_array,
+                                          float rho, float one_minus_rho, float momentum,
+                                          float epsilon, const unsigned char* flag) {
   if (!*flag) return;
+  const float lr = lr_array ? lr_array[0] : lr_value;
   GRID_STRIDE(i, n) {
     const float g = grad[i];
     const float a = rho * ms[i] + one_minus_rho * (g * g);
@@ -475,22 +478,19 @@ extern "C" __global__ void rmsprop_update(float* var, const float* grad, float* 
   }
 }
 
-// Adam's step size and decay for step t = iterations + 1 (one thread): alpha = lr * sqrt(1 -
-// beta2^t) / (1 - beta1^t) and lr * weight_decay in double, rounded once to float32 (the
-// expressions the host computed in Python before; mpcore.ops.adam_rates). lr is lr_array[0]
-// (a schedule's float32 rate) when lr_array is not null, else lr_value.
-extern "C" __global__ void adam_rates(const long long* iterations, const float* lr_array,
+// Adam's alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) and lr * wd for t = iterations + 1 in
+// double, rounded once (mpcore.ops.adam_rates); lr: lr_array[0] (a schedule's) or lr_value.
+extern "C" __global__ void adam_rates(const long long* iterations, const double* lr_array,
                                       double lr_value, double beta1, double beta2,
                                       double weight_decay, float* rates) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const double t = (double)(iterations[0] + 1);
-  const double lr = lr_array ? (double)lr_array[0] : lr_value;
+  const double lr = lr_array ? lr_array[0] : lr_value;
   rates[0] = (float)(lr * sqrt(1.0 - pow(beta2, t)) / (1.0 - pow(beta1, t)));
   rates[1] = (float)(lr * weight_decay);
 }
 
-// rates = (alpha, decay) from adam_rates, read on the device; 1 - beta1 and 1 - beta2 rounded
-// to float32 as the CPU kernels do.
+// rates = (alpha, decay) from adam_rates; 1 - beta1, 1 - beta2 rounded to float32 (as the CPU).
 extern "C" __global__ void adam_update(float* var, const float* grad, float* m, float* v, i64 n,
                                        const float* rates, float one_minus_beta1,
                                        float one_minus_beta2, float epsilon, int use_decay,

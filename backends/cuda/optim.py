@@ -100,9 +100,16 @@ class CudaOptim:
         """The unfused fallback: write ``new`` into ``var`` where the device flag holds."""
         var[...] = new if flag is None else self.cp.where(native(flag), new, var)
 
-    def sgd_update(self, var: Any, grad: Any, velocity: Any, lr: float, momentum: float,
+    def _rate_array(self, lr: Any) -> Any:
+        """A rate given as a device scalar (a schedule's), as the kernels read it: float32,
+        one element."""
+        return lr.astype(F32, copy=False).reshape(-1)
+
+    def sgd_update(self, var: Any, grad: Any, velocity: Any, lr: Any, momentum: float,
                    nesterov: bool, flag: Any) -> None:
         if not self._fusable(var, grad, velocity):
+            if not isinstance(lr, (int, float)):
+                lr = lr.astype(F32, copy=False).reshape(())
             g = grad.astype(var.dtype, copy=False)
             if velocity is None:
                 self._gated(var, var - lr * g, flag)
@@ -114,12 +121,16 @@ class CudaOptim:
         _k.function("sgd_update")(
             grid(var.size), (BLOCK,),
             (var, grad, velocity if velocity is not None else np.uint64(0), np.int64(var.size),
-             np.float32(lr), np.float32(momentum), np.int32(bool(nesterov)),
+             np.float32(lr if isinstance(lr, (int, float)) else 0.0),
+             np.uint64(0) if isinstance(lr, (int, float)) else self._rate_array(lr),
+             np.float32(momentum), np.int32(bool(nesterov)),
              self._flag_or_true(flag)))
 
-    def rmsprop_update(self, var: Any, grad: Any, ms: Any, mom: Any, lr: float, rho: float,
+    def rmsprop_update(self, var: Any, grad: Any, ms: Any, mom: Any, lr: Any, rho: float,
                        momentum: float, epsilon: float, flag: Any) -> None:
         if not self._fusable(var, grad, ms, mom):
+            if not isinstance(lr, (int, float)):
+                lr = lr.astype(F32, copy=False).reshape(())
             g = grad.astype(var.dtype, copy=False)
             a = rho * ms + (1 - rho) * g * g
             inc = lr * g / self.cp.sqrt(a + epsilon)
@@ -134,15 +145,18 @@ class CudaOptim:
         _k.function("rmsprop_update")(
             grid(var.size), (BLOCK,),
             (var, grad, ms, mom if mom is not None else np.uint64(0), np.int64(var.size),
-             np.float32(lr), np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
+             np.float32(lr if isinstance(lr, (int, float)) else 0.0),
+             np.uint64(0) if isinstance(lr, (int, float)) else self._rate_array(lr),
+             np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
              np.float32(epsilon), self._flag_or_true(flag)))
 
     def adam_rates(self, iterations: Any, lr: Any, beta1: float, beta2: float,
                    weight_decay: float) -> Any:
         """Adam's (alpha, lr*weight_decay), float32 (2,), computed on the device in double
-        (one thread) from the step count and the rate (a number or a float32 array)."""
+        (one thread) from the step count and the rate (a number or an array of one element,
+        a schedule's: float64, a float32 one widened exactly)."""
         rates = self.cp.empty((2,), dtype=F32)
-        array = lr if not isinstance(lr, (int, float)) else None
+        array = lr.astype(np.float64).reshape(-1) if not isinstance(lr, (int, float)) else None
         _k.function("adam_rates")(
             (1,), (1,), (iterations, array if array is not None else np.uint64(0),
                          np.float64(0.0 if array is not None else lr), np.float64(beta1),

@@ -156,7 +156,8 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
     def rmsprop_update(var: np.ndarray, grad: np.ndarray, ms: np.ndarray,
                        mom: np.ndarray | None, lr: float, rho: float, momentum: float,
                        epsilon: float, flag: Any) -> None:
-        if not takes(var, grad, ms, mom, momentum):
+        if isinstance(lr, np.ndarray) or not takes(var, grad, ms, mom, momentum):
+            # (a schedule's device rate: the CPU kernel reads it)
             return original(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
         if not _skip(flag):
             run(passes.get(var.size), passes.scalars(*_rmsprop_values(lr, rho, epsilon)), var,
@@ -165,7 +166,7 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
     def bind(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
              lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> Any:
-        if not takes(var, grad, ms, mom, momentum):   # the CPU kernel's: its binding
+        if isinstance(lr, np.ndarray) or not takes(var, grad, ms, mom, momentum):   # the CPU's
             return bind_call(original, var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
         shape, hyper = var.shape, (lr, rho, momentum, epsilon)
         primitives = passes.get(var.size)
@@ -173,7 +174,8 @@ def make_rmsprop_update(original: Callable[..., None], cache: BinaryCache,
 
         def bound(var: np.ndarray, grad: np.ndarray, ms: np.ndarray, mom: np.ndarray | None,
                   lr: float, rho: float, momentum: float, epsilon: float, flag: Any) -> None:
-            if (mom is not None or not same_values((lr, rho, momentum, epsilon), hyper)
+            if (mom is not None or isinstance(lr, np.ndarray)
+                    or not same_values((lr, rho, momentum, epsilon), hyper)
                     or not _like(shape, var, grad, ms)):
                 return rmsprop_update(var, grad, ms, mom, lr, rho, momentum, epsilon, flag)
             if not _skip(flag):
@@ -234,7 +236,8 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
     def sgd_update(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                    momentum: float, nesterov: bool, flag: Any) -> None:
-        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):
+        if isinstance(lr, np.ndarray) or not _eligible(var, grad, velocity,
+                                                       minimum=UPDATE_MIN_ELEMENTS):
             return original(var, grad, velocity, lr, momentum, nesterov, flag)
         if not _skip(flag):
             run(passes.get((var.size, variant(velocity, nesterov))),
@@ -243,7 +246,8 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
     def bind(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
              momentum: float, nesterov: bool, flag: Any) -> Any:
-        if not _eligible(var, grad, velocity, minimum=UPDATE_MIN_ELEMENTS):   # the CPU's
+        if isinstance(lr, np.ndarray) or not _eligible(var, grad, velocity,
+                                                       minimum=UPDATE_MIN_ELEMENTS):  # CPU's
             return bind_call(original, var, grad, velocity, lr, momentum, nesterov, flag)
         shape, hyper = var.shape, (velocity is None, lr, momentum, nesterov)
         primitives = passes.get((var.size, variant(velocity, nesterov)))
@@ -251,7 +255,8 @@ def make_sgd_update(original: Callable[..., None], cache: BinaryCache,
 
         def bound(var: np.ndarray, grad: np.ndarray, velocity: np.ndarray | None, lr: float,
                   momentum: float, nesterov: bool, flag: Any) -> None:
-            if (not same_values((velocity is None, lr, momentum, nesterov), hyper)
+            if (isinstance(lr, np.ndarray)
+                    or not same_values((velocity is None, lr, momentum, nesterov), hyper)
                     or not _like(shape, var, grad, *(() if velocity is None else (velocity,)))):
                 return sgd_update(var, grad, velocity, lr, momentum, nesterov, flag)
             if not _skip(flag):

@@ -78,24 +78,34 @@ class OptimKernels(KernelFamily):
             return grad, np.int32(0), var.data  # any buffer: the kernel does not read it
         return grad, np.int32(1), flag.data
 
-    def sgd_update(self, var: CLArray, grad: CLArray, velocity: CLArray | None, lr: float,
+    def _rate_args(self, lr: Any, var: CLArray) -> tuple[Any, Any, Any]:
+        """A rate as the kernels take it: a number, or a float32 device scalar (a schedule's
+        rate) read by the kernel."""
+        if isinstance(lr, CLArray):
+            if self._dt(lr) != "float32":
+                lr = self.cast(lr, "float32")
+            return np.float32(0.0), np.int32(1), lr.data
+        return np.float32(lr), np.int32(0), var.data  # any buffer: the kernel does not read it
+
+    def sgd_update(self, var: CLArray, grad: CLArray, velocity: CLArray | None, lr: Any,
                    momentum: float, nesterov: bool, flag: Any) -> None:
         grad, use_flag, fbuf = self._update_args(var, grad, flag)
         prog = self._prog("optim.cl", ("A", self._dt(var)))
         vel = velocity.data if velocity is not None else var.data
-        self.runtime.launch(prog["sgd"], var.size, np.int32(var.size), np.float32(lr),
-                            np.float32(momentum), np.int32(bool(nesterov)),
-                            np.int32(velocity is not None), use_flag, fbuf, var.data, grad.data,
-                            vel)
+        self.runtime.launch(prog["sgd"], var.size, np.int32(var.size),
+                            *self._rate_args(lr, var), np.float32(momentum),
+                            np.int32(bool(nesterov)), np.int32(velocity is not None),
+                            use_flag, fbuf, var.data, grad.data, vel)
 
     def rmsprop_update(self, var: CLArray, grad: CLArray, ms: CLArray, mom: CLArray | None,
-                       lr: float, rho: float, momentum: float, epsilon: float,
+                       lr: Any, rho: float, momentum: float, epsilon: float,
                        flag: Any) -> None:
         grad, use_flag, fbuf = self._update_args(var, grad, flag)
         prog = self._prog("optim.cl", ("A", self._dt(var)))
-        self.runtime.launch(prog["rmsprop"], var.size, np.int32(var.size), np.float32(lr),
-                            np.float32(rho), np.float32(1.0 - rho), np.float32(momentum),
-                            np.float32(epsilon), np.int32(mom is not None), use_flag, fbuf,
+        self.runtime.launch(prog["rmsprop"], var.size, np.int32(var.size),
+                            *self._rate_args(lr, var), np.float32(rho),
+                            np.float32(1.0 - rho), np.float32(momentum), np.float32(epsilon),
+                            np.int32(mom is not None), use_flag, fbuf,
                             var.data, grad.data, ms.data,
                             (mom if mom is not None else ms).data)
 
@@ -103,11 +113,14 @@ class OptimKernels(KernelFamily):
                    weight_decay: float) -> CLArray:
         """Adam's (alpha, lr*weight_decay), float32 (2,), computed on the device (one
         work-item; in double where the device has cl_khr_fp64) from the step count and the
-        rate (a number or a float32 array of shape ())."""
+        rate (a number or a float64/float32 array of one element, a schedule's)."""
         rates = self._empty((2,), "float32")
         prog = self._prog("optim.cl", ("A", "float32"))
         real = np.float64 if self.runtime.fp64 else np.float32
         array = lr if isinstance(lr, CLArray) else None
+        rate_dt = "float64" if self.runtime.fp64 else "float32"
+        if array is not None and self._dt(array) != rate_dt:
+            array = self.cast(array, rate_dt)      # (float32 to float64: exact)
         self.runtime.launch(prog["adam_rates"], 1, iterations.data, np.int32(array is not None),
                             (array if array is not None else rates).data,
                             real(0.0 if array is not None else lr), real(beta1), real(beta2),

@@ -179,23 +179,36 @@ def _rates(np: Any, weight_decay: float) -> Any:
                     np.float32)
 
 
+def _has_float64(be: Any) -> bool:
+    """Whether the backend computes in float64 (OpenCL: where the device has cl_khr_fp64)."""
+    return getattr(getattr(be, "runtime", None), "fp64", True) is not False
+
+
+def _as(as_array: bool | str) -> str:
+    return "" if not as_array else " as a float32 array" if as_array is True else \
+        " as a float64 array"
+
+
 def check_adam_rates(ctx: Context) -> None:
     """Adam's step size from the device step count, bit for bit the reference's (float64,
-    rounded once) at steps from 1 to 10**7, with the rate a number or a float32 array."""
+    rounded once) at steps from 1 to 10**7, with the rate a number or an array (float32, or
+    float64 as a schedule's device rate is)."""
     np = ctx.np
     k = ctx.kernel("adam_rates")
     ref = ctx.rk["adam_rates"]
     for step in (0, 1, 2, 9, 99, 999, 12345, 10**7 - 1):
         for lr, b1, b2, wd in ((1e-3, 0.9, 0.999, 0.0), (3e-4, 0.8, 0.95, 0.004)):
-            for as_array in (False, True):
-                rate = ctx.up(np.float32(lr), "float32") if as_array else lr
+            for as_array in (False, True, "float64")[:3 if _has_float64(ctx.be) else 2]:
+                rate = (lr if not as_array else ctx.up(np.float32(lr), "float32")
+                        if as_array is True else ctx.up(np.array([lr]), "float64"))
                 got = np.asarray(ctx.host(k(ctx.up(np.int64(step), "int64"), rate, b1, b2, wd),
                                           "adam_rates"))
-                want = ref(np.array(step, np.int64), np.array(np.float32(lr)) if as_array
-                           else lr, b1, b2, wd)
+                want = ref(np.array(step, np.int64), lr if not as_array
+                           else np.array(np.float32(lr)) if as_array is True
+                           else np.array([lr]), b1, b2, wd)
                 if got.dtype != np.float32 or not np.array_equal(got, want):
                     raise CheckFailedError(
-                        f"adam_rates(iterations={step}, lr={lr}{' as an array' * as_array}, "
+                        f"adam_rates(iterations={step}, lr={lr}{_as(as_array)}, "
                         f"beta_1={b1}, beta_2={b2}, weight_decay={wd}) is {got!r}, expected "
                         f"{want!r}")
 
@@ -353,13 +366,16 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
                  "m": ctx.data(shape, -0.1, 0.1, key=(name, "m")),
                  "v": ctx.data(shape, 0.01, 0.2, key=(name, "v"))}
         variants: list[tuple[str, list[str | None], tuple[Any, ...]]]
+        # "... device rate": the rate given as a float32 device scalar (a schedule's)
         if name == "sgd_update":
             variants = [("plain", [None], (0.1, 0.0, False)),
                         ("momentum", ["velocity"], (0.1, 0.9, False)),
-                        ("nesterov", ["velocity"], (0.1, 0.9, True))]
+                        ("nesterov", ["velocity"], (0.1, 0.9, True)),
+                        ("momentum device rate", ["velocity"], (0.1, 0.9, False))]
         elif name == "rmsprop_update":
             variants = [("plain", ["ms", None], (0.01, 0.9, 0.0, 1e-7)),
-                        ("momentum", ["ms", "mom"], (0.01, 0.9, 0.5, 1e-7))]
+                        ("momentum", ["ms", "mom"], (0.01, 0.9, 0.5, 1e-7)),
+                        ("plain device rate", ["ms", None], (0.01, 0.9, 0.0, 1e-7))]
         else:
             # (alpha, lr*wd) at step 3, lr 0.01: adam_rates' values, given as a device array
             variants = [("adam", ["m", "v"], (_rates(np, 0.0), 0.9, 0.999, 1e-7, 0.0)),
@@ -379,6 +395,10 @@ def check_optimizer(name: str) -> Callable[[Context], str]:
                 if name == "adam_update":
                     args = (ctx.up(hyper[0], "float32"), *hyper[1:])
                     rargs = (ctx.ref.asarray(hyper[0].copy(), "float32"), *hyper[1:])
+                elif label.endswith("device rate"):
+                    rate = np.array(hyper[0], np.float32)
+                    args = (ctx.up(rate, "float32"), *hyper[1:])
+                    rargs = (ctx.ref.asarray(rate.copy(), "float32"), *hyper[1:])
                 out = k(var, grad, *bufs, *args, flag)
                 if out is not None:
                     raise CheckFailedError(f"{what}: returned {type(out).__name__}; fused updates "

@@ -118,7 +118,8 @@ OPTIONAL_KERNELS: dict[str, str] = {
                          "ceiling, hysteresis: int, latch: int) -> None  # in place",
     # Fused optimizer updates over float32 master weights, in place, returning None. ``flag`` is
     # None or the device bool from unscale_and_check: when it is false the kernel leaves every
-    # buffer untouched, so a skipped step needs no host round trip. Hyperparameters are floats.
+    # buffer untouched, so a skipped step needs no host round trip. Hyperparameters are floats;
+    # lr is a float or a float32 device scalar (a schedule's rate), read by the kernel.
     "sgd_update": "(var, grad, velocity | None, lr, momentum, nesterov: bool, flag)",
     "rmsprop_update": "(var, grad, ms, mom | None, lr, rho, momentum, epsilon, flag)"
                       "  # Keras: ms = rho*ms + (1-rho)*g^2; var -= lr*g/sqrt(ms+eps)",
@@ -127,7 +128,8 @@ OPTIONAL_KERNELS: dict[str, str] = {
                    "adam_rates; AdamW (decoupled decay var -= rates[1]*var) when wd != 0",
     # Adam's step size from the step count on the device (int64, shape ()): t = iterations+1,
     # alpha = lr*sqrt(1-beta2^t)/(1-beta1^t) and lr*weight_decay in float64 (float32 where the
-    # device has none), each rounded once to float32; lr a float or a float32 array of shape ()
+    # device has none), each rounded once to float32; lr a float or an array of one element
+    # (a schedule's rate: float64, float32 where the device has none; a float32 one is widened)
     "adam_rates": "(iterations, lr, beta1, beta2, weight_decay) -> float32 (2,)",
 }
 

@@ -31,6 +31,11 @@ def _data(x: Tensor | None) -> Any:
     return None if x is None else x.data
 
 
+def _rate(learning_rate: float | Tensor) -> Any:
+    """A rate for a kernel: a number, or a device scalar's array (a schedule's rate)."""
+    return learning_rate.data if isinstance(learning_rate, Tensor) else learning_rate
+
+
 def _mark_updated(*variables: Variable | None) -> None:
     for v in variables:
         if v is not None:
@@ -47,14 +52,15 @@ def _assign(flag: Tensor | None, updates: list[tuple[Variable, Tensor, Tensor]])
 
 
 def sgd_update(variable: Variable, gradient: Tensor, velocity: Variable | None,
-               learning_rate: float, momentum: float, nesterov: bool,
+               learning_rate: float | Tensor, momentum: float, nesterov: bool,
                flag: Tensor | None = None, fused: bool = True) -> None:
     """``v = momentum*v - lr*g; var += v`` (Nesterov: ``var += momentum*v - lr*g``); plain
-    ``var -= lr*g`` without a velocity."""
+    ``var -= lr*g`` without a velocity. ``learning_rate``: a number or a float32 device
+    scalar (shape (); a schedule's rate, read on the device)."""
     kernel = _fused_kernel("sgd_update", variable, fused)
     if kernel is not None:
-        kernel(variable.data, gradient.data, _data(velocity), learning_rate, momentum, nesterov,
-               _data(flag))
+        kernel(variable.data, gradient.data, _data(velocity), _rate(learning_rate), momentum,
+               nesterov, _data(flag))
         _mark_updated(variable, velocity)
         return
     # uncopied reads: each is used before its variable is assigned
@@ -70,15 +76,16 @@ def sgd_update(variable: Variable, gradient: Tensor, velocity: Variable | None,
 
 
 def rmsprop_update(variable: Variable, gradient: Tensor, velocity: Variable,
-                   momentum_slot: Variable | None, learning_rate: float, rho: float,
+                   momentum_slot: Variable | None, learning_rate: float | Tensor, rho: float,
                    momentum: float, epsilon: float, flag: Tensor | None = None,
                    fused: bool = True) -> None:
     """Keras' RMSprop: ``ms = rho*ms + (1-rho)*g^2``; ``inc = lr*g/sqrt(ms + eps)``;
-    ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``)."""
+    ``var -= inc`` (with momentum: ``mom = momentum*mom + inc; var -= mom``).
+    ``learning_rate``: a number or a float32 device scalar (as :func:`sgd_update`'s)."""
     kernel = _fused_kernel("rmsprop_update", variable, fused)
     if kernel is not None:
-        kernel(variable.data, gradient.data, velocity.data, _data(momentum_slot), learning_rate,
-               rho, momentum, epsilon, _data(flag))
+        kernel(variable.data, gradient.data, velocity.data, _data(momentum_slot),
+               _rate(learning_rate), rho, momentum, epsilon, _data(flag))
         _mark_updated(variable, velocity, momentum_slot)
         return
     var, old_ms = variable.current_value(), velocity.current_value()
@@ -98,7 +105,8 @@ def adam_rates(iterations: Tensor, learning_rate: float | Tensor, beta_1: float,
     """Adam's step size and decay for the step after ``iterations`` (the int64 step count on
     the device, shape ()), as a float32 tensor of shape (2,): ``alpha = lr*sqrt(1 -
     b2^t)/(1 - b1^t)`` with ``t = iterations + 1``, and ``lr*weight_decay``. ``learning_rate``
-    is a number or a float32 tensor of shape () (a schedule's rate on the device).
+    is a number or a float64 (float32 where the device has no float64) tensor of shape (1,)
+    or () (a schedule's rate on the device, :mod:`mpcore.optimizers.device_schedules`).
 
     Computed on the device in float64 and rounded once to float32, the formula the host used
     when it computed them in Python (the same values, so eager steps keep their results); an

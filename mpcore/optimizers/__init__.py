@@ -9,7 +9,8 @@ the same float32 arithmetic as ops otherwise.
 ``iterations`` before each update), such as a Keras schedule of
 :mod:`mpcore.optimizers.schedules` (``mp.optimizers.schedules.ExponentialDecay`` ...). Every
 hyperparameter is checked when the optimizer is made (:mod:`mpcore.core.arguments`: a finite real
-number in its range, not a bool or a string), a schedule's rate at each step.
+number in its range, not a bool or a string), a host schedule's rate at each step (the built-in
+ones computed on the device, :mod:`mpcore.optimizers.device_schedules`, are not read back).
 ``_apply(grads, variables, flag)`` is what
 :class:`~mpcore.optimizers.loss_scale_optimizer.LossScaleOptimizer` calls with the device flag of
 ``unscale_and_check``: when the flag is false, variables and slots keep their values (the fused

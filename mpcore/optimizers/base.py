@@ -14,7 +14,8 @@ from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import api as _distribution
 from mpcore.distribution import gradients as _distributed
 from mpcore.optimizers import clipping as _clipping
-from mpcore.optimizers import schedules
+from mpcore.optimizers import device_schedules, schedules
+from mpcore.optimizers.accumulation import Accumulation
 from mpcore.optimizers.gradients import VarList, compute_gradients, split_grads_and_vars
 from mpcore.optimizers.hyperparameters import Hyperparameters
 from mpcore.tracing.function import kept_whole, on_replay, recording_kernels, value_key
@@ -34,7 +35,7 @@ def _check_learning_rate(value: Any) -> LearningRate:
                          f"float, got {value!r}") from None
 
 
-class Optimizer(Hyperparameters):
+class Optimizer(Accumulation, Hyperparameters):
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
 
@@ -50,10 +51,11 @@ class Optimizer(Hyperparameters):
     #: variables (:meth:`_keep_built_variables`): set by the first call, a traced step's replay
     #: leaves them as eager execution would; another traced step's other variables are a
     #: change a replay would not make, refused (mpcore.tracing.python_state).
-    _trace_set_once_attributes = ("_built_variables", "_iterations_var")
+    _trace_set_once_attributes = ("_built_variables", "_iterations_var", "_micro_var")
     #: The host's copy of ``iterations`` (None: unknown, read from the device when asked): a
     #: recorded update drops it, as each replay does (mpcore.tracing.python_state).
-    _trace_ignored_attributes = ("_iterations_known", "_iterations_version")
+    _trace_ignored_attributes = ("_iterations_known", "_iterations_version", "_micro_known",
+                                 "_micro_version")
     #: Whether ``_update_variable`` uses ``step`` (iterations + 1, a host value): the built-in
     #: optimizers do not (Adam reads ``iterations_variable`` on the device), so their steps
     #: never read the count back.
@@ -132,14 +134,18 @@ class Optimizer(Hyperparameters):
         return Variable(ops.constant(self.iterations, "int64", backend=backend), dtype="int64",
                         trainable=False, name=f"{self.name}/iterations")
 
-    def _count_step(self) -> None:
+    def _count_step(self, updated: bool | Tensor = True) -> None:
         """One more update: the variable incremented by a kernel (recorded in a traced step),
-        the host's copy kept where Python sees every step (eager, a call kept whole)."""
+        the host's copy kept where Python sees every step (eager, a call kept whole).
+        ``updated``: False for a micro-step, or the device flag that says (accumulation)."""
+        if updated is False:
+            return
         var = self._iterations_var
         if var is not None:
-            var.assign(ops.add(var.current_value(), 1))
+            one = 1 if updated is True else ops.cast(updated, "int64")
+            var.assign(ops.add(var.current_value(), one))
         known = self._iterations_known
-        if recording_kernels() or known is None:
+        if recording_kernels() or known is None or updated is not True:
             self._iterations_known = None     # replays count on the device only
         else:
             self._iterations_known = known + 1
@@ -184,6 +190,8 @@ class Optimizer(Hyperparameters):
         if var_list and (self._iterations_var is None
                          or self._iterations_var.backend is not var_list[0].backend):
             self._iterations_var = self._new_iterations_variable(var_list[0].backend)
+        if var_list and (self.gradient_accumulation_steps or 1) > 1:
+            self._micro_variable(var_list[0].backend)
         for var in var_list:
             if id(var) in self._slots:
                 continue
@@ -293,24 +301,53 @@ class Optimizer(Hyperparameters):
     def _recordable(self) -> tuple[Any, ...] | None:
         """While tracing: whether the step may record this update kernel by kernel, and then
         the hyperparameters it records (their values: the guard of the trace, so that another
-        setting retraces); None keeps the call whole, replayed eagerly. Recorded: the built-in
-        SGD, RMSprop, Adam and AdamW (a subclass opts in by naming ``_recorded_hyperparameters``
-        itself) with a constant learning rate, clipped or not (clipping is ops on the device),
-        no accumulation, no distribution, and at most :data:`_MAX_RECORDED_SETTINGS` settings
-        seen."""
+        setting retraces); None keeps the call whole, replayed eagerly
+        (:meth:`kept_whole_reason` says why). Recorded: the built-in SGD, RMSprop, Adam and
+        AdamW (a subclass opts in by naming ``_recorded_hyperparameters`` itself) with a
+        constant learning rate or a schedule evaluated on the device
+        (:mod:`mpcore.optimizers.device_schedules`), clipped or not (clipping is ops on the
+        device), accumulating or not (:mod:`mpcore.optimizers.accumulation`), no
+        distribution, and at most
+        :data:`_MAX_RECORDED_SETTINGS` settings seen."""
         names = type(self).__dict__.get("_recorded_hyperparameters")
-        if (not names or callable(self._learning_rate)
-                or (self.gradient_accumulation_steps or 1) > 1
+        if (not names or (callable(self._learning_rate) and not self._device_schedule())
                 or _distribution.distribution() is not None):
             return None
-        setting = (*(value_key(getattr(self, name)) for name in names),   # (-0.0 is not 0.0)
-                   self.clipping)
+        setting = (*(self._guard_value(name) for name in names), self.clipping)
         seen = self.__dict__.setdefault("_recorded_settings", set())
         if setting not in seen:
             if len(seen) >= self._MAX_RECORDED_SETTINGS:
                 return None
             seen.add(setting)
         return setting
+
+    def _guard_value(self, name: str) -> Any:
+        value = getattr(self, name)
+        if callable(value):   # a schedule evaluated on the device: its settings are constants
+            return (type(value), repr(value.get_config()))
+        return value_key(value)   # (-0.0 is not 0.0)
+
+    def kept_whole_reason(self) -> str | None:
+        """Why a traced step keeps :meth:`apply_gradients` whole: ``print(fn.graph)`` shows it."""
+        if not type(self).__dict__.get("_recorded_hyperparameters"):
+            return (f"{type(self).__name__} names no _recorded_hyperparameters: its update may "
+                    "compute in Python at each step")
+        if callable(self._learning_rate) and not self._device_schedule():
+            var = self._iterations_var
+            return device_schedules.why_not(self._learning_rate,
+                                            None if var is None else var.backend)
+        if _distribution.distribution() is not None:
+            return "distribution: the averaging and the agreed flag are host collectives"
+        if len(self.__dict__.get("_recorded_settings", ())) >= self._MAX_RECORDED_SETTINGS:
+            return (f"more than {self._MAX_RECORDED_SETTINGS} settings of the hyperparameters "
+                    "traced")
+        return None
+
+    def _device_schedule(self) -> bool:
+        """Whether the rate is a schedule computed on the device (eagerly too: replays agree)."""
+        lr, var = self._learning_rate, self._iterations_var
+        return (callable(lr) and var is not None
+                and device_schedules.why_not(lr, var.backend) is None)
 
     def finish_recorded_update(self, flag: Tensor | None, grads: list[Tensor],
                                variables: list[Variable]) -> None:
@@ -319,6 +356,7 @@ class Optimizer(Hyperparameters):
         dropped."""
         self.last_gradients, self.last_variables, self.last_flag = grads, variables, flag
         self._iterations_known = None      # counted on the device by the replay's kernel
+        self._micro_known = None
         for var in variables:
             var.mark_updated()
             for slot in self._slots[id(var)].values():
@@ -341,7 +379,7 @@ class Optimizer(Hyperparameters):
         updated, used = self._apply(grads, variables, flag)
         #: The device flag that gated the last update (None: nothing to check, or a
         #: micro-step of an accumulation); LossScaleMonitor reads it.
-        self.last_flag = used if updated else None
+        self.last_flag = used if updated is not False else None
         if recording_kernels():          # the update's kernels were recorded: the rest too
             on_replay(self.finish_recorded_update, self.last_flag, self.last_gradients,
                       self.last_variables)
@@ -385,9 +423,11 @@ class Optimizer(Hyperparameters):
         return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
     def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
-               flag: Tensor | None) -> tuple[bool, Tensor | None]:
+               flag: Tensor | None) -> tuple[bool | Tensor, Tensor | None]:
         """Update the variables (where ``flag`` allows); returns whether this call was an
-        update (not a micro-step that only accumulated) and the flag that gated it."""
+        update (not a micro-step that only accumulated: a bool, or a device flag where the
+        host does not know, :mod:`mpcore.optimizers.accumulation`) and the flag that gated
+        it."""
         self.build(variables)
         cast = []
         for grad, var in zip(grads, variables):
@@ -395,45 +435,19 @@ class Optimizer(Hyperparameters):
                 raise ValueError(f"gradient of shape {grad.shape} for variable {var.name!r} of "
                                  f"shape {var.shape}")
             cast.append(grad if grad.dtype == var.dtype else ops.cast(grad, var.dtype))
+        updated: bool | Tensor = True
         if (self.gradient_accumulation_steps or 1) > 1:
-            done = self._accumulate(cast, list(variables))
-            if done is None:
-                return False, None
-            cast, flag, variables = done
+            cast, flag, variables, updated = self._accumulate(cast, list(variables))
         self.last_gradients, self.last_variables = cast, list(variables)
-        lr = self._step_rates(self.learning_rate)
+        count = self._iterations_var
+        rate = (device_schedules.device_rate(self._learning_rate, count)
+                if count is not None and self._device_schedule() else self.learning_rate)
+        lr = self._step_rates(rate)
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
-        self._count_step()
-        return True, flag
-
-    def _accumulate(self, grads: list[Tensor], variables: list[Variable]
-                    ) -> tuple[list[Tensor], Tensor, list[Variable]] | None:
-        """Add ``grads`` to the accumulators; at the last micro-step, the mean of every
-        accumulator (a variable without a gradient in this call too), its "all finite" flag
-        (a non-finite micro-step leaves a non-finite sum: the whole step is skipped) and the
-        variables, the accumulators emptied for the next step."""
-        steps = self.gradient_accumulation_steps or 1
-        totals = [ops.add(self._accumulator(var).current_value(), grad)
-                  for grad, var in zip(grads, variables)]
-        self._micro_steps += 1
-        if self._micro_steps < steps:
-            for var, total in zip(variables, totals):
-                self._accumulators[id(var)].assign(total)
-            return None
-        self._micro_steps = 0
-        given = {id(v) for v in variables}
-        for var in self._var_list:          # accumulated earlier, no gradient this time
-            acc = self._accumulators.get(id(var))
-            if acc is not None and id(var) not in given:
-                variables.append(var)
-                totals.append(acc.current_value())
-        means = [ops.divide(total, float(steps)) for total in totals]
-        for var in variables:
-            acc = self._accumulators[id(var)]
-            acc.assign(ops.zeros(acc.shape, acc.dtype, acc.backend))
-        return means, ops.all_finite(means), variables
+        self._count_step(updated)
+        return updated, flag
 
     def nonfinite_variables(self) -> list[str]:
         """The variables whose gradients in the last update held Inf or NaN (one host read
@@ -441,17 +455,12 @@ class Optimizer(Hyperparameters):
         return [v.name for v, g in zip(self.last_variables, self.last_gradients)
                 if not bool(ops.all_finite([g]))]
 
-    def _accumulator(self, var: Variable) -> Variable:
-        acc = self._accumulators.get(id(var))
-        if acc is None:
-            acc = self._accumulators[id(var)] = Variable(
-                ops.zeros(var.shape, var.dtype, var.backend), dtype=var.dtype, trainable=False,
-                name=f"{var.name}/accumulator")
-        return acc
-
     def _step_rates(self, learning_rate: Any) -> Any:
-        """What ``_update_variable`` gets as ``lr``: the learning rate itself, or what a
-        subclass computes from it once per step (Adam: its step size on the device)."""
+        """What ``_update_variable`` gets as ``lr``: the learning rate (a schedule's device
+        rate rounded once to a float32 device scalar, as the kernels round a number), or what
+        a subclass computes from it once per step (Adam: its step size on the device)."""
+        if isinstance(learning_rate, Tensor):
+            return ops.reshape(ops.cast(learning_rate, "float32"), ())
         return learning_rate
 
     def _update_variable(self, var: Variable, grad: Tensor, slots: dict[str, Variable],

@@ -47,7 +47,7 @@ class Hyperparameters:
         value = check(value)
         built = self.__dict__.get("_slots")
         old = self.__dict__.get(name, value)
-        done = self.__dict__.get("_micro_steps", 0)
+        done = getattr(self, "_micro_steps", 0) if "_accumulators" in self.__dict__ else 0
         if name == "gradient_accumulation_steps" and done and value != old:
             raise ValueError(f"gradient_accumulation_steps cannot change in the middle of an "
                              f"accumulation ({done} of {old} micro-steps done): change it right "

@@ -20,7 +20,7 @@ is multiplied by the scale variable, the gradients by its reciprocal, and the up
 kernel (:func:`mpcore.ops.loss_scale_update`) from the flag, skipped steps counted there. So a
 traced step records all of it kernel by kernel where the inner optimizer's update is recorded
 (``_recordable``), and reads nothing back to the host; where the inner update is kept whole
-(Adam, a schedule, clipping, accumulation) the three calls are kept whole together, and each
+(a host schedule, distribution: ``kept_whole_reason``) the three calls are kept whole, and each
 replay runs them on the device, reading nothing back either. Eagerly, ``apply_gradients``
 returns a Python bool: that read of the flag is the eager step's one host read.
 """
@@ -38,6 +38,7 @@ from mpcore.core.tensor import Tensor, Variable
 from mpcore.distribution import gradients as _distributed
 from mpcore.mixed_precision import loss_scale as _ls
 from mpcore.optimizers import Optimizer
+from mpcore.optimizers.accumulation import flags
 from mpcore.optimizers.gradients import VarList, split_grads_and_vars
 from mpcore.optimizers.loss_scale_arguments import FORGOT as _FORGOT
 from mpcore.optimizers.loss_scale_arguments import scale_from_arguments as _scale
@@ -235,6 +236,13 @@ class LossScaleOptimizer(Optimizer):
             return None
         return (inner, id(self._loss_scale))
 
+    def kept_whole_reason(self) -> str | None:
+        """Why the loss scaling and update are kept whole (the inner optimizer's reason, or
+        a user's own loss scale rule)."""
+        if not _built_in_rule(self._loss_scale):
+            return "a user's own LossScale.update: called with the flag (a host read)"
+        return self._inner.kept_whole_reason()
+
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss`` times the current scale (a callable loss is wrapped, as TF does)."""
         if callable(loss) and not isinstance(loss, Tensor):
@@ -339,39 +347,52 @@ class LossScaleOptimizer(Optimizer):
         grads = _distributed.average_gradients(grads, variables, self)
         flag = _distributed.agree_finite(flag)
         updated, flag = self._inner._apply(grads, variables, flag)
-        if not updated:  # a micro-step: the loss scale moves once per real step
+        if updated is False:  # a micro-step: the loss scale moves once per real step
             return self._result(True, None)
         if not _built_in_rule(self._loss_scale):   # a user's LossScale: its update, on the host
             applied = self._loss_scale.update(flag)
             self._skipped_count += not applied
             self._inner.last_flag = flag
             return self._result(applied, flag)
-        self._update_scale(flag)
+        assert flag is not None
+        self._update_scale(flag, updated)
         inner = self._inner
         inner.last_flag = flag
         if recording_kernels():       # each replay: its gradients and flag, the casts dropped
             on_replay(inner.finish_recorded_update, flag, inner.last_gradients,
                       inner.last_variables)
-        if in_traced_step():
-            return flag
+        if in_traced_step():          # (a micro-step, updated false on the device: not skipped)
+            return flag if updated is True else flags(
+                ops.logical_or, flags(ops.logical_not, updated), flag)
         applied = bool(flag)          # eager: the step's one host read
         if not applied:
             self.check_loss_scale()
         return applied
 
-    def _update_scale(self, flag: Tensor) -> None:
-        """The loss scale's update and the skipped-step count, on the device."""
+    def _update_scale(self, flag: Tensor, updated: bool | Tensor = True) -> None:
+        """The loss scale's update and the skipped-step count, on the device; where
+        ``updated`` is a device flag (a traced step's gradient accumulation), only where it
+        holds: once per real step."""
         scale = self._loss_scale
         if isinstance(scale, _ls.DynamicLossScale):
+            if updated is True:
+                scale.update_on_device(flag)
+                return
+            state = scale.place(flag.backend)
+            old = [ops.multiply(v.current_value(), 1) for v in state]   # copies
             scale.update_on_device(flag)
+            for v, before in zip(state, old):
+                v.assign(ops.where(updated, v.current_value(), before))
             return
         counter = self._skipped_var
         if counter is None or counter.backend is not flag.backend:
             counter = self._skipped_var = Variable(
                 ops.constant(self.skipped_steps, "int64", backend=flag.backend),
                 dtype="int64", trainable=False, name=f"{self.name}/skipped_steps")
-        counter.assign(ops.add(counter.current_value(),
-                               ops.cast(ops.logical_not(flag), "int64")))
+        skipped = flags(ops.logical_not, flag)
+        if updated is not True:
+            skipped = flags(ops.logical_and, updated, skipped)
+        counter.assign(ops.add(counter.current_value(), ops.cast(skipped, "int64")))
 
     def _result(self, applied: bool, flag: Tensor | None) -> Any:
         """``applied``; in a traced step the device flag that says it (a Python bool would

@@ -2,12 +2,13 @@
 defaults, formulas and configs.
 
 A schedule is given to an optimizer as its ``learning_rate``; the optimizer calls it with its
-``iterations`` (the number of updates applied so far) before each update. The rate is computed
-on the host in Python floats (float64), not on the device as Keras does (float32): the update
-kernels take the rate as a host number, so a device computation would cost a host read per
-step, and Python arithmetic gives the same bits in an eager step and in each replay of a traced
-one (the optimizer's update with a schedule is replayed whole, calling the schedule again).
-Rates may therefore differ from Keras' in the last float32 bits.
+``iterations`` (the number of updates applied so far) before each update. The formulas are
+Python floats (float64), not Keras' float32, so rates may differ from Keras' in the last
+float32 bits. ExponentialDecay, InverseTimeDecay, PiecewiseConstantDecay and PolynomialDecay
+are computed by the optimizer on the device from its ``iterations`` variable, the same float64
+expressions in ops (:mod:`mpcore.optimizers.device_schedules`), so a traced step records them
+and reads nothing back; the others (the cosine ones, a user's own) are called on the host and
+keep a traced step's update whole (replayed eagerly, calling the schedule again).
 
 >>> s = ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
 >>> s(10), s(20)

@@ -112,8 +112,12 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
                 out = method(*args, **kwargs)
         finally:
             recorder.whole_depth -= 1
+        # why (an instance's ``kept_whole_reason()``, where it says), shown by fn.graph
+        why = getattr(args[0], "kept_whole_reason", None) if args else None
+        reason = why() if callable(why) and unless is not None else None
         step = WholeCall(method, *spec, recorder.tensor_bind(out),  # type: ignore[arg-type]
-                         f"{method.__qualname__}(...)  [kept whole]")
+                         f"{method.__qualname__}(...)  [kept whole]"
+                         + (f"  ({reason})" if reason else ""))
         recorder.steps.append(step)
         recorder.anchor(step)
         return out

@@ -46,6 +46,33 @@ CONFIGS: dict[str, tuple[Callable[[], mp.optimizers.Optimizer], tuple[str, ...]]
                             ("sum(", "maximum(", "sgd_update(")),
     "rmsprop-clipvalue": (lambda: mp.optimizers.RMSprop(0.01, clipvalue=0.01),
                           ("minimum(", "rmsprop_update(")),
+    # built-in schedules: the rate computed on the device from iterations (float64 ops)
+    "sgd-exponential": (lambda: mp.optimizers.SGD(S.ExponentialDecay(0.05, 2, 0.7),
+                                                  momentum=0.9),
+                        ("power(", "sgd_update(")),
+    "sgd-exponential-staircase-unfused": (
+        lambda: _unfused(mp.optimizers.SGD(S.ExponentialDecay(0.05, 3, 0.5, staircase=True))),
+        ("power(", "where(")),
+    "rmsprop-piecewise": (lambda: mp.optimizers.RMSprop(
+        S.PiecewiseConstantDecay([2, 5], [0.01, 0.005, 0.001]), momentum=0.5),
+        ("less_equal(", "rmsprop_update(")),
+    "rmsprop-polynomial-cycle-unfused": (lambda: _unfused(mp.optimizers.RMSprop(
+        S.PolynomialDecay(0.01, 3, 0.001, power=2.0, cycle=True))), ("power(", "sqrt(")),
+    "adam-inverse-time": (lambda: mp.optimizers.Adam(S.InverseTimeDecay(0.01, 2, 0.5)),
+                          ("adam_rates(", "adam_update(")),
+    "adamw-polynomial": (lambda: mp.optimizers.AdamW(S.PolynomialDecay(0.01, 5, power=0.5),
+                                                     weight_decay=0.1),
+                         ("power(", "adam_rates(", "adam_update(")),
+    # gradient accumulation: the micro-step count and the accumulators on the device, the
+    # update gated by (last micro-step and finite); 8 steps end in mid-accumulation
+    "sgd-accumulate-3": (lambda: mp.optimizers.SGD(0.05, momentum=0.9,
+                                                   gradient_accumulation_steps=3),
+                         ("equal(", "logical_and(", "sgd_update(")),
+    "adam-accumulate-2-clipnorm": (lambda: mp.optimizers.Adam(
+        0.01, clipnorm=0.05, gradient_accumulation_steps=2), ("equal(", "adam_update(")),
+    "rmsprop-exponential-accumulate-3-unfused": (lambda: _unfused(mp.optimizers.RMSprop(
+        S.ExponentialDecay(0.01, 2, 0.7), gradient_accumulation_steps=3)),
+        ("equal(", "power(", "sqrt(")),
 }
 
 
@@ -222,3 +249,65 @@ def test_adam_rates_equal_the_python_formula() -> None:
                 want = np.array([1e-3 * math.sqrt(1.0 - 0.999**t) / (1.0 - 0.9**t), 4e-6],
                                 np.float32)
                 np.testing.assert_array_equal(got, want, err_msg=f"{name} {fused} {step}")
+
+
+SCHEDULES = [S.ExponentialDecay(0.1, 7, 0.93), S.ExponentialDecay(1e-3, 1000, 0.96),
+             S.ExponentialDecay(0.1, 7, 0.93, staircase=True),
+             S.InverseTimeDecay(0.1, 3, 0.5), S.InverseTimeDecay(0.1, 3, 0.5, staircase=True),
+             S.PiecewiseConstantDecay([3, 10.5], [0.1, 0.05, 0.01]),
+             S.PolynomialDecay(0.1, 1000, power=0.5), S.PolynomialDecay(0.1, 7, cycle=True),
+             S.PolynomialDecay(0.1, 10, 0.001, 2.0, cycle=True)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
+def test_device_schedules_equal_the_host_rates(backend: str, schedule: Any) -> None:
+    """The device rate rounded to float32 (SGD's and RMSprop's) and Adam's step size from it
+    are the host's values (Python floats, rounded once), fused and composite."""
+    from mpcore.optimizers import device_schedules
+    be = mp.get_backend(backend)
+    it = mp.Variable(mp.ops.constant(0, "int64", backend=be), dtype="int64")
+    for step in (*range(0, 300), 999, 1000, 1001, 7 * 10**4, 10**6 + 3, 12345678):
+        it.assign(mp.ops.constant(step, "int64", backend=be))
+        rate = device_schedules.device_rate(schedule, it)
+        host = schedule(step)
+        assert np.float32(rate.numpy()[0]) == np.float32(host), (step, rate.numpy(), host)
+        t = step + 1
+        want = np.array([host * math.sqrt(1.0 - 0.999**t) / (1.0 - 0.9**t), host * 0.004],
+                        np.float32)
+        for fused in (True, False):
+            got = mp.ops.adam_rates(it, rate, 0.9, 0.999, 0.004, fused).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=f"{fused} {step}")
+
+
+class _Halving(S.LearningRateSchedule):
+    def __call__(self, step: int) -> float:
+        return 0.01 / (1 + step // 2)
+
+    def get_config(self) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.parametrize("schedule, reason", [
+    (_Halving(), "not a built-in one"),
+    (S.CosineDecay(0.01, 10), "cos is not a device kernel"),
+    (S.CosineDecayRestarts(0.01, 10), "cos is not a device kernel")])
+def test_other_schedules_stay_kept_whole_and_say_why(schedule: Any, reason: str) -> None:
+    model = _model()
+    opt = mp.LossScaleOptimizer(mp.optimizers.SGD(schedule), "dynamic")
+    loss_fn = mp.losses.SparseCategoricalCrossentropy()
+
+    @mp.function
+    def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
+        with mp.GradientTape() as tape:
+            loss = opt.get_scaled_loss(loss_fn(y, model(x, training=True)))
+        grads = opt.get_unscaled_gradients(tape.gradient(loss, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    eager = mp.optimizers.SGD(schedule)
+    for x, y in _batches(mp.get_backend().name, 3):
+        step(x, y)
+    graph = str(step.graph)
+    assert "[kept whole]" in graph and reason in graph, graph
+    assert opt.iterations == 3 and eager.learning_rate == schedule(0)

@@ -84,12 +84,16 @@ __kernel void all_finite(const int n, __global const A_ST *pa, __global uchar *f
  * on PoCL (benchmarks/opencl_step_profile.py). */
 #define SKIP (use_flag && !flag[0])
 
-__kernel void sgd(const int n, const float lr, const float momentum, const int nesterov,
+/* The rate is lr_array[0] (a schedule's float32 rate, computed on the device) when
+ * use_lr_array is set, else lr. */
+__kernel void sgd(const int n, const float lr_value, const int use_lr_array,
+                  __global const float *lr_array, const float momentum, const int nesterov,
                   const int use_velocity, const int use_flag, __global const uchar *flag,
                   __global A_ST *var, __global const A_ST *grad, __global A_ST *vel) {
     if (SKIP) return;
     const int i = get_global_id(0);
     if (i >= n) return;
+    const float lr = use_lr_array ? lr_array[0] : lr_value;
     const A_CT g = LOAD_A(grad, i);
     A_CT w = LOAD_A(var, i);
     if (use_velocity) {
@@ -104,14 +108,16 @@ __kernel void sgd(const int n, const float lr, const float momentum, const int n
 
 /* one_minus_rho comes from the host, rounded once from double as the CPU and CUDA kernels
  * take it: 1 - (float)rho on the device differs (1 - 0.9f is 0.100000024, not 0.1f). */
-__kernel void rmsprop(const int n, const float lr, const float rho, const float one_minus_rho,
-                      const float momentum, const float epsilon, const int use_mom,
-                      const int use_flag,
+__kernel void rmsprop(const int n, const float lr_value, const int use_lr_array,
+                      __global const float *lr_array, const float rho,
+                      const float one_minus_rho, const float momentum, const float epsilon,
+                      const int use_mom, const int use_flag,
                       __global const uchar *flag, __global A_ST *var, __global const A_ST *grad,
                       __global A_ST *ms, __global A_ST *mom) {
     if (SKIP) return;
     const int i = get_global_id(0);
     if (i >= n) return;
+    const float lr = use_lr_array ? lr_array[0] : lr_value;
     const A_CT g = LOAD_A(grad, i);
     const A_CT s = rho * LOAD_A(ms, i) + g * g * one_minus_rho;  /* the CPU's order */
     STORE_A(ms, i, s);
@@ -133,19 +139,19 @@ __kernel void rmsprop(const int n, const float lr, const float rho, const float 
 /* Adam's step size and decay for step t = iterations + 1 (one work-item): alpha = lr * sqrt(1 -
  * beta2^t) / (1 - beta1^t) and lr * weight_decay, in double where the device has cl_khr_fp64
  * (the expressions the host computed in Python before), rounded once to float32; in float32
- * otherwise. lr is lr_array[0] (a schedule's float32 rate) when use_lr_array is set. */
+ * otherwise. lr is lr_array[0] (a schedule's rate, in RATE_T) when use_lr_array is set. */
 #ifdef cl_khr_fp64
 #define RATE_T double
 #else
 #define RATE_T float
 #endif
 __kernel void adam_rates(__global const long *iterations, const int use_lr_array,
-                         __global const float *lr_array, const RATE_T lr_value,
+                         __global const RATE_T *lr_array, const RATE_T lr_value,
                          const RATE_T beta1, const RATE_T beta2, const RATE_T weight_decay,
                          __global float *rates) {
     if (get_global_id(0) != 0) return;
     const RATE_T t = (RATE_T)(iterations[0] + 1);
-    const RATE_T lr = use_lr_array ? (RATE_T)lr_array[0] : lr_value;
+    const RATE_T lr = use_lr_array ? lr_array[0] : lr_value;
     const RATE_T one = 1;
     rates[0] = (float)(lr * sqrt(one - pow(beta2, t)) / (one - pow(beta1, t)));
     rates[1] = (float)(lr * weight_decay);
