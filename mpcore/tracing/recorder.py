@@ -236,17 +236,35 @@ class Recorder:
             return ListOf(items) if isinstance(value, list) else TupleOf(items)
         return Const(value)
 
+    def _distinct(self, out: Any, args: tuple[Any, ...], copy: Callable[..., Any]) -> Any:
+        """``out``, with each result the trace already knows as another value copied. The
+        trace tells a step's values apart by their arrays, and NumPy gives a 0-d boolean result
+        as one of two shared objects (``np.True_``, ``np.False_``): two flags of a step would
+        be one slot, read as the first at every replay (a wrong result, silently). A kernel
+        that returns one of its own operands (a no-op cast) is not such a case."""
+        if isinstance(out, (list, tuple)):
+            items = [self._distinct(o, args, copy) for o in out]
+            return items if type(out) is list else tuple(items) if type(out) is tuple else out
+        if id(out) not in self.slot_of and id(out) not in self.variable_of:
+            return out
+        operands = {id(a) for a in args}
+        operands.update(id(x) for a in args if isinstance(a, (list, tuple)) for x in a)
+        return out if id(out) in operands else copy(out)
+
     # the kernel table while tracing -----------------------------------------------------------
     def table(self, backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
         if self.whole_depth:
             return table
         view = self.tables.get(id(table))
         if view is None:
-            view = {name: self._recording(backend, name, kernel) for name, kernel in table.items()}
+            copy = table.get("copy")
+            view = {name: self._recording(backend, name, kernel, copy)
+                    for name, kernel in table.items()}
             self.tables[id(table)] = view
         return view
 
-    def _recording(self, backend: Any, name: str, kernel: Callable[..., Any]) -> Any:
+    def _recording(self, backend: Any, name: str, kernel: Callable[..., Any],
+                   copy: Callable[..., Any] | None) -> Any:
         seed_at = _SEEDED.get(name)
 
         def call(*args: Any) -> Any:
@@ -269,6 +287,8 @@ class Recorder:
                 out = kernel(*args)
             finally:
                 self.kernel_depth -= 1
+            if copy is not None:
+                out = self._distinct(out, args, copy)
             self.backends.setdefault(id(backend), backend)
             shown = [_FreshSeed(spec.index) if type(spec) is SeedSlot else a
                      for a, spec in zip(args, specs)]

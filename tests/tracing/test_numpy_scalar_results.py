@@ -28,3 +28,14 @@ def test_a_python_float_argument_is_still_a_constant() -> None:
     assert f(x, 2.0).numpy().tolist() == [2.0, 2.0]
     assert f(x, 3.0).numpy().tolist() == [3.0, 3.0]      # another value: another signature
     assert f.tracing_count == 2
+
+
+def test_two_0d_boolean_results_stay_two_values() -> None:
+    """NumPy gives a 0-d comparison as the shared np.True_/np.False_: two flags of a step were
+    one object, so the replay read the first flag for both (-1 > 0 and not -1 > 0 gave True)."""
+    f = mp.function(lambda x, y: mp.ops.logical_and(
+        mp.ops.greater(x, 0.0), mp.ops.logical_not(mp.ops.greater(y, 0.0))))
+    for a, b in [(1.0, -1.0), (1.0, 1.0), (-1.0, -1.0), (-1.0, 1.0), (1.0, -1.0)]:
+        got = bool(f(mp.constant(np.float32(a)), mp.constant(np.float32(b))).numpy())
+        assert got == (a > 0 and not b > 0), (a, b)
+    assert f.tracing_count == 1
