@@ -71,6 +71,41 @@ def backend(request: pytest.FixtureRequest) -> Iterator[mp.Backend]:
         registry._current, registry._detection_note = previous, note
 
 
+def available_backends(*names: str) -> list[str]:
+    """The backends of ``names`` that work here, for tests parametrized over them (a backend
+    that does not work is left out rather than skipped)."""
+    return [name for name in names if backend_problem(name) is None]
+
+
+@pytest.fixture
+def host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every device-to-host read from now on, by backend: the backends' ``to_host``
+    (Tensor.numpy, bool(), float() and int() of tensors go through it) and OpenCL's blocking
+    ``runtime.read`` (issue 34: a replayed training step makes none)."""
+    reads: list[str] = []
+    for name in available_backends("cpu", "opencl"):
+        be = mp.get_backend(name)
+        cls = type(be)
+        original = cls.to_host
+
+        def counted(self: object, x: object, _original: Any = original,
+                    _name: str = name) -> object:
+            reads.append(_name)
+            return _original(self, x)
+
+        monkeypatch.setattr(cls, "to_host", counted)
+        runtime = getattr(be, "runtime", None)
+        if runtime is not None:
+            read = runtime.read
+
+            def counted_read(out: object, data: object, _read: Any = read) -> object:
+                reads.append("opencl-read")
+                return _read(out, data)
+
+            monkeypatch.setattr(runtime, "read", counted_read)
+    return reads
+
+
 @pytest.fixture
 def on_cpu() -> Iterator[mp.Backend]:
     """The CPU backend made current, for tests of its own kernels and rewrites (the suite may

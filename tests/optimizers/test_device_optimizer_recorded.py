@@ -14,23 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import available_backends
 
 import mpcore as mp
 from mpcore import layers
 from mpcore.optimizers import schedules
+from mpcore.plugins.registry import backend_scope
 
-
-def _backends() -> list[str]:
-    names = ["cpu"]
-    try:
-        mp.get_backend("opencl").kernels()
-        names.append("opencl")
-    except Exception:
-        pass
-    return names
-
-
-BACKENDS = _backends()
+BACKENDS = available_backends("cpu", "opencl")
 S = schedules
 
 #: name -> (the optimizer, kernels its recorded step must list)
@@ -81,18 +72,6 @@ def _unfused(opt: mp.optimizers.Optimizer) -> mp.optimizers.Optimizer:
     return opt
 
 
-class _Using:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        self.before = mp.get_backend()
-        mp.set_backend(self.name)
-
-    def __exit__(self, *exc: object) -> None:
-        mp.set_backend(self.before)
-
-
 def _model() -> mp.Model:
     mp.random.set_seed(0)
     inputs = mp.Input(shape=(6,))
@@ -119,7 +98,7 @@ class Run:
 
     def __init__(self, backend: str, config: str, traced: bool) -> None:
         self.backend = backend
-        with mp.policy_scope("mixed_float16"), _Using(backend):
+        with mp.policy_scope("mixed_float16"), backend_scope(backend):
             self.model = _model()
             self.opt = mp.LossScaleOptimizer(CONFIGS[config][0](), "dynamic")
         loss_fn = mp.losses.SparseCategoricalCrossentropy()
@@ -137,7 +116,7 @@ class Run:
         self.step = step
 
     def run(self, batches: list[tuple[mp.Tensor, mp.Tensor]]) -> None:
-        with mp.policy_scope("mixed_float16"), _Using(self.backend), \
+        with mp.policy_scope("mixed_float16"), backend_scope(self.backend), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for x, y in batches:
@@ -175,33 +154,6 @@ def test_recorded_and_replays_equal_eager_bit_for_bit(backend: str, config: str)
     assert "[kept whole]" not in graph, graph
     for kernel in (*CONFIGS[config][1], "loss_scale_update(", "unscale_and_check_by("):
         assert kernel in graph, (kernel, graph)
-
-
-@pytest.fixture
-def host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every device-to-host read: the backends' ``to_host`` and OpenCL's ``runtime.read``."""
-    reads: list[str] = []
-    for name in BACKENDS:
-        be = mp.get_backend(name)
-        cls = type(be)
-        original = cls.to_host
-
-        def counted(self: object, x: object, _original: Any = original,
-                    _name: str = name) -> object:
-            reads.append(_name)
-            return _original(self, x)
-
-        monkeypatch.setattr(cls, "to_host", counted)
-        runtime = getattr(be, "runtime", None)
-        if runtime is not None:
-            read = runtime.read
-
-            def counted_read(out: object, data: object, _read: Any = read) -> object:
-                reads.append("opencl-read")
-                return _read(out, data)
-
-            monkeypatch.setattr(runtime, "read", counted_read)
-    return reads
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,27 +9,19 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import available_backends
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import mpcore as mp
 from mpcore import layers
+from mpcore.plugins.registry import backend_scope
 
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _backends() -> list[str]:
-    names = ["cpu"]
-    try:
-        mp.get_backend("opencl").kernels()
-        names.append("opencl")
-    except Exception:
-        pass
-    return names
-
-
-BACKENDS = _backends()
+BACKENDS = available_backends("cpu", "opencl")
 
 
 def _state(ls: mp.DynamicLossScale) -> tuple[float, int, int, int, int]:
@@ -126,7 +118,7 @@ _OPTIMIZERS = {"sgd": lambda: mp.optimizers.SGD(0.05, momentum=0.9),
 
 def _train(backend: str, optimizer: str, scale: object, traced: bool, policy: str,
            steps: int = 7) -> tuple[list[np.ndarray], tuple[object, ...], mp.Function | None]:
-    with mp.policy_scope(policy), _Using(backend):
+    with mp.policy_scope(policy), backend_scope(backend):
         model = _model()
         opt = mp.LossScaleOptimizer(_OPTIMIZERS[optimizer](), scale)
         loss_fn = mp.losses.SparseCategoricalCrossentropy()
@@ -158,18 +150,6 @@ def _train(backend: str, optimizer: str, scale: object, traced: bool, policy: st
         return state, summary, fn
 
 
-class _Using:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        self.before = mp.get_backend()
-        mp.set_backend(self.name)
-
-    def __exit__(self, *exc: object) -> None:
-        mp.set_backend(self.before)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
 @pytest.mark.parametrize("scale", ["dynamic", 64.0])
@@ -192,32 +172,6 @@ def test_a_replayed_step_equals_the_eager_step_bit_for_bit(backend: str, optimiz
 
 
 # --- no host read in a replay --------------------------------------------------------------
-@pytest.fixture
-def host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every device-to-host read: the backends' ``to_host`` (Tensor.numpy, bool(), float()
-    and int() of tensors go through it) and OpenCL's blocking ``runtime.read``."""
-    reads: list[str] = []
-    for name in BACKENDS:
-        be = mp.get_backend(name)
-        cls = type(be)
-        original = cls.to_host
-
-        def counted(self: object, x: object, _original: object = original,
-                    _name: str = name) -> object:
-            reads.append(_name)
-            return _original(self, x)  # type: ignore[operator]
-
-        monkeypatch.setattr(cls, "to_host", counted)
-        runtime = getattr(be, "runtime", None)
-        if runtime is not None:
-            read = runtime.read
-
-            def counted_read(out: object, data: object, _read: object = read) -> object:
-                reads.append("opencl-read")
-                return _read(out, data)  # type: ignore[operator]
-
-            monkeypatch.setattr(runtime, "read", counted_read)
-    return reads
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -243,7 +197,7 @@ def test_fit_reads_back_per_epoch_not_per_step(backend: str, policy: str,
     x = rng.normal(size=(256, 6)).astype(np.float32)
     y = rng.integers(0, 3, 256)
     counts = []
-    with mp.policy_scope(policy), _Using(backend):
+    with mp.policy_scope(policy), backend_scope(backend):
         model = _model()
         model.compile(optimizer="rmsprop", loss="sparse_categorical_crossentropy",
                       jit_compile=True)
