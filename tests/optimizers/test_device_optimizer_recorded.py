@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import available_backends
+from conftest import available_backends, custom_training_step
 
 import mpcore as mp
 from mpcore import layers
@@ -101,17 +101,7 @@ class Run:
         with mp.policy_scope("mixed_float16"), backend_scope(backend):
             self.model = _model()
             self.opt = mp.LossScaleOptimizer(CONFIGS[config][0](), "dynamic")
-        loss_fn = mp.losses.SparseCategoricalCrossentropy()
-        model, opt = self.model, self.opt
-
-        def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
-            with mp.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-                scaled = opt.get_scaled_loss(loss)
-            grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
+        step = custom_training_step(self.model, self.opt)
         self.fn = mp.function(step) if traced else None
         self.step = step
 

@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import available_backends
+from conftest import available_backends, custom_training_step
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -121,7 +121,6 @@ def _train(backend: str, optimizer: str, scale: object, traced: bool, policy: st
     with mp.policy_scope(policy), backend_scope(backend):
         model = _model()
         opt = mp.LossScaleOptimizer(_OPTIMIZERS[optimizer](), scale)
-        loss_fn = mp.losses.SparseCategoricalCrossentropy()
         rng = np.random.default_rng(1)
         batches = []
         for i in range(steps):
@@ -130,14 +129,7 @@ def _train(backend: str, optimizer: str, scale: object, traced: bool, policy: st
                 x[0, 0] = np.inf     # Inf/NaN gradients: a skipped step
             batches.append((mp.constant(x), mp.constant(rng.integers(0, 3, 8))))
 
-        def step(x: mp.Tensor, y: mp.Tensor) -> mp.Tensor:
-            with mp.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-                scaled = opt.get_scaled_loss(loss)
-            grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
+        step = custom_training_step(model, opt)
         fn = mp.function(step) if traced else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
