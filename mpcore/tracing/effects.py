@@ -35,15 +35,14 @@ class HeldEffects:
     """The training state before a pre-pass, to be put back after it."""
 
     def __init__(self) -> None:
-        self.variables = [(v, v._backend.kernels()["copy"](v._data))
-                          for v in _tensor.live_variables()]
+        self.variables = [_saved(v) for v in _tensor.live_variables()]
         # (taken and put back outside the trace: its hooks are not installed then)
         self.random_state = _random.get_state()
 
     def created(self, variable: Any) -> None:
         """A variable the pre-pass creates (an optimizer's slot, made by its first update):
         put back to the value it was created with."""
-        self.variables.append((variable, variable._backend.kernels()["copy"](variable._data)))
+        self.variables.append(_saved(variable))
 
     def restore(self, watch: StateWatch | None) -> bool:
         """Put the state back; False (nothing put back) where the Python state a call kept
@@ -55,3 +54,8 @@ class HeldEffects:
             variable.mark_updated()
         _random.set_state(self.random_state)
         return True
+
+
+def _saved(variable: Any) -> tuple[Any, Any]:
+    """The variable and a copy of its array, made by its backend's own copy kernel."""
+    return variable, variable._backend.kernels()["copy"](variable._data)

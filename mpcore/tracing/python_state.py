@@ -192,14 +192,9 @@ class StateWatch:
         as the call left it)."""
         self._before_whole.append(before)
         for key, owner in before.items():
-            now = read(owner)
-            for entry in owner.entries.keys() | now.keys():
-                old = owner.entries.get(entry, MISSING)
-                value = now.get(entry, MISSING)
-                if (old is MISSING or value is MISSING or not _same(old, value)
-                        or (entry in owner.arrays and value.tobytes() != owner.arrays[entry])):
-                    self.exempt[(key, entry)] = _REMOVED if value is MISSING else value
-                    self._kept.append(owner.obj)
+            for entry, _old, value, _bytes_differ in _changed(owner):
+                self.exempt[(key, entry)] = _REMOVED if value is MISSING else value
+                self._kept.append(owner.obj)
 
     def undo_whole(self) -> bool:
         """Put back what the calls kept whole changed (their entries as before the first of
@@ -210,17 +205,10 @@ class StateWatch:
         undo: list[tuple[Owner, Any, Any]] = []
         for before in reversed(self._before_whole):     # newest first: the oldest value wins
             for owner in before.values():
-                now = read(owner)
-                for entry in owner.entries.keys() | now.keys():
-                    old = owner.entries.get(entry, MISSING)
-                    value = now.get(entry, MISSING)
-                    if entry in owner.arrays and value is not MISSING and (
-                            value.tobytes() != owner.arrays[entry]):
+                for entry, old, _value, bytes_differ in _changed(owner):
+                    if bytes_differ or not _writable(owner.obj):
                         return False
-                    if old is MISSING or value is MISSING or not _same(old, value):
-                        if not _writable(owner.obj):
-                            return False
-                        undo.append((owner, entry, old))
+                    undo.append((owner, entry, old))
         for owner, entry, old in undo:
             _write(owner.obj, entry, old)
         return True
@@ -286,6 +274,19 @@ class StateWatch:
                 "so it would not change it again (and a tensor kept there would stay the "
                 "trace's). Keep such state in a mp.Variable (updated with assign), or change "
                 f"it outside the step, or {untraced}.")
+
+
+def _changed(owner: Owner) -> Iterator[tuple[Any, Any, Any, bool]]:
+    """The entries of ``owner`` that differ from its snapshot: (entry, old value, value now,
+    whether an array's bytes differ from the snapshot's); MISSING where absent."""
+    now = read(owner)
+    for entry in owner.entries.keys() | now.keys():
+        old = owner.entries.get(entry, MISSING)
+        value = now.get(entry, MISSING)
+        bytes_differ = (entry in owner.arrays and hasattr(value, "tobytes")
+                        and value.tobytes() != owner.arrays[entry])
+        if old is MISSING or value is MISSING or not _same(old, value) or bytes_differ:
+            yield entry, old, value, bytes_differ
 
 
 def _writable(obj: Any) -> bool:
