@@ -218,7 +218,13 @@ def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
     if recorder is None:
         return
     if event == "create" and recorder.held is not None:
-        recorder.held.created(variable)          # (a pre-pass: put back to its first value)
+        # a pre-pass: put back to its first value. The copy is the pre-pass's bookkeeping,
+        # not a step of it: made as a kernel called by a kernel (not recorded)
+        recorder.kernel_depth += 1
+        try:
+            recorder.held.created(variable)
+        finally:
+            recorder.kernel_depth -= 1
     if recorder.whole_depth:
         # assigned inside a call kept whole (which each replay makes again): a later read of
         # the variable in the step reads its array then, not the trace's as a constant
