@@ -12,9 +12,12 @@ zero where ``astype`` gives a bfloat16 subnormal (or the smallest normal); its A
 flushes them too, and widens bfloat16 -0 to +0. So before a direction is first used,
 :func:`probe` converts every value that rounding can get wrong (every bfloat16; float32
 subnormals, ties, the overflow edge, infinities and NaNs of both signs) and compares with
-``astype``; a direction that differs anywhere stays with the kernel this one wraps. With
-avx512_bf16, float32 -> bfloat16 is then ml_dtypes' (no extra pass could find the subnormals
-for less than the reorder saves) and bfloat16 -> float32 stays on oneDNN.
+``astype``. A direction that agrees everywhere is used as it is (:data:`EXACT`). One that agrees
+everywhere but on float32 subnormal inputs (:data:`FLUSHES_SUBNORMALS`: ``vcvtneps2bf16``) is
+used and its result checked: where it holds a zero, the float32 input is checked for a
+subnormal, and an array that has one is converted again by ml_dtypes (:func:`flushed`; the
+reorder and its check cost a quarter to two thirds of ml_dtypes' loop). Any other direction
+stays with the kernel this one wraps.
 """
 
 from __future__ import annotations
@@ -101,18 +104,56 @@ def special_values(dtype: np.dtype) -> np.ndarray:
     return (exponents[:, None] | mantissas[None, :]).reshape(-1).view(F32)
 
 
-def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> bool:
+#: :func:`probe`'s verdicts: the reorder gives ``astype``'s bits on every input; or on every
+#: input but float32 subnormals (each result is then checked, :func:`flushed`).
+EXACT, FLUSHES_SUBNORMALS = "exact", "flushes subnormals"
+
+
+def probe(cache: ReorderCache, src: np.dtype, dst: np.dtype) -> str | None:
     """Whether this library's reorder from ``src`` to ``dst`` gives ``astype``'s bits on
-    every one of :func:`special_values` (a NaN may lose its payload, not its sign)."""
+    every one of :func:`special_values` (a NaN may lose its payload, not its sign): EXACT; on
+    all of them but the float32 subnormals: FLUSHES_SUBNORMALS; None where it does not."""
     x = special_values(src)
     got = np.empty(x.shape, dst)
     try:
         cache.run(x, got, *PAIRS[(src, dst)])
     except DnnlError:
-        return False
+        return None
     with np.errstate(invalid="ignore", over="ignore"):   # signalling NaNs, overflow
         want = x.astype(dst)
-    return same_as_astype(got, want)
+    if same_as_astype(got, want):
+        return EXACT
+    if src == F32:
+        normal = ~subnormals(x)
+        if same_as_astype(got[normal], want[normal]):
+            return FLUSHES_SUBNORMALS
+    return None
+
+
+def subnormals(x: np.ndarray) -> np.ndarray:
+    """Which elements of the float32 array ``x`` are subnormal (zero exponent, not zero)."""
+    twice = x.reshape(-1).view(np.uint32) << 1          # the sign shifted out
+    return ((twice != 0) & (twice < (1 << 24))).reshape(x.shape)
+
+
+def has_subnormal(x: np.ndarray, scratch: np.ndarray) -> bool:
+    """Whether the C-contiguous float32 array ``x`` holds a subnormal, with ``scratch`` (a
+    uint32 array of its size) as working space: its bits without the sign, less one, wrap
+    zero around to the largest uint32, so a subnormal is the only value below 2**24 - 1."""
+    np.left_shift(x.reshape(-1).view(np.uint32), 1, out=scratch)
+    np.subtract(scratch, 1, out=scratch)
+    return bool(scratch.min() < (1 << 24) - 1)
+
+
+def flushed(x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> bool:
+    """Whether narrowing the float32 array ``x`` to the bfloat16 array ``out`` by a reorder
+    that flushes subnormal inputs (FLUSHES_SUBNORMALS) may have flushed one: never where
+    ``out`` holds no zero (a flushed subnormal is a signed zero, and every normal float32
+    narrows to a nonzero bfloat16), which one pass over its 16-bit words finds; otherwise
+    where ``x`` holds a subnormal. ``scratch``: uint32 working space of ``x``'s size."""
+    words = scratch.view(np.uint16)[:out.size]
+    np.left_shift(out.reshape(-1).view(np.uint16), 1, out=words)
+    return np.count_nonzero(words) != out.size and has_subnormal(x, scratch)
 
 
 def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
@@ -126,20 +167,24 @@ def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
                 and np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan]))
 
 
-#: Smaller conversions stay with the fallback: the cost of a primitive call from Python is
-#: what ml_dtypes' loop takes for a few ten thousand elements (benchmarks/ measures it).
-MIN_ELEMENTS = 1 << 15
+#: Smaller conversions stay with the fallback: below this, a primitive call from Python (and
+#: for FLUSHES_SUBNORMALS the check of its result) costs what ml_dtypes' loop takes (the "cast"
+#: lines of benchmarks/kernels.py; on a Zen 4 core 16384 elements narrow in 14.5 us with
+#: astype, in 3.5 us as a reorder, plus 3 to 8 us of check).
+MIN_ELEMENTS = 1 << 14
 #: ml_dtypes widens bfloat16 with a vectorised loop, several times faster than it narrows:
-#: the reorder's launch and its second thread pay off from about a quarter million elements
-#: (the "cast" lines of benchmarks/kernels.py, beside ``astype``).
-MIN_ELEMENTS_WIDENING = 1 << 18
+#: the reorder pays off from about 2**14 elements on one thread, 2**15 with oneDNN's second
+#: OpenMP thread woken (50176 elements: 21.5 us with astype, 5.3 us / 7.0 us as a reorder).
+MIN_ELEMENTS_WIDENING = 1 << 15
 
 
 class ReorderCast:
     """A ``convert(x, dtype)`` kernel: contiguous float32 <-> bfloat16 arrays of at least
     :data:`MIN_ELEMENTS` through oneDNN reorders in each direction that passes :func:`probe`
-    (at its first use), everything else through ``fallback`` (the ``convert`` kernel it
-    wraps). ``alloc(shape, dtype)`` gives the (C-contiguous, uninitialised) result arrays."""
+    (at its first use; where the reorder flushes subnormals, an array that holds one is
+    converted again by the fallback), everything else through ``fallback`` (the ``convert``
+    kernel it wraps). ``alloc(shape, dtype)`` gives the (C-contiguous, uninitialised) result
+    arrays."""
 
     def __init__(self, fallback: Callable[[np.ndarray, Any], np.ndarray], cache: ReorderCache,
                  alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None) -> None:
@@ -147,39 +192,58 @@ class ReorderCast:
         self.cache = cache
         self.alloc = alloc or np.empty
         self.calls = 0  # conversions oneDNN made (for tests and diagnostics)
-        #: (source, destination) dtype -> whether the probe found oneDNN's reorder exact
-        self.trusted: dict[tuple[np.dtype, np.dtype], bool] = {}
+        #: (source, destination) dtype -> :func:`probe`'s verdict on oneDNN's reorder
+        self.verdicts: dict[tuple[np.dtype, np.dtype], str | None] = {}
 
-    def _pair(self, x: np.ndarray, dtype: np.dtype) -> tuple[str, str] | None:
+    @property
+    def trusted(self) -> dict[tuple[np.dtype, np.dtype], bool]:
+        """(source, destination) dtype -> whether the reorder converts that direction (its
+        verdict is EXACT or FLUSHES_SUBNORMALS), for each direction probed."""
+        return {pair: verdict is not None for pair, verdict in self.verdicts.items()}
+
+    def _verdict(self, x: np.ndarray, dtype: np.dtype) -> tuple[tuple[str, str], bool] | None:
         """The reorder's (source, destination) types where it converts ``x``'s dtype and
-        size to ``dtype`` (its layout aside)."""
+        size to ``dtype`` (its layout aside), and whether its results must be checked for a
+        flushed subnormal."""
         types = PAIRS.get((x.dtype, dtype))
         if types is None:
             return None
-        least = MIN_ELEMENTS_WIDENING if x.dtype == BF16 else MIN_ELEMENTS
-        return types if x.size >= least and self._trusts(x.dtype, dtype) else None
+        if x.size < (MIN_ELEMENTS_WIDENING if x.dtype == BF16 else MIN_ELEMENTS):
+            return None
+        pair = (x.dtype, dtype)
+        if pair not in self.verdicts:
+            self.verdicts[pair] = probe(self.cache, *pair)
+        verdict = self.verdicts[pair]
+        return None if verdict is None else (types, verdict == FLUSHES_SUBNORMALS)
 
     def __call__(self, x: np.ndarray, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        types = self._pair(x, dtype)
-        if types is None or not x.flags.c_contiguous:
+        found = self._verdict(x, dtype)
+        if found is None or not x.flags.c_contiguous:
             return self.fallback(x, dtype)
+        types, check = found
         out = self.alloc(x.shape, dtype)
         self.cache.run(x.reshape(-1), out.reshape(-1), *types)
+        if check and flushed(x, out, np.empty(x.size, np.uint32)):
+            return self.fallback(x, dtype)
         self.calls += 1
         return out
 
     def bind(self, x: np.ndarray, dtype: Any) -> Callable[[np.ndarray, Any], np.ndarray]:
         """For a traced step (``mpcore.core.backend.bind_call``): conversions of arrays of
         ``x``'s dtype and size (fixed by the trace) on a reorder of their own, each call's
-        layout checked; the fallback's converter (bound in turn) where this never takes
-        them."""
+        layout checked (and, where the reorder flushes subnormals, its result, in working
+        space of its own: a lock keeps two threads replaying at once off each other's); the
+        fallback's converter (bound in turn) where this never takes them."""
         dst = np.dtype(dtype)
-        types = self._pair(x, dst)
-        if types is None:
+        found = self._verdict(x, dst)
+        if found is None:
             return bind_call(self.fallback, x, dst) or self.fallback
+        types, check = found
         run = self.cache.bind(x.size, *types)
         src, shape = x.dtype, x.shape
+        scratch = np.empty(x.size, np.uint32) if check else None
+        lock = threading.Lock()
 
         def bound(x: np.ndarray, dtype: Any) -> np.ndarray:
             if (x.dtype != src or x.shape != shape or not x.flags.c_contiguous
@@ -187,13 +251,11 @@ class ReorderCast:
                 return self(x, dtype)
             out = self.alloc(shape, dst)
             run(x, out)   # (a 1-D primitive reads any contiguous array of its length)
+            if scratch is not None:
+                with lock:
+                    if flushed(x, out, scratch):
+                        return self.fallback(x, dst)
             self.calls += 1
             return out
 
         return bound
-
-    def _trusts(self, src: np.dtype, dst: np.dtype) -> bool:
-        trusted = self.trusted.get((src, dst))
-        if trusted is None:
-            trusted = self.trusted[(src, dst)] = probe(self.cache, src, dst)
-        return trusted

@@ -224,16 +224,19 @@ class Model(Trainer, Layer):
         compiled = (self.optimizer, self.loss, *self.compiled_metrics)
         if traced is None or len(traced.compiled) != len(compiled) or any(
                 a is not b for a, b in zip(traced.compiled, compiled)):
-            # which variables train is read inside the step: a change retraces
+            # which variables train is read inside the step: a change retraces (the key is
+            # what this method found just before the call: one walk of the layers a step)
+            box: list[Any] = [None]
             traced = self._traced[kind] = function(
-                compute, fallback=self.jit_compile == "auto",
-                key=lambda: tuple(id(v) for v in self.trainable_variables))
+                compute, fallback=self.jit_compile == "auto", key=lambda: box[0])
             traced.__name__ = f"the {kind} step of model {self.name!r}"
-            traced.compiled = compiled
+            traced.compiled, traced.key_box = compiled, box
+        variables = self.trainable_variables
+        traced.key_box[0] = tuple(map(id, variables))
         if kind in ("train", "custom_train") and self.optimizer is not None and self.built:
             # the slots made before the step, as Keras 3 builds its optimizer: a recorded update
             # that made them would be a first trace run eagerly and traced again
-            self.optimizer.build(self.trainable_variables)
+            self.optimizer.build(variables)
         return traced(*args)
 
     def _train_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:
@@ -274,14 +277,18 @@ class Model(Trainer, Layer):
         ``sample_weight`` weights the loss (Keras 3: ``sum(w * loss) / batch_size``); the
         compiled metrics are unweighted, as Keras 3's ``metrics`` (not ``weighted_metrics``).
         With and without ``sample_weight`` are two signatures of the traced step."""
-        loss, y_pred = self._step("train", self._train_compute, x, y, sample_weight)
+        # without sample weights, two arguments: tensors alone make the traced step's fast
+        # signature (an explicit None is a value to key)
+        args = (x, y) if sample_weight is None else (x, y, sample_weight)
+        loss, y_pred = self._step("train", self._train_compute, *args)
         self._train_steps += 1
         self._update_after_step(y, y_pred)
         return loss
 
     def _test_batch(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         """The built-in evaluation step: loss (weighted as in training) and metrics."""
-        _, y_pred = self._step("test", self._test_compute, x, y, sample_weight)
+        args = (x, y) if sample_weight is None else (x, y, sample_weight)
+        _, y_pred = self._step("test", self._test_compute, *args)
         self._update_after_step(y, y_pred)
 
     def _update_after_step(self, y: Any, y_pred: Any) -> None:
