@@ -39,8 +39,9 @@ def runs_cpu_kernel(backend: Any, name: str, elements: int = 0) -> bool:
 
 def compile_program(backend: Any, program: Program) -> Callable[[list[Any]], Any] | None:
     """``program`` with the softmax its cross-entropy computes too read from there
-    (:mod:`.softmax_reuse`) and its small updates grouped (:mod:`.grouped_updates`), or None
-    (the generic replay) where neither applies."""
+    (:mod:`.softmax_reuse`) and its small updates grouped (:mod:`.grouped_updates`), written
+    as the generic replay is, with the variables adopting their copies (ProgramWriter's
+    ``adopt_copies``)."""
     rewritten = program
     if all(runs_cpu_kernel(backend, name) for name in PAIR):
         rewritten = reuse_softmax(rewritten) or rewritten
@@ -48,4 +49,5 @@ def compile_program(backend: Any, program: Program) -> Callable[[list[Any]], Any
                  if runs_cpu_kernel(backend, name, GATHER_MAX_ELEMENTS)}
     if groupable:
         rewritten = group_updates(rewritten, groupable) or rewritten
-    return None if rewritten is program else rewritten.compile()
+    # (the CPU's copy kernel returns a new array at every call: assignments adopt them)
+    return rewritten.compile(adopt_copies=True)

@@ -24,6 +24,9 @@ from .pool import POOL, aligned_empty
 
 _C64 = np.dtype(np.complex64)
 _C32 = np.dtype(ml_dtypes.complex32) if hasattr(ml_dtypes, "complex32") else None
+#: The dtypes whose every value float32 holds exactly (widening them sets no FP flag).
+_EXACT_IN_F32 = frozenset({F16, np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
+                           np.dtype(ml_dtypes.float8_e5m2)})
 #: Copies at least this large are cache-line aligned.
 _ALIGNED_COPY_BYTES = 4096
 
@@ -35,6 +38,8 @@ def convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     ``astype`` bit for bit except that a NaN's payload is not kept (it stays a NaN of the same
     sign)."""
     src = x.dtype
+    if type(dtype) is not np.dtype and not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
     pairs = None
     if (_C32 is not None and src != dtype and x.ndim and x.size % 2 == 0
             and x.flags.c_contiguous):
@@ -42,7 +47,10 @@ def convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
             pairs = (_C64, _C32)
         elif src == F16 and dtype == F32:
             pairs = (_C32, _C64)
-    if not x.ndim:
+    if pairs is None and (not x.ndim or x.size * dtype.itemsize < POOL.min_bytes):
+        # (the pool hands out np.empty below its minimum: astype is that, in one call)
+        if dtype == F32 and src in _EXACT_IN_F32:
+            return x.astype(dtype)    # widening is exact: no overflow, no flag to quiet
         with quiet():
             return x.astype(dtype)
     out = POOL.empty(x.shape, dtype)

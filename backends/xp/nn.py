@@ -23,7 +23,7 @@ class NnKernels:
     def softmax(self, x: Any, axis: int) -> Any:
         xp = self.xp
         with self.errstate():
-            z = x - x.max(axis=axis, keepdims=True)
+            z = x - self.max_along(x, axis)
             xp.exp(z, out=z)
             z /= z.sum(axis=axis, keepdims=True)
         return z
@@ -31,19 +31,28 @@ class NnKernels:
     def log_softmax(self, x: Any, axis: int) -> Any:
         xp = self.xp
         with self.errstate():
-            z = x - x.max(axis=axis, keepdims=True)
+            z = x - self.max_along(x, axis)
             z -= xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
         return z
+
+    def max_along(self, x: Any, axis: int) -> Any:
+        """``x.max(axis=axis, keepdims=True)`` (a backend may take another route to the same
+        values: a maximum is exact in any order)."""
+        return x.max(axis=axis, keepdims=True)
+
+    def labels_below(self, labels: Any, classes: int) -> bool:
+        """Whether every label of the non-empty integer array ``labels`` is in [0, classes)."""
+        return bool(labels.min() >= 0 and labels.max() < classes)
 
     def sparse_softmax_cross_entropy(self, logits: Any, labels: Any) -> tuple[Any, Any]:
         xp = self.xp
         n, classes = logits.shape
-        if n and (labels.min() < 0 or labels.max() >= classes):
+        if n and not self.labels_below(labels, classes):
             bad = labels[(labels < 0) | (labels >= classes)][0]
             raise ValueError(f"label {int(bad)} is out of range: labels must be in "
                              f"[0, {classes}) for logits with {classes} classes")
         with self.errstate():
-            z = logits - logits.max(axis=1, keepdims=True)
+            z = logits - self.max_along(logits, 1)
             probs = xp.exp(z)
             total = probs.sum(axis=1, keepdims=True)
             rows = xp.arange(n)

@@ -260,6 +260,15 @@ class Variable(Tensor):
             variable_hook(self, "assign", old)
         return self
 
+    def adopt(self, data: Any) -> None:
+        """Take ``data`` as the value, without a copy: for a traced step's replay, whose
+        program made ``data`` with the ``copy`` kernel for this variable alone (as ``assign``
+        would copy it; mpcore.tracing.program.ProgramWriter.adopt_copies)."""
+        old, self._data = self._data, data
+        self.mark_updated()
+        if variable_hook is not None:
+            variable_hook(self, "assign", old)
+
     def assign_add(self, delta: Any) -> Variable:
         return self.assign(_ops.add(self.current_value(), delta))
 

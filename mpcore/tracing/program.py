@@ -92,9 +92,13 @@ class Program:
         return "\n".join(f"{line}  (folded: run once)" if n in self.folded else line
                          for n, line in enumerate(self.lines))
 
-    def compile(self) -> Callable[[list[Any]], Any]:
-        """The program as one Python function of its inputs' arrays."""
-        return ProgramWriter(self).function()
+    def compile(self, adopt_copies: bool = False) -> Callable[[list[Any]], Any]:
+        """The program as one Python function of its inputs' arrays; ``adopt_copies``: see
+        :attr:`ProgramWriter.adopt_copies` (a backend whose ``copy`` kernel returns a new
+        array at every call says so)."""
+        writer = ProgramWriter(self)
+        writer.adopt_copies = adopt_copies
+        return writer.function()
 
 
 #: Kernels that write into their operands (the fused optimizer updates, the loss scale's
@@ -198,6 +202,13 @@ class ProgramWriter:
     A backend's ``compile_program`` may subclass it to write some steps its own way (the
     OpenCL backend writes recorded kernel launches)."""
 
+    #: An assignment of a value that the step's ``copy`` kernel made for it (as
+    #: ``Variable.assign`` does while tracing) and that nothing else reads hands that array to
+    #: the variable (``Variable.adopt``), instead of copying it a second time: only where the
+    #: backend's ``copy`` returns a new array at every call (the CPU's; not a replay that
+    #: writes into buffers it keeps, as OpenCL's recorded launches and CUDA graphs do).
+    adopt_copies = False
+
     def __init__(self, program: Program) -> None:
         self.program = program
         self.names: dict[str, Any] = {"_Tensor": Tensor}
@@ -230,6 +241,9 @@ class ProgramWriter:
             var = self.name("v", step.variable)
             if not isinstance(step.variable, Variable):   # weak: an argument of the call
                 var += "()"
+            if type(step.value) is Slot and step.value.index in self._adoptable():
+                self.lines.append(f"    {var}.adopt({self.expr(step.value)})")
+                return
             self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
                               f"{var}._backend, {var}._dtype))")
             return
@@ -245,6 +259,32 @@ class ProgramWriter:
         else:
             self.lines.append(f"    _out = {call}")
             self.bind(step.outputs, "_out")
+
+    def _adoptable(self) -> set[int]:
+        """The slots :attr:`adopt_copies` hands over: each written by a ``copy`` kernel call
+        alone, read by one assignment alone, neither an input nor an output."""
+        found = self.__dict__.get("_adopted")
+        if found is not None:
+            return found   # type: ignore[no-any-return]
+        found = self.__dict__["_adopted"] = set()
+        if not self.adopt_copies:
+            return found
+        program = self.program
+        writers: dict[int, list[Step]] = {}
+        readers: dict[int, list[Step]] = {}
+        for step in program.steps:
+            for i in step_writes(step):
+                writers.setdefault(i, []).append(step)
+            for i in step_reads(step):
+                readers.setdefault(i, []).append(step)
+        kept = set(program.inputs) | set(reads(program.output))
+        for i, (writer, *others) in writers.items():
+            read = readers.get(i, [])
+            if (not others and type(writer) is KernelCall and writer.name == "copy"
+                    and type(writer.outputs) is Slot and len(read) == 1
+                    and type(read[0]) is Assign and i not in kept):
+                found.add(i)
+        return found
 
     def function(self) -> Callable[[list[Any]], Any]:
         program = self.program

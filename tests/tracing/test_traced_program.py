@@ -402,3 +402,42 @@ def test_an_optimizer_replaced_without_compile_trains_in_traced_fit_as_eagerly()
     assert runs[0][1:] == runs[1][1:] == (4, 4)
     for a, b in zip(runs[0][0], runs[1][0], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_replay_on_the_cpu_hands_an_assignment_its_copy_and_copies_nothing_else_twice(
+        ) -> None:
+    """A traced assignment records the copy ``Variable.assign`` makes; the CPU's replay hands
+    that array to the variable (``Variable.adopt``) instead of copying it again. The values
+    stay right when the assigned tensor is returned and when the variable is read after its
+    assignment, and the variable's array is its own: changing it in place after the step
+    changes nothing the step returned."""
+    mp.set_global_policy("float32")
+    counter = mp.Variable(np.zeros((), np.int64), trainable=False, name="counter")
+    total = mp.Variable(np.zeros(3, np.float32), trainable=False, name="total")
+    kept = mp.Variable(np.zeros(3, np.float32), trainable=False, name="kept")
+    again = mp.Variable(np.zeros(3, np.float32), trainable=False, name="again")
+
+    def step(x: mp.Tensor) -> tuple[mp.Tensor, mp.Tensor]:
+        counter.assign_add(1)
+        total.assign(total + x)
+        y = x * 2.0
+        kept.assign(y)            # its copy is kept's alone; y itself is returned
+        again.assign(x)
+        return y, again + 1.0     # again read after its assignment
+
+    f = mp.function(step)
+    outs = []
+    for n in range(1, 4):
+        x = mp.constant(np.full(3, n, np.float32))
+        outs.append(f(x))
+        assert counter.numpy() == n
+        np.testing.assert_array_equal(outs[-1][1].numpy(), [n + 1.0] * 3)
+    np.testing.assert_array_equal(total.numpy(), [6.0, 6.0, 6.0])
+    np.testing.assert_array_equal(kept.numpy(), [6.0, 6.0, 6.0])
+    source = f.runners()[0].source
+    assert source.count(".adopt(") == 4 and ".assign(" not in source
+    # the variable's array is its own: writing it leaves the outputs alone
+    kept._data[...] = -1.0
+    again._data[...] = -1.0
+    np.testing.assert_array_equal(outs[-1][0].numpy(), [6.0, 6.0, 6.0])
+    np.testing.assert_array_equal(outs[-1][1].numpy(), [4.0, 4.0, 4.0])

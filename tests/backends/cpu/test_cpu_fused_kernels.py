@@ -57,6 +57,23 @@ def test_float32_to_float16_is_astype_including_overflow_and_subnormals() -> Non
                                                            np.signbit(want[nan]))
 
 
+@pytest.mark.parametrize("src", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("size", [7, 1 << 20])   # under and over the buffer pool's minimum
+def test_widening_to_float32_sets_no_floating_point_flag(src: str, size: int) -> None:
+    """convert widens small arrays with no errstate around them (it costs a microsecond a
+    cast): every pattern of each narrow dtype, signalling NaNs included, converts under
+    ``errstate(all="raise")`` to astype's values."""
+    dtype = np.dtype(getattr(ml_dtypes, src, None) or src)
+    every = np.arange(1 << (8 * dtype.itemsize), dtype=np.uint32).astype(
+        f"u{dtype.itemsize}").view(dtype)
+    x = np.resize(every, size)
+    with np.errstate(all="raise"):
+        got = convert(x, F32)
+    want = x.astype(F32)
+    nan = np.isnan(want)
+    assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan]) and np.isnan(got[nan]).all()
+
+
 def test_convert_keeps_shape_and_handles_views() -> None:
     x = np.arange(24, dtype=F32).reshape(2, 3, 4) / 7
     for view in (x, x.T, x[:, 1:, ::2]):

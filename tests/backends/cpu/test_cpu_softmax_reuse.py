@@ -179,3 +179,30 @@ def test_no_softmax_is_read_across_an_in_place_update() -> None:
     update = call("sgd_update", [Slot(0), Slot(1), NONE, Const(0.1), Const(0.0), Const(False),
                                  NONE], NONE)
     assert reuse_softmax(program(SOFTMAX, update, LOSS)) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 40), classes=st.integers(1, 80),
+       values=st.lists(st.sampled_from(AWKWARD), min_size=1, max_size=50),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_the_row_maxima_of_softmax_and_cross_entropy_are_numpys_bit_for_bit(
+        rows: int, classes: int, values: list[float], dtype: Any, seed: int) -> None:
+    """The CPU backend takes short rows' maxima through a transposed copy (max_along): the
+    same values as ``max(axis=1)``, signed zeros and NaNs included, for every row length
+    (over and under the cut-off) and layout."""
+    rng = np.random.default_rng(seed)
+    x = rng.choice(np.array(values, np.float32), (rows, classes)).astype(dtype)
+    backend = CpuBackend()
+    for view in (x, x[:, ::-1], np.asfortranarray(x)):
+        for axis in (1, -1):
+            assert_same_bits(backend.max_along(view, axis), view.max(axis=axis, keepdims=True))
+
+
+def test_labels_out_of_range_are_found_by_one_reduction_for_every_integer_dtype() -> None:
+    backend = CpuBackend()
+    for dtype in (np.int8, np.int32, np.int64, np.uint8, np.uint32):
+        labels = np.array([0, 3, 9], dtype)
+        assert backend.labels_below(labels, 10) and not backend.labels_below(labels, 9)
+        if np.dtype(dtype).kind == "i":
+            assert not backend.labels_below(np.array([0, -1], dtype), 10)
+            assert not backend.labels_below(np.array([np.iinfo(dtype).min], dtype), 10)
