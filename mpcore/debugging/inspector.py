@@ -4,11 +4,13 @@ backward pass watched and measured against the 16- and 8-bit formats a user migh
 How it watches: the same per-op hook as ``enable_check_numerics`` (dispatch calls it with every
 op's inputs and output), layers naming themselves with :func:`~mpcore.layers.scopes.
 layer_scope`, and a scope around each recorded node's backward ops (``backprop.node_scope``), so
-a gradient op is named after the layer of the forward op it differentiates. Every op's output is
-read to the host once and reduced to a :class:`~mpcore.debugging.formats.Measurement`; no
-values are kept. The model computes in float32 for the inspection (each layer's policy is
-swapped for float32 and restored afterwards), so the figures say what *would* happen in each
-format, and the first op to produce an Inf or NaN is found in float32 itself.
+a gradient op is named after the layer of the forward op it differentiates; only the ops of the
+thread that inspects are watched, and tensors are told apart by identity (a weak reference
+beside each ``id()``, which a dead tensor hands on). Every op's output is read to the host once
+and reduced to a :class:`~mpcore.debugging.formats.Measurement`; no values are kept. The model
+computes in float32 for the inspection (each layer's policy is swapped for float32 and restored
+afterwards), so the figures say what *would* happen in each format, and the first op to produce
+an Inf or NaN is found in float32 itself.
 
 The step draws from the random stream (dropout runs with ``training=True``) and changes no
 weights.
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,14 +174,25 @@ class _Watcher:
 
     def __post_init__(self) -> None:
         self.records: list[OpRecord] = []
-        self.layer_of: dict[int, str] = {}   # id(forward output) -> its layer
-        # ids of values (forward tensors, and backward ones computed from values only): in a
+        # Tensors are told apart by identity, and an ``id()`` alone is not one: a temporary of
+        # the backward pass (the loss's clip mask, a transposed weight) dies, and CPython hands
+        # its address to the next tensor, a gradient as often as not. Whether it does depends
+        # on the allocator's free blocks, that is on what ran before in the process, which
+        # made the FP8 view flaky (a gradient taken for a value). So each entry keeps a weak
+        # reference and counts only while it still points at the very tensor looked up.
+        self.layer_of: dict[int, tuple[weakref.ref[Tensor], str]] = {}   # forward output
+        # values (forward tensors, and backward ones computed from values only): in a
         # backward GEMM, an operand that is not one is a gradient
-        self.values: set[int] = set()
+        self.values: dict[int, weakref.ref[Tensor]] = {}
         self.float8: list[Any] = []
+        self.thread: int | None = None
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
+        # the hooks are module globals that every thread's ops call; only the inspecting
+        # thread's step is the report's (another thread's ops, a data loader's or a test's
+        # left running, would be charged to "other" and fill the maps with their tensors)
+        self.thread = threading.get_ident()
         saved = _dispatch.numerics_check, _backprop.node_scope
         _dispatch.numerics_check, _backprop.node_scope = self.observe, self.node_scope
         try:
@@ -187,18 +202,25 @@ class _Watcher:
 
     @contextlib.contextmanager
     def node_scope(self, node: Node) -> Iterator[None]:
-        token = _backward_of.set(self.layer_of.get(id(node.output), "other"))
+        if threading.get_ident() != self.thread:
+            yield
+            return
+        entry = self.layer_of.get(id(node.output))
+        layer = entry[1] if entry is not None and entry[0]() is node.output else "other"
+        token = _backward_of.set(layer)
         try:
             yield
         finally:
             _backward_of.reset(token)
 
     def observe(self, op: str, inputs: tuple[Any, ...], out: Tensor) -> None:
+        if threading.get_ident() != self.thread:
+            return
         backward = _backward_of.get()
         if backward is None:
             path = layer_path()
             layer = path[-1] if path else (_region.get() or "other")
-            self.layer_of[id(out)] = layer
+            self.layer_of[id(out)] = (weakref.ref(out), layer)
         else:
             layer = backward
         if self.recipe is not None:
@@ -219,14 +241,13 @@ class _Watcher:
             record.input_ranges = [_describe(t, m) for t, m in seen]
         self.records.append(record)
 
-
     def _float8(self, op: str, inputs: tuple[Any, ...], out: Tensor, layer: str,
                 backward: bool) -> None:
         from mpcore.debugging import float8_gemms as _f8
 
         tensors = [t for t in inputs if isinstance(t, Tensor)]
         if not backward or all(self._is_value(t) for t in tensors):
-            self.values.update(id(t) for t in (*tensors, out))
+            self.values.update((id(t), weakref.ref(t)) for t in (*tensors, out))
         operands = [t for t in inputs[:2] if isinstance(t, Tensor)]
         if op not in _f8.GEMM_OPS or len(operands) < 2:
             return
@@ -244,7 +265,10 @@ class _Watcher:
                     scale, over, under))
 
     def _is_value(self, t: Tensor) -> bool:
-        return isinstance(t, (Variable, VariableRead)) or id(t) in self.values
+        if isinstance(t, (Variable, VariableRead)):
+            return True
+        ref = self.values.get(id(t))
+        return ref is not None and ref() is t
 
 
 def _host(t: Tensor) -> Any:

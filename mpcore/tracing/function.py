@@ -106,6 +106,8 @@ def kept_whole(method: Callable[..., Any] | None = None, *,
         # an iterator argument (zip(grads, variables)) is read once: keep what it gave
         args = tuple(list(a) if _is_iterator(a) else a for a in args)
         spec = recorder.tensor_spec(args), recorder.tensor_spec(kwargs)
+        if recorder.held is not None:   # a pre-pass: what the call writes is not seen
+            recorder.held.whole_call()
         recorder.whole_depth += 1
         try:
             with _python_state.watching_whole(recorder.state, args, kwargs):
@@ -217,14 +219,13 @@ def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
     recorder = _local.recorder
     if recorder is None:
         return
-    if event == "create" and recorder.held is not None:
-        # a pre-pass: put back to its first value. The copy is the pre-pass's bookkeeping,
-        # not a step of it: made as a kernel called by a kernel (not recorded)
-        recorder.kernel_depth += 1
-        try:
-            recorder.held.created(variable)
-        finally:
-            recorder.kernel_depth -= 1
+    held = recorder.held
+    if held is not None:
+        # a pre-pass: the variable's array before its first write, to be put back
+        if event == "create":
+            held.created(variable)
+        else:
+            held.assigned(variable, replaced)
     if recorder.whole_depth:
         # assigned inside a call kept whole (which each replay makes again): a later read of
         # the variable in the step reads its array then, not the trace's as a constant
@@ -364,8 +365,8 @@ class Function:
         session = None if _hooks.trace_hook is None else _hooks.trace_hook(self, signature)
         # a pre-pass (the rewrite recording its float32 op graph) runs on the state as it is,
         # which is put back before the real trace: the first call is a painted step
-        held = recorder.held = (_effects.HeldEffects() if getattr(session, "pre_pass", False)
-                                else None)
+        held = recorder.held = (_effects.HeldEffects(recorder)
+                                if getattr(session, "pre_pass", False) else None)
         # a new tape generation: a cast a variable cached before the trace (Variable.read_as)
         # would be captured as a constant, stale once the variable changes; the trace casts
         # afresh, from the variable, and so does every replay

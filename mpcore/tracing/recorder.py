@@ -251,6 +251,17 @@ class Recorder:
         operands.update(id(x) for a in args if isinstance(a, (list, tuple)) for x in a)
         return out if id(out) in operands else copy(out)
 
+    def _writing(self, args: Sequence[Any]) -> None:
+        """Tell the pre-pass's held effects which variables' arrays are among ``args`` (an
+        in-place kernel's operands, lists of them included): it may write any of them."""
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                self._writing(a)
+                continue
+            variable = self.variable_of.get(id(a))
+            if variable is not None and variable._data is a:
+                self.held.writing(variable)
+
     # the kernel table while tracing -----------------------------------------------------------
     def table(self, backend: Any, table: dict[str, Callable[..., Any]]) -> dict[str, Any]:
         if self.whole_depth:
@@ -266,8 +277,14 @@ class Recorder:
     def _recording(self, backend: Any, name: str, kernel: Callable[..., Any],
                    copy: Callable[..., Any] | None) -> Any:
         seed_at = _SEEDED.get(name)
+        in_place = name in IN_PLACE
 
         def call(*args: Any) -> Any:
+            if in_place and self.held is not None and not self.whole_depth:
+                # a pre-pass: the variables this kernel writes into, saved before it does
+                # (also called by another kernel; inside a call kept whole, every variable
+                # was saved as the call began)
+                self._writing(args)
             if self.whole_depth or self.kernel_depth:
                 # inside a call kept whole, or a kernel calling another through the table
                 # (the CPU's 16-bit bias gradient sums with the matmul kernel): the outer call
@@ -293,7 +310,7 @@ class Recorder:
             shown = [_FreshSeed(spec.index) if type(spec) is SeedSlot else a
                      for a, spec in zip(args, specs)]
             category = backend.categories().get(name)
-            constant_call = name not in IN_PLACE and all(
+            constant_call = not in_place and all(
                 constant(s, self.constant_slots) for s in specs)
             outputs = self.bind(out)
             if constant_call:

@@ -4,12 +4,16 @@ with the share of values FP8 saturates or flushes to zero; gradients in the back
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import mpcore as mp
+from mpcore.core.tensor import Tensor
 from mpcore.debugging.float8_gemms import recipe_scale
 from mpcore.mixed_precision import CurrentScaling, DelayedScaling
 
@@ -51,6 +55,77 @@ def test_forward_and_backward_operands_in_their_formats() -> None:
     assert all(o.scale == 2.0 ** np.floor(np.log2(448.0 / o.amax)) for o in forward)
     assert "most affected" in report.float8_table()
     assert json.loads(report.to_json())["float8_gemms"][0]["format"] == "float8_e4m3fn"
+
+
+def _hidden_gradient(monkeypatch: pytest.MonkeyPatch,
+                     extra: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Hand the hidden layer's weight-gradient GEMM the gradient ``extra(dz, y)`` returns, in
+    place of relu's backward ``dz`` (``y``: the layer's forward output)."""
+    real = mp.ops.nn.relu_grad_bias
+
+    def relu_grad_bias(g: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        dz, db = real(g, y)
+        return extra(dz, y), db
+
+    monkeypatch.setattr(mp.ops.nn, "relu_grad_bias", relu_grad_bias)
+
+
+def test_a_gradient_at_the_address_of_a_dead_value_is_a_gradient(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The flaky failure, made to happen: a value of the backward pass (a mask of the forward
+    # output, as the loss's clip gradient makes) dies, and the gradient the wgrad GEMM reads
+    # is a new tensor at its address, as CPython's allocator gave it in a full-suite run. The
+    # inspector once told values by id() alone and took that gradient for a value.
+    found: list[bool] = []
+
+    def at_a_dead_value(dz: Tensor, y: Tensor) -> Tensor:
+        mask = mp.ops.greater(y, 0.0)   # computed from a value only: a value
+        dead = id(mask)
+        del mask
+        held = []   # kept alive, so each try takes another free block; freed ones go first
+        while len(held) < 100_000:
+            t = Tensor(dz._data, dz._backend, dz._dtype)
+            if id(t) == dead:
+                found.append(True)
+                return t
+            held.append(t)
+        pytest.fail("the allocator never reused the dead mask's address: the test set-up "
+                    "does not hold on this interpreter")
+
+    _hidden_gradient(monkeypatch, at_a_dead_value)
+    report = mp.debugging.inspect_numerics(_model(), *_batch(), float8_recipe=CurrentScaling())
+    assert found
+    grads = [(o.layer, o.operand) for o in report.float8_gemms if o.gradient]
+    assert grads == [("logits", 0), ("logits", 1), ("hidden", 1)]
+
+
+def test_ops_of_another_thread_are_not_the_inspected_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the per-op hook is a module global that every thread's ops call: a thread computing
+    # while the step is inspected (a data loader's, one an earlier test left running) ran
+    # into the report as ops of "other", its GEMMs into the FP8 view
+    seen: list[Any] = []
+
+    def with_a_thread(dz: Tensor, y: Tensor) -> Tensor:
+        def work() -> None:
+            a = mp.constant(np.ones((4, 4), np.float32))
+            seen.append(mp.ops.matmul(a, a))
+            with mp.GradientTape() as tape:
+                tape.watch(a)
+                b = mp.ops.sum(mp.ops.matmul(a, a))
+            seen.append(tape.gradient(b, a))
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        return dz
+
+    _hidden_gradient(monkeypatch, with_a_thread)
+    report = mp.debugging.inspect_numerics(_model(), *_batch(), float8_recipe=CurrentScaling())
+    assert len(seen) == 2   # the thread ran its ops while the inspector watched
+    assert {r.layer for r in report.ops} <= {"hidden", "logits", "loss"}
+    assert {o.layer for o in report.float8_gemms} == {"hidden", "logits"}
+    assert len(report.float8_gemms) == 10
 
 
 def test_underflow_is_measured_against_ml_dtypes() -> None:
