@@ -215,9 +215,9 @@ def test_fit_lr_correctness() -> None:
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_traced_steps_with_a_schedule_match_eager_bit_for_bit(policy: str) -> None:
-    # a schedule keeps the update whole in a trace (docs/architecture.md): each replay calls
-    # the schedule with the optimizer's iterations, so the rates and the weights are the eager
-    # step's at every step
+    # a built-in schedule is computed on the device from iterations, eagerly and in the
+    # recorded step alike (the cosine of basic float64 ops, mpcore.optimizers.cosine_math),
+    # and is the host's value bit for bit: the rates and the weights are the eager step's
     rng = np.random.default_rng(0)
     x = rng.standard_normal((24, 2)).astype("float32")
     y = rng.standard_normal((24, 2)).astype("float32")
