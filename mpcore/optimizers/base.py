@@ -86,8 +86,10 @@ class Optimizer(Accumulation, Hyperparameters):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
         #: Keras 3's ``iterations`` variable (int64, shape ()), incremented on the device by
-        #: each update (skipped or not). Made here, on the current backend (moved by
-        #: :meth:`build` to the variables'), so that no traced step has to make it.
+        #: each update (one whose Inf/NaN gradients left the weights alone too, as Keras 3
+        #: counts every call; not under a LossScaleOptimizer, which skips such a step). Made
+        #: here, on the current backend (moved by :meth:`build` to the variables'), so that no
+        #: traced step has to make it.
         self._iterations_known: int | None = 0
         #: the variable's ``_version`` when the copy was taken
         self._iterations_version = -1
@@ -101,7 +103,7 @@ class Optimizer(Accumulation, Hyperparameters):
     # --- the step count ----------------------------------------------------------------
     @property
     def iterations(self) -> int:
-        """The updates made so far (skipped ones included), as a Python int: read from the
+        """The updates made so far, as a Python int (see ``_iterations_var``): read from the
         device variable :attr:`iterations_variable` when the host's copy is unknown (after a
         traced step's replays; a host read, refused inside a traced step). Keras 3 returns the
         variable itself; an int compares, formats and indexes as the count everywhere, and
@@ -131,19 +133,40 @@ class Optimizer(Accumulation, Hyperparameters):
         return self._iterations_var
 
     def _new_iterations_variable(self, backend: Any) -> Variable:
-        return Variable(ops.constant(self.iterations, "int64", backend=backend), dtype="int64",
-                        trainable=False, name=f"{self.name}/iterations")
+        count = self.iterations
+        var = Variable(ops.constant(count, "int64", backend=backend), dtype="int64",
+                       trainable=False, name=f"{self.name}/iterations")
+        self._iterations_known, self._iterations_version = count, var._version   # current
+        return var
+
+    def _host_count(self) -> int | None:
+        """The host's copy of the count where it is current (None: a read would be needed)."""
+        var = self._iterations_var
+        if var is not None and var._version != self._iterations_version:
+            return None
+        return self._iterations_known
+
+    def _settle_count(self, count: int) -> None:
+        """The count is ``count``: known to a caller that read the flag the step was counted
+        by (an eager LossScaleOptimizer step), so no read of the variable is needed."""
+        var = self._iterations_var
+        self._iterations_known = count
+        self._iterations_version = -1 if var is None else var._version
 
     def _count_step(self, updated: bool | Tensor = True) -> None:
         """One more update: the variable incremented by a kernel (recorded in a traced step),
         the host's copy kept where Python sees every step (eager, a call kept whole).
-        ``updated``: False for a micro-step, or the device flag that says (accumulation)."""
+        ``updated``: False for a micro-step, or the device flag that says (accumulation's
+        last micro-step; a LossScaleOptimizer's finite flag, Keras 3 counting no skipped
+        step)."""
         if updated is False:
             return
         var = self._iterations_var
         if var is not None:
-            one = 1 if updated is True else ops.cast(updated, "int64")
-            var.assign(ops.add(var.current_value(), one))
+            count = ops.add(var.current_value(), 1)
+            # (a where, not a cast of the flag: no cast beyond the step's own in a painted graph)
+            var.assign(count if updated is True else ops.where(updated, count,
+                                                               var.current_value()))
         known = self._iterations_known
         if recording_kernels() or known is None or updated is not True:
             self._iterations_known = None     # replays count on the device only
@@ -423,11 +446,14 @@ class Optimizer(Accumulation, Hyperparameters):
         return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
     def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
-               flag: Tensor | None) -> tuple[bool | Tensor, Tensor | None]:
+               flag: Tensor | None, count_skipped: bool = True
+               ) -> tuple[bool | Tensor, Tensor | None]:
         """Update the variables (where ``flag`` allows); returns whether this call was an
         update (not a micro-step that only accumulated: a bool, or a device flag where the
         host does not know, :mod:`mpcore.optimizers.accumulation`) and the flag that gated
-        it."""
+        it. ``count_skipped=False``: a step the flag skips is not counted in ``iterations``
+        (a LossScaleOptimizer's, as Keras 3's, which never applies its inner optimizer
+        then)."""
         self.build(variables)
         cast = []
         for grad, var in zip(grads, variables):
@@ -446,7 +472,8 @@ class Optimizer(Accumulation, Hyperparameters):
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
-        self._count_step(updated)
+        gated = not count_skipped and flag is not None and updated is not False
+        self._count_step(flag if gated else updated)   # (accumulation: flag has last in it)
         return updated, flag
 
     def nonfinite_variables(self) -> list[str]:

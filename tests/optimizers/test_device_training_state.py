@@ -150,7 +150,9 @@ def test_a_replayed_step_equals_the_eager_step_bit_for_bit(backend: str, optimiz
     eager, eager_summary, _ = _train(backend, optimizer, scale, False, "mixed_float16")
     traced, traced_summary, fn = _train(backend, optimizer, scale, True, "mixed_float16")
     assert traced_summary == eager_summary
-    assert eager_summary[1] == 7 and eager_summary[2] == 1        # the skipped step counts
+    # Keras 3: a skipped step is not counted in iterations (its LossScaleOptimizer never
+    # applies the inner optimizer then)
+    assert eager_summary[1] == 6 and eager_summary[2] == 1
     for a, b in zip(eager, traced):
         np.testing.assert_array_equal(a, b)
     assert fn is not None and fn.tracing_count <= 2               # the others replayed
