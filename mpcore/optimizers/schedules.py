@@ -4,11 +4,19 @@ defaults, formulas and configs.
 A schedule is given to an optimizer as its ``learning_rate``; the optimizer calls it with its
 ``iterations`` (the number of updates applied so far) before each update. The formulas are
 Python floats (float64), not Keras' float32, so rates may differ from Keras' in the last
-float32 bits. ExponentialDecay, InverseTimeDecay, PiecewiseConstantDecay and PolynomialDecay
-are computed by the optimizer on the device from its ``iterations`` variable, the same float64
-expressions in ops (:mod:`mpcore.optimizers.device_schedules`), so a traced step records them
-and reads nothing back; the others (the cosine ones, a user's own) are called on the host and
-keep a traced step's update whole (replayed eagerly, calling the schedule again).
+float32 bits. The built-in schedules are computed by the optimizer on the device from its
+``iterations`` variable, the same float64 expressions in ops
+(:mod:`mpcore.optimizers.device_schedules`), so a traced step records them and reads nothing
+back; a user's own (and a CosineDecayRestarts with no finite tables) is called on the host and
+keeps a traced step's update whole (replayed eagerly, calling the schedule again).
+
+The cosine of CosineDecay and CosineDecayRestarts is :func:`mpcore.optimizers.cosine_math.cos`
+(IEEE basic operations, the same bits on the host and every device), within 1 ulp of
+``math.cos``, not Keras' backend ``cos``: a rate may differ from Keras' by an ulp or two of
+the initial rate. CosineDecayRestarts finds its restart exactly
+(:func:`~mpcore.optimizers.cosine_math.restart_index`), where Keras' ``log`` formula can put a
+period's first step in the period before; past the last restart of a ``t_mul < 1`` schedule
+the rate is NaN, as Keras'.
 
 >>> s = ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
 >>> s(10), s(20)

@@ -12,9 +12,10 @@ the dispatch (promotion, categories, tape bookkeeping). A new signature traces a
 
 Some calls are kept whole instead of being broken into kernels (:func:`kept_whole`): an
 optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer`` where
-they hold Python state that changes from step to step (the learning rate of a schedule), so a
+they hold Python state that changes from step to step (the rate of a user's schedule), so a
 replay calls them again, eagerly, on the recorded tensors. SGD, RMSprop, Adam and AdamW with a
-constant rate, and the loss scale (device variables), are recorded kernel by kernel. Each seed
+constant rate or a built-in schedule, and the loss scale (device variables), are recorded
+kernel by kernel. Each seed
 the step drew from ``mp.random`` is drawn again at each replay, where eager execution would
 draw it.
 
