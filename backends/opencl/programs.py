@@ -29,6 +29,7 @@ UNARY: dict[str, tuple[str | None, str | None]] = {
     "relu": ("((x > 0 || MP_ISNAN(x)) ? x : (A_CT)0)", "(x > 0 ? x : (A_CT)0)"),
     "exp": ("exp(x)", None), "log": ("log(x)", None), "sqrt": ("sqrt(x)", None),
     "tanh": ("tanh(x)", None), "erf": ("erf(x)", None),
+    "cos": ("cos(x)", None), "sin": ("sin(x)", None),
     "sigmoid": ("(A_CT)0.5 * ((A_CT)1 + tanh((A_CT)0.5 * x))", None),
 }
 UNARY_BOOL: dict[str, tuple[str, str]] = {

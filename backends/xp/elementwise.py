@@ -65,6 +65,9 @@ class ElementwiseKernels:
     sqrt = unary("sqrt", quiet=True)
     square = unary("square")
     tanh = unary("tanh")
+    # quiet: cos(inf) is NaN, as a kernel on a skipped step's gradients may meet (no warning)
+    cos = unary("cos", quiet=True)
+    sin = unary("sin", quiet=True)
 
     def sigmoid(self, x: Any) -> Any:
         # 0.5 * (1 + tanh(x / 2)): one transcendental, no overflow for large |x|

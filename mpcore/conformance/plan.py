@@ -14,6 +14,7 @@ import mpcore.conformance.contract as contract
 import mpcore.conformance.float8 as float8
 import mpcore.conformance.kernels as kernels
 import mpcore.conformance.layers as layers
+import mpcore.conformance.schedules as schedules
 import mpcore.conformance.training as training
 import mpcore.conformance.training_kernels as training_kernels
 from mpcore.conformance.harness import FLOATS, Check, run_checks, selected
@@ -122,6 +123,8 @@ def checks(quick: bool) -> Iterator[Check]:
         for dtype in FLOATS:
             yield c(f"layers.{name}[{dtype}]", "layers", layers.check_layer(name, dtype))
     yield c("training.mixed_float16_skip_and_recover", "training", training.check_training)
+    yield c("training.cosine_schedules", "training", schedules.check_cosine_schedules,
+            ("add", "subtract", "multiply", "divide", "abs", "where", "take"))
 
 
 def check_names(quick: bool = False) -> list[str]:

@@ -42,6 +42,7 @@ REQUIRED_KERNELS: dict[str, str] = {
     "logical_or": "(a, b) -> bool", "logical_not": "(x) -> bool", "isfinite": "(x) -> bool",
     "negative": "(x)", "abs": "(x)", "sign": "(x)", "exp": "(x)", "log": "(x)", "sqrt": "(x)",
     "square": "(x)", "relu": "(x)", "sigmoid": "(x)", "tanh": "(x)", "erf": "(x)",
+    "cos": "(x)", "sin": "(x)",
     "where": "(cond, a, b)",
     # reductions: axis is None or a tuple of non-negative ints
     "sum": "(x, axis, keepdims)", "max": "(x, axis, keepdims)", "min": "(x, axis, keepdims)",

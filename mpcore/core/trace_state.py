@@ -34,3 +34,25 @@ def refuse(message: str) -> None:
     if not recorder.fallback:
         raise TraceError(message)
     recorder.whole_depth += 1
+
+
+_HOST_READ = (
+    "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), bool(t), "
+    "`if t:`, a dynamic loss scale's value): a replay would reuse the value of the first "
+    "call. Keep the decision on the device (mp.ops.where), or return the tensor from the step "
+    "and read it outside, or call the function without mp.function.")
+
+_STATE_READ = (
+    "a traced step cannot read mp.random's state (get_state()): a replay would restore the "
+    "first call's. Save and restore the state outside the step, or call the function without "
+    "mp.function.")
+
+
+def refuse_host_read(tensor: Any = None) -> None:
+    """A tensor's value read on the host (the hook a trace installs on tensors)."""
+    refuse(_HOST_READ)
+
+
+def refuse_state_read() -> None:
+    """mp.random's state read (the hook a trace installs on the random module)."""
+    refuse(_STATE_READ)

@@ -2,6 +2,15 @@
 
 Binary ops take a Python scalar for either operand without making a tensor of it (the kernel
 receives the scalar); a float scalar makes an integer tensor's op compute in float32.
+
+``cos`` and ``sin`` (Keras 3's ``keras.ops.cos``/``sin``) are each backend's own function
+(NumPy's and CuPy's, OpenCL C's built-in): fast on tensors of any size and within a few ulps of
+the exact value, but not the same bits everywhere (NumPy may take a SIMD routine, PoCL its own
+library). They are *deny* ops, computed in float32 for 16-bit inputs, as TF's graph rewrite
+keeps ops of no list: a periodic function of a 16-bit argument keeps no digit of it beyond a
+few periods. The learning-rate schedules need a cosine that is the same bits on the host and
+on every device; they use their own, of IEEE basic operations
+(:mod:`mpcore.optimizers.cosine_math`), not these.
 """
 
 from __future__ import annotations
@@ -132,6 +141,8 @@ relu = _make_unary("relu")
 sigmoid = _make_unary("sigmoid", float_only=True)
 tanh = _make_unary("tanh", float_only=True)
 erf = _make_unary("erf", float_only=True)
+cos = _make_unary("cos", float_only=True)
+sin = _make_unary("sin", float_only=True)
 logical_not = _make_unary("logical_not", result="bool")
 isfinite = _make_unary("isfinite", result="bool")
 
@@ -308,6 +319,16 @@ def _tanh(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
 def _erf(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
     x = node.inputs[0]
     return (multiply(g, multiply(exp(negative(square(x))), 1.1283791670955126)),)  # 2/sqrt(pi)
+
+
+@gradient("cos")
+def _cos(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
+    return (multiply(g, negative(sin(node.inputs[0]))),)
+
+
+@gradient("sin")
+def _sin(node: Node, g: Tensor, needs: tuple[bool, ...]) -> Grads:
+    return (multiply(g, cos(node.inputs[0])),)
 
 
 @gradient("gelu")

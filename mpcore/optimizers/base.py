@@ -18,6 +18,7 @@ from mpcore.optimizers import device_schedules, schedules
 from mpcore.optimizers.accumulation import Accumulation
 from mpcore.optimizers.gradients import VarList, compute_gradients, split_grads_and_vars
 from mpcore.optimizers.hyperparameters import Hyperparameters
+from mpcore.optimizers.step_count import StepCount
 from mpcore.tracing.function import kept_whole, on_replay, recording_kernels, value_key
 
 LearningRate = float | Callable[[int], float]
@@ -35,7 +36,7 @@ def _check_learning_rate(value: Any) -> LearningRate:
                          f"float, got {value!r}") from None
 
 
-class Optimizer(Accumulation, Hyperparameters):
+class Optimizer(Accumulation, StepCount, Hyperparameters):
     """Base class. Subclasses name their ``slots`` and implement ``_update_variable`` with
     their update op (:mod:`mpcore.ops.optim`)."""
 
@@ -85,11 +86,8 @@ class Optimizer(Accumulation, Hyperparameters):
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.name = name or type(self).__name__
-        #: Keras 3's ``iterations`` variable (int64, shape ()), incremented on the device by
-        #: each update (skipped or not). Made here, on the current backend (moved by
-        #: :meth:`build` to the variables'), so that no traced step has to make it.
+        # the step count, made here on the current backend (mpcore.optimizers.step_count)
         self._iterations_known: int | None = 0
-        #: the variable's ``_version`` when the copy was taken
         self._iterations_version = -1
         self._iterations_var: Variable | None = None
         self._iterations_var = self._new_iterations_variable(None)
@@ -97,59 +95,6 @@ class Optimizer(Accumulation, Hyperparameters):
         self.use_fused_kernels = True
         self._slots: dict[int, dict[str, Variable]] = {}
         self._var_list: list[Variable] = []
-
-    # --- the step count ----------------------------------------------------------------
-    @property
-    def iterations(self) -> int:
-        """The updates made so far (skipped ones included), as a Python int: read from the
-        device variable :attr:`iterations_variable` when the host's copy is unknown (after a
-        traced step's replays; a host read, refused inside a traced step). Keras 3 returns the
-        variable itself; an int compares, formats and indexes as the count everywhere, and
-        code that needs the device value (a traced step) reads ``iterations_variable``."""
-        known, var = self._iterations_known, self._iterations_var
-        # the copy holds while the variable is as the copy saw it: a value put back under it
-        # (the graph rewrite's pre-pass, mpcore.tracing.effects) marks the variable updated
-        if known is None or (var is not None and var._version != self._iterations_version):
-            assert var is not None
-            known = int(var.numpy())
-            self._iterations_known, self._iterations_version = known, var._version
-        return known
-
-    @iterations.setter
-    def iterations(self, value: int) -> None:
-        value = int(value)
-        if self._iterations_var is not None:
-            self._iterations_var.assign(ops.constant(value, "int64",
-                                                     backend=self._iterations_var.backend))
-            self._iterations_version = self._iterations_var._version
-        self._iterations_known = value
-
-    @property
-    def iterations_variable(self) -> Variable | None:
-        """The step count on the device (Keras 3's ``optimizer.iterations`` variable), made by
-        the first update (:meth:`build`); None before."""
-        return self._iterations_var
-
-    def _new_iterations_variable(self, backend: Any) -> Variable:
-        return Variable(ops.constant(self.iterations, "int64", backend=backend), dtype="int64",
-                        trainable=False, name=f"{self.name}/iterations")
-
-    def _count_step(self, updated: bool | Tensor = True) -> None:
-        """One more update: the variable incremented by a kernel (recorded in a traced step),
-        the host's copy kept where Python sees every step (eager, a call kept whole).
-        ``updated``: False for a micro-step, or the device flag that says (accumulation)."""
-        if updated is False:
-            return
-        var = self._iterations_var
-        if var is not None:
-            one = 1 if updated is True else ops.cast(updated, "int64")
-            var.assign(ops.add(var.current_value(), one))
-        known = self._iterations_known
-        if recording_kernels() or known is None or updated is not True:
-            self._iterations_known = None     # replays count on the device only
-        else:
-            self._iterations_known = known + 1
-            self._iterations_version = -1 if var is None else var._version
 
     # --- hyperparameters ---------------------------------------------------------------
     @property
@@ -423,11 +368,14 @@ class Optimizer(Accumulation, Hyperparameters):
         return self.apply_gradients(self.compute_gradients(loss, var_list, tape))
 
     def _apply(self, grads: Sequence[Tensor], variables: Sequence[Variable],
-               flag: Tensor | None) -> tuple[bool | Tensor, Tensor | None]:
+               flag: Tensor | None, count_skipped: bool = True
+               ) -> tuple[bool | Tensor, Tensor | None]:
         """Update the variables (where ``flag`` allows); returns whether this call was an
         update (not a micro-step that only accumulated: a bool, or a device flag where the
         host does not know, :mod:`mpcore.optimizers.accumulation`) and the flag that gated
-        it."""
+        it. ``count_skipped=False``: a step the flag skips is not counted in ``iterations``
+        (a LossScaleOptimizer's, as Keras 3's, which never applies its inner optimizer
+        then)."""
         self.build(variables)
         cast = []
         for grad, var in zip(grads, variables):
@@ -446,7 +394,8 @@ class Optimizer(Accumulation, Hyperparameters):
         step = self.iterations + 1 if self._uses_step else 0
         for grad, var in zip(_clipping.clip(cast, self.clipping), variables):
             self._update_variable(var, grad, self._slots[id(var)], lr, step, flag)
-        self._count_step(updated)
+        gated = not count_skipped and flag is not None and updated is not False
+        self._count_step(flag if gated else updated)   # (accumulation: flag has last in it)
         return updated, flag
 
     def nonfinite_variables(self) -> list[str]:

@@ -12,32 +12,45 @@ hyperparameters folded into constants are computed on the host as Python does. `
 float64 is an integer already; ``pow`` is the backend's float64 ``power`` (libm's on the CPU,
 the device's double ``pow`` on OpenCL with ``cl_khr_fp64`` and CUDA).
 
-Not here, kept whole (their rate computed on the host at each replay): CosineDecay and
-CosineDecayRestarts (``cos``, and ``log`` before a ``floor``, are not kernels bit-identical
-to the host's libm: a float64 ulp before the floor of a restart changes the rate), a user's own
-schedule (Python arithmetic), and a device without float64 (OpenCL without ``cl_khr_fp64``).
+CosineDecay and CosineDecayRestarts use no ``cos`` and no ``pow`` kernel: their cosine is
+:func:`mpcore.optimizers.cosine_math.cos`, IEEE basic operations written once and run here on
+float64 tensors (about 80 kernel calls on shape (1,)) and on the host on Python floats, so the
+two are the same bits on every backend; CosineDecayRestarts' restart is counted against a
+table of period starts and its powers ``t_mul**restart``, ``m_mul**restart`` gathered from
+tables the host computed with Python's ``**`` (:func:`~mpcore.optimizers.cosine_math.
+restart_tables`, kept on the device once per backend).
+
+Not here, kept whole (their rate computed on the host at each replay): a CosineDecayRestarts
+whose tables would not fit (``t_mul < 1``, whose schedule ends; ``t_mul`` so close to 1, or
+with ``t_mul == 1`` an ``m_mul`` so close to 1, that more than
+:data:`~mpcore.optimizers.cosine_math.MAX_TABLE` entries are needed; a negative ``m_mul``), a
+user's own schedule (Python arithmetic), and a device without float64 (OpenCL without
+``cl_khr_fp64``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpcore import ops
 from mpcore.core.tensor import Tensor
+from mpcore.optimizers import cosine_math as _cm
 from mpcore.optimizers import schedules as _s
 
-#: Below this every float64 is exact as an int64, above it every float64 is an integer.
-_EXACT = float(2**52)
+_EXACT = _cm.EXACT
 
 
 def why_not(schedule: Any, backend: Any) -> str | None:
     """Why ``schedule`` is not evaluated on ``backend``'s device (None: it is)."""
+    name = type(schedule).__name__
     if type(schedule) not in _RULES:
-        name = type(schedule).__name__
-        if type(schedule) in (_s.CosineDecay, _s.CosineDecayRestarts):
-            return f"learning-rate schedule {name}: cos is not a device kernel yet"
         return (f"learning-rate schedule {name}: not a built-in one, its __call__ runs in "
                 "Python at each step")
+    if type(schedule) is _s.CosineDecayRestarts:
+        tables = _restart_tables(schedule)
+        if isinstance(tables, str):
+            return f"learning-rate schedule {name}: {tables}"
     runtime = getattr(backend, "runtime", None)
     if runtime is not None and getattr(runtime, "fp64", True) is False:
         return "learning-rate schedule: the device has no float64 (cl_khr_fp64)"
@@ -108,6 +121,84 @@ def _polynomial(s: _s.PolynomialDecay, step: Tensor) -> Tensor:
     return ops.add(ops.multiply(decayed, initial - end), end)
 
 
+class _Device:
+    """:func:`mpcore.optimizers.cosine_math.cos`'s primitives in float64 ops."""
+
+    @staticmethod
+    def floor(x: Tensor) -> Tensor:
+        return _floor(x)
+
+    where = staticmethod(ops.where)
+    equal = staticmethod(ops.equal)
+
+
+_DEVICE = _Device()
+
+
+def _cosine_decay(s: _s.CosineDecay, step: Tensor) -> Tensor:
+    # the host's expressions (schedules.CosineDecay.__call__), its branch a where
+    steps = float(s.decay_steps)
+    initial, alpha = float(s.initial_learning_rate), float(s.alpha)
+    if s.warmup_target is None:
+        return initial * _cm.cosine_decayed(ops.minimum(step, steps) / steps, alpha, _DEVICE)
+    target, warmup = float(s.warmup_target), float(s.warmup_steps)
+    at = ops.minimum(step, steps + warmup)
+    decay = target * _cm.cosine_decayed((at - warmup) / steps, alpha, _DEVICE)
+    if warmup == 0.0:      # (the host never takes the warm-up branch: no 0/0 computed)
+        return decay
+    warm = (target - initial) * (at / warmup) + initial
+    return ops.where(ops.less(at, warmup), warm, decay)
+
+
+def _restart_tables(s: _s.CosineDecayRestarts) -> _cm.RestartTables | str:
+    return _cm.restart_tables(float(s.first_decay_steps), float(s._t_mul), float(s._m_mul))
+
+
+def _table(tables: _cm.RestartTables, name: str, values: tuple[float, ...],
+           like: Tensor) -> Tensor:
+    """A table's device copy on ``like``'s backend, made once (a trace reads it as a
+    constant)."""
+    key = (name, like.backend)
+    found = tables.on_device.get(key)
+    if found is None:
+        found = tables.on_device[key] = ops.constant(list(values), "float64",
+                                                     backend=like.backend)
+    return found
+
+
+def _gather(tables: _cm.RestartTables, name: str, values: tuple[float, ...],
+            at: Tensor) -> Tensor:
+    return ops.take(_table(tables, name, values, at), at, 0)
+
+
+def _restarts(s: _s.CosineDecayRestarts, step: Tensor) -> Tensor:
+    # the host's expressions (schedules.CosineDecayRestarts.__call__) with its tables
+    tables = _restart_tables(s)
+    assert isinstance(tables, _cm.RestartTables)
+    fraction = step / float(s.first_decay_steps)
+    if tables.t_mul == 1.0:
+        restart = _floor(fraction)
+        fraction = fraction - restart
+    else:
+        # how many period starts after the first are at or below the fraction (a float64
+        # count of 0s and 1s, exact), as the host's bisect
+        starts = _table(tables, "boundaries", tables.boundaries, step)
+        restart = ops.sum(ops.cast(ops.less_equal(starts, fraction), "float64"), axis=0,
+                          keepdims=True)
+        at = ops.cast(restart, "int64")
+        start = _gather(tables, "starts", tables.starts, at)
+        fraction = (fraction - start) / _gather(tables, "lengths", tables.lengths, at)
+    peak: Tensor | float = 1.0
+    if tables.peaks is not None:
+        last = float(len(tables.peaks) - 1)     # t_mul == 1: every later power is this one
+        at = ops.cast(ops.minimum(restart, last), "int64")
+        peak = _gather(tables, "peaks", tables.peaks, at)
+    alpha = float(s.alpha)
+    decayed = 0.5 * peak * (1.0 + _cm.cos(math.pi * fraction, _DEVICE))
+    return float(s.initial_learning_rate) * ((1 - alpha) * decayed + alpha)
+
+
 _RULES: dict[type, Any] = {_s.ExponentialDecay: _exponential, _s.InverseTimeDecay: _inverse_time,
                            _s.PiecewiseConstantDecay: _piecewise,
-                           _s.PolynomialDecay: _polynomial}
+                           _s.PolynomialDecay: _polynomial, _s.CosineDecay: _cosine_decay,
+                           _s.CosineDecayRestarts: _restarts}

@@ -56,3 +56,11 @@ def split_grads_and_vars(grads_and_vars: Iterable[tuple[Tensor | None, Variable]
                       "loss. If using `model.compile()`, did you forget to provide a `loss` "
                       "argument?", UserWarning, stacklevel=_user_frames.stacklevel())
     return grads, variables
+
+
+def same_tensors(given: Sequence[Tensor], unscaled: Sequence[Tensor]) -> bool:
+    """Whether ``given`` are the tensors get_unscaled_gradients returned: the same objects, or
+    wrappers of the same device buffers (a traced step's replay rewraps them). Identity, not
+    values: comparing values would be a host read every step."""
+    return len(given) == len(unscaled) and all(
+        a is b or a._data is b._data for a, b in zip(given, unscaled))

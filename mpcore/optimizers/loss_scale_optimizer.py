@@ -13,7 +13,8 @@ The custom training loop of the guide::
 flag "all finite". ``apply_gradients`` hands that flag to the inner optimizer's update (which
 leaves every variable and slot untouched when it is false) and then to the loss scale's update.
 A step with any Inf/NaN gradient is skipped as a whole, the scale shrinks, and
-``skipped_steps`` counts it; ``iterations`` counts every step, skipped or not.
+``skipped_steps`` counts it; ``iterations`` counts applied steps only, as Keras 3's (whose
+inner ``apply``, which counts, runs for finite gradients only; tf-keras counted every step).
 
 A dynamic scale's state is device variables (:meth:`mpcore.DynamicLossScale.place`): the loss
 is multiplied by the scale variable, the gradients by its reciprocal, and the update is a
@@ -39,7 +40,7 @@ from mpcore.distribution import gradients as _distributed
 from mpcore.mixed_precision import loss_scale as _ls
 from mpcore.optimizers import Optimizer
 from mpcore.optimizers.accumulation import flags
-from mpcore.optimizers.gradients import VarList, split_grads_and_vars
+from mpcore.optimizers.gradients import VarList, same_tensors, split_grads_and_vars
 from mpcore.optimizers.loss_scale_arguments import FORGOT as _FORGOT
 from mpcore.optimizers.loss_scale_arguments import scale_from_arguments as _scale
 from mpcore.tracing.function import in_traced_step, kept_whole, on_replay, recording_kernels
@@ -330,7 +331,7 @@ class LossScaleOptimizer(Optimizer):
             self._warned = True
         if not self._unscaled or flag is None:
             flag = ops.all_finite(grads) if grads else None
-        elif not _same_tensors(grads, self._unscaled_grads):
+        elif not same_tensors(grads, self._unscaled_grads):
             # the caller changed the gradients after unscaling them (clipped, masked, summed):
             # the flag says nothing about these, so check what is applied (README: a step
             # whose gradients hold Inf or NaN never touches the weights)
@@ -346,7 +347,8 @@ class LossScaleOptimizer(Optimizer):
         # flags is the average's flag; every rank then skips the same steps.
         grads = _distributed.average_gradients(grads, variables, self)
         flag = _distributed.agree_finite(flag)
-        updated, flag = self._inner._apply(grads, variables, flag)
+        before = self._inner._host_count()
+        updated, flag = self._inner._apply(grads, variables, flag, count_skipped=False)
         if updated is False:  # a micro-step: the loss scale moves once per real step
             return self._result(True, None)
         if not _built_in_rule(self._loss_scale):   # a user's LossScale: its update, on the host
@@ -365,6 +367,8 @@ class LossScaleOptimizer(Optimizer):
             return flag if updated is True else flags(
                 ops.logical_or, flags(ops.logical_not, updated), flag)
         applied = bool(flag)          # eager: the step's one host read
+        if before is not None and updated is True:    # the count, without a second read
+            inner._settle_count(before + applied)
         if not applied:
             self.check_loss_scale()
         return applied
@@ -450,14 +454,6 @@ def _built_in_rule(scale: _ls.LossScale) -> bool:
     """Whether ``scale`` updates by mpcore's rule (on the device, or fixed), not a subclass's
     own ``update`` (called with the flag: a host read at every step)."""
     return type(scale).update in (_ls.DynamicLossScale.update, _ls.FixedLossScale.update)
-
-
-def _same_tensors(given: Sequence[Tensor], unscaled: Sequence[Tensor]) -> bool:
-    """Whether ``given`` are the tensors get_unscaled_gradients returned: the same objects, or
-    wrappers of the same device buffers (a traced step's replay rewraps them). Identity, not
-    values: comparing values would be a host read every step."""
-    return len(given) == len(unscaled) and all(
-        a is b or a._data is b._data for a, b in zip(given, unscaled))
 
 
 #: The dynamic loss scales of policies that a compile has trained (by id, dropped with them).

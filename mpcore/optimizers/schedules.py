@@ -4,11 +4,19 @@ defaults, formulas and configs.
 A schedule is given to an optimizer as its ``learning_rate``; the optimizer calls it with its
 ``iterations`` (the number of updates applied so far) before each update. The formulas are
 Python floats (float64), not Keras' float32, so rates may differ from Keras' in the last
-float32 bits. ExponentialDecay, InverseTimeDecay, PiecewiseConstantDecay and PolynomialDecay
-are computed by the optimizer on the device from its ``iterations`` variable, the same float64
-expressions in ops (:mod:`mpcore.optimizers.device_schedules`), so a traced step records them
-and reads nothing back; the others (the cosine ones, a user's own) are called on the host and
-keep a traced step's update whole (replayed eagerly, calling the schedule again).
+float32 bits. The built-in schedules are computed by the optimizer on the device from its
+``iterations`` variable, the same float64 expressions in ops
+(:mod:`mpcore.optimizers.device_schedules`), so a traced step records them and reads nothing
+back; a user's own (and a CosineDecayRestarts with no finite tables) is called on the host and
+keeps a traced step's update whole (replayed eagerly, calling the schedule again).
+
+The cosine of CosineDecay and CosineDecayRestarts is :func:`mpcore.optimizers.cosine_math.cos`
+(IEEE basic operations, the same bits on the host and every device), within 1 ulp of
+``math.cos``, not Keras' backend ``cos``: a rate may differ from Keras' by an ulp or two of
+the initial rate. CosineDecayRestarts finds its restart exactly
+(:func:`~mpcore.optimizers.cosine_math.restart_index`), where Keras' ``log`` formula can put a
+period's first step in the period before; past the last restart of a ``t_mul < 1`` schedule
+the rate is NaN, as Keras'.
 
 >>> s = ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
 >>> s(10), s(20)
@@ -26,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpcore.core import arguments as _args
+from mpcore.optimizers import cosine_math as _cm
 
 
 class LearningRateSchedule:
@@ -181,10 +190,6 @@ class InverseTimeDecay(_StepDecay):
             1.0 + float(self.decay_rate) * self._progress(step))
 
 
-def _cosine(fraction: float, alpha: float) -> float:
-    return (1 - alpha) * 0.5 * (1.0 + math.cos(math.pi * fraction)) + alpha
-
-
 class CosineDecay(LearningRateSchedule):
     """Cosine decay from ``initial_learning_rate`` to ``alpha`` times it over ``decay_steps``;
     with ``warmup_target``, first a linear warm-up from ``initial_learning_rate`` to
@@ -210,12 +215,12 @@ class CosineDecay(LearningRateSchedule):
         s, steps = _step(step), float(self.decay_steps)
         initial, alpha = float(self.initial_learning_rate), float(self.alpha)
         if self.warmup_target is None:
-            return initial * _cosine(min(s, steps) / steps, alpha)
+            return initial * _cm.cosine_decayed(min(s, steps) / steps, alpha)
         target, warmup = float(self.warmup_target), float(self.warmup_steps)
         s = min(s, steps + warmup)
         if s < warmup:
             return (target - initial) * (s / warmup) + initial
-        return target * _cosine((s - warmup) / steps, alpha)
+        return target * _cm.cosine_decayed((s - warmup) / steps, alpha)
 
     def get_config(self) -> dict[str, Any]:
         return {"initial_learning_rate": self.initial_learning_rate,
@@ -243,16 +248,28 @@ class CosineDecayRestarts(LearningRateSchedule):
 
     def __call__(self, step: int) -> float:
         fraction = _step(step) / float(self.first_decay_steps)
-        t_mul = float(self._t_mul)
+        t_mul, m_mul = float(self._t_mul), float(self._m_mul)
+        # the device's tables where it has them (the same numbers as the formulas below)
+        tables = _cm.restart_tables(float(self.first_decay_steps), t_mul, m_mul)
+        table = tables if isinstance(tables, _cm.RestartTables) else None
         if t_mul == 1.0:
             restart = math.floor(fraction)
             fraction -= restart
         else:
-            restart = math.floor(math.log(1.0 - fraction * (1.0 - t_mul)) / math.log(t_mul))
-            done = (1.0 - t_mul ** restart) / (1.0 - t_mul)
-            fraction = (fraction - done) / t_mul ** restart
+            # the exact restart: Keras' log formula can put a boundary step in the period
+            # before (cosine_math.restart_index)
+            found = (table.index(fraction) if table is not None
+                     else _cm.restart_index(fraction, t_mul))
+            if found is None:        # past a shrinking schedule's last restart, as Keras
+                return math.nan
+            restart = found
+            start, length = ((table.starts[restart], table.lengths[restart]) if table else
+                             (_cm.period_start(t_mul, restart), _cm.power(t_mul, restart)))
+            fraction = (fraction - start) / length
+        peak = (table.peak(restart) if table is not None and table.peaks is not None
+                else _cm.power(m_mul, restart))
         alpha = float(self.alpha)
-        decayed = 0.5 * float(self._m_mul) ** restart * (1.0 + math.cos(math.pi * fraction))
+        decayed = 0.5 * peak * (1.0 + _cm.cos(math.pi * fraction))
         return float(self.initial_learning_rate) * ((1 - alpha) * decayed + alpha)
 
     def get_config(self) -> dict[str, Any]:

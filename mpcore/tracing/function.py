@@ -12,9 +12,10 @@ the dispatch (promotion, categories, tape bookkeeping). A new signature traces a
 
 Some calls are kept whole instead of being broken into kernels (:func:`kept_whole`): an
 optimizer's ``apply_gradients`` and the loss-scaling steps of a ``LossScaleOptimizer`` where
-they hold Python state that changes from step to step (the learning rate of a schedule), so a
+they hold Python state that changes from step to step (the rate of a user's schedule), so a
 replay calls them again, eagerly, on the recorded tensors. SGD, RMSprop, Adam and AdamW with a
-constant rate, and the loss scale (device variables), are recorded kernel by kernel. Each seed
+constant rate or a built-in schedule, and the loss scale (device variables), are recorded
+kernel by kernel. Each seed
 the step drew from ``mp.random`` is drawn again at each replay, where eager execution would
 draw it.
 
@@ -45,7 +46,7 @@ from mpcore.core import tensor as _tensor
 from mpcore.core import trace_seeds as _seeds
 from mpcore.core import user_frames as _user_frames
 from mpcore.core.tensor import Tensor, Variable
-from mpcore.core.trace_state import TraceError, refuse
+from mpcore.core.trace_state import TraceError, refuse_host_read, refuse_state_read
 from mpcore.core.trace_state import local as _local
 from mpcore.mixed_precision import loss_scale as _loss_scale
 from mpcore.mixed_precision import trace_hooks as _hooks
@@ -177,10 +178,10 @@ def _install_hooks() -> None:
         _tracing += 1
         if _tracing == 1:
             _backend.set_kernel_view(_kernel_view)
-            _tensor.host_read_guard, _tensor.variable_hook = _refuse_host_read, _on_variable
+            _tensor.host_read_guard, _tensor.variable_hook = refuse_host_read, _on_variable
             _random.draw_hook, _random.state_hook = _seeds.next_seed_recorded, on_replay
-            _random.state_read_hook = _refuse_state_read
-            _loss_scale.read_hook = _refuse_host_read
+            _random.state_read_hook = refuse_state_read
+            _loss_scale.read_hook = refuse_host_read
 
 
 def _remove_hooks() -> None:
@@ -192,27 +193,6 @@ def _remove_hooks() -> None:
             _random.state_read_hook = _loss_scale.read_hook = None
             _backend.set_kernel_view(None)
             _tensor.host_read_guard = _tensor.variable_hook = None
-
-
-_HOST_READ = (
-    "a traced step cannot read a tensor's value on the host (float(t), t.numpy(), bool(t), "
-    "`if t:`, a dynamic loss scale's value): a replay would reuse the value of the first "
-    "call. Keep the decision on the device (mp.ops.where), or return the tensor from the step "
-    "and read it outside, or call the function without mp.function.")
-
-
-_STATE_READ = (
-    "a traced step cannot read mp.random's state (get_state()): a replay would restore the "
-    "first call's. Save and restore the state outside the step, or call the function without "
-    "mp.function.")
-
-
-def _refuse_host_read(tensor: Tensor | None = None) -> None:
-    refuse(_HOST_READ)
-
-
-def _refuse_state_read() -> None:
-    refuse(_STATE_READ)
 
 
 def _on_variable(variable: Variable, event: str, replaced: Any) -> None:
@@ -487,12 +467,30 @@ def _forget(function: weakref.ref[Function], signature: tuple[Any, ...]) -> None
 
 
 def function(fn: Callable[..., Any] | None = None, *, fallback: bool = False,
-             key: Callable[[], Any] | None = None) -> Any:
+             key: Callable[[], Any] | None = None, jit_compile: bool | None = None,
+             reduce_retracing: bool = False) -> Any:
     """``@mp.function``: trace ``fn`` on its first call with each signature, replay after.
     ``fallback=True``: where a trace is refused, warn once and run ``fn`` eagerly from then
     on (the refused call itself is an eager run, so nothing is done twice) instead of raising
     TraceError. ``key()``, called at each call, is part of the signature too (what the
-    function reads that its arguments do not show, e.g. which variables are trainable)."""
+    function reads that its arguments do not show, e.g. which variables are trainable).
+
+    ``jit_compile`` and ``reduce_retracing`` are ``tf.function``'s, accepted so that its
+    callers run unchanged. ``jit_compile`` (True, False or None) changes nothing: every
+    ``mp.function`` records its kernel calls and replays them, which is what True asks for
+    (XLA's compiled program) and what False and None keep too (TF's graph without XLA).
+    ``reduce_retracing=True`` asks TF to trace with generic shapes; mpcore's programs are
+    made for their shapes (a new shape traces again), and a warning says so."""
+    if jit_compile is not None and not isinstance(jit_compile, bool):
+        raise TypeError(f"jit_compile must be True, False or None, got {jit_compile!r}"
+                        + ("; 'auto' is Model.compile's" if jit_compile == "auto" else ""))
+    if not isinstance(reduce_retracing, bool):
+        raise TypeError(f"reduce_retracing must be True or False, got {reduce_retracing!r}")
+    if reduce_retracing:
+        warnings.warn("mp.function(reduce_retracing=True): mpcore traces each input shape "
+                      "once (its programs are made for their shapes), so calls of new shapes "
+                      "trace again as without it", UserWarning,
+                      stacklevel=_user_frames.stacklevel())
     if fn is None:
-        return functools.partial(function, fallback=fallback, key=key)
+        return functools.partial(function, fallback=fallback, key=key, jit_compile=jit_compile)
     return Function(fn, fallback, key)

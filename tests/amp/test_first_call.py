@@ -134,14 +134,14 @@ def test_a_custom_step_whose_adam_makes_its_slots_in_the_first_call_paints_that_
     for a, b in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert opt.loss_scale.skipped_steps == 1 and float(opt.loss_scale) == 2.0 ** 14
-    assert opt.iterations == 1 and step.tracing_count == 1
+    assert opt.iterations == 0 and step.tracing_count == 1      # (Keras 3: skipped, uncounted)
     state = opt.get_state(model.trainable_variables)["inner"]
     assert all(not np.any(slot) for slots in state["slots"] for slot in slots.values())
     step(mp.constant(X), mp.constant(Y))
     assert step.tracing_count == 2
     assert "mixed precision graph rewrite (float16)" in str(step.graph)
     step(mp.constant(X), mp.constant(Y))              # a replay
-    assert step.tracing_count == 2 and opt.iterations == 3
+    assert step.tracing_count == 2 and opt.iterations == 2     # (the first call skipped)
 
 
 class _CountingSGD(mp.optimizers.SGD):
@@ -149,9 +149,9 @@ class _CountingSGD(mp.optimizers.SGD):
 
     updates = 0
 
-    def _apply(self, *args):  # type: ignore[no-untyped-def,override]
+    def _apply(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
         type(self).updates += 1
-        return super()._apply(*args)
+        return super()._apply(*args, **kwargs)
 
 
 def test_state_that_cannot_be_put_back_makes_the_pre_pass_a_float32_step() -> None:

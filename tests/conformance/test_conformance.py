@@ -232,6 +232,30 @@ def test_broken_backend_fails_with_a_precise_message(backend: Any, check: str,
     assert "DOES NOT CONFORM" in report.format_table()
 
 
+class Float64MultiplyRoundsTwice(CpuBackend):
+    """A float64 product off by an ulp now and then (as a fused or twice-rounded one would
+    be): invisible to the float32 checks, not to the schedules' cosine."""
+
+    name = "broken-float64-multiply"
+
+    def multiply(self, a: Any, b: Any) -> Any:
+        out = CpuBackend.multiply(self, a, b)
+        if getattr(out, "dtype", None) == np.float64 and out.size == 1:
+            out = np.nextafter(out, np.inf)
+        return out
+
+
+def test_a_float64_product_off_by_an_ulp_fails_the_cosine_schedules_check() -> None:
+    report = conformance.check(Float64MultiplyRoundsTwice(), quick=True,
+                               only=["contract.", "binary.multiply", "training.cosine"])
+    assert report.result("binary.multiply[float32]").status == "pass"
+    result = report.result("training.cosine_schedules")
+    assert result.status == "fail"
+    assert "the device rate is" in result.detail and "no fused multiply-add" in result.detail
+    assert conformance.check("cpu", only=["training.cosine"]).result(
+        "training.cosine_schedules").detail == "5 schedules at 411 steps, bit for bit"
+
+
 def test_missing_kernel_stops_the_kernel_checks() -> None:
     report = conformance.check(ErfMissing(), quick=True)
     result = report.result("contract.required_kernels")

@@ -46,6 +46,8 @@ UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], tuple[float, float], 
     "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-6, 6), "infer"),
     "tanh": (np.tanh, (-3, 3), "infer"),
     "erf": (_erf, (-3, 3), "deny"),
+    "cos": (np.cos, (-7, 7), "deny"),
+    "sin": (np.sin, (-7, 7), "deny"),
     "reciprocal": (lambda x: 1 / x, (0.2, 4), "infer"),
     "rsqrt": (lambda x: 1 / np.sqrt(x), (0.2, 4), "infer"),
 }

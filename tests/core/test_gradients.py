@@ -93,6 +93,8 @@ CASES: list[Case] = [
     Case("sigmoid", ops.sigmoid, [arr(S, -4, 4)]),
     Case("tanh", ops.tanh, [arr(S)]),
     Case("erf", ops.erf, [arr(S)]),
+    Case("cos", ops.cos, [arr(S, -4, 4)]),
+    Case("sin", ops.sin, [arr(S, -4, 4)]),
     Case("gelu", ops.gelu, [arr(S, -3, 3)]),
     Case("gelu-approximate", lambda x: ops.gelu(x, approximate=True), [arr(S, -3, 3)]),
     Case("reciprocal", ops.reciprocal, [arr(S, 0.5, 2)]),

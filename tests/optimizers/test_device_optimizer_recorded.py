@@ -54,6 +54,19 @@ CONFIGS: dict[str, tuple[Callable[[], mp.optimizers.Optimizer], tuple[str, ...]]
     "adamw-polynomial": (lambda: mp.optimizers.AdamW(S.PolynomialDecay(0.01, 5, power=0.5),
                                                      weight_decay=0.1),
                          ("power(", "adam_rates(", "adam_update(")),
+    # the cosine schedules: a cosine of basic float64 ops, restarts from tables on the device
+    "sgd-cosine": (lambda: mp.optimizers.SGD(S.CosineDecay(0.05, 6), momentum=0.9),
+                   ("minimum(", "where(", "sgd_update(")),
+    "adam-cosine-warmup-alpha": (lambda: mp.optimizers.Adam(
+        S.CosineDecay(0.001, 4, alpha=0.1, warmup_target=0.01, warmup_steps=3)),
+        ("less(", "adam_rates(", "adam_update(")),
+    "rmsprop-restarts-t1-mmul-unfused": (lambda: _unfused(mp.optimizers.RMSprop(
+        S.CosineDecayRestarts(0.01, 3, t_mul=1.0, m_mul=0.5))), ("take(", "sqrt(")),
+    "sgd-restarts-t2": (lambda: mp.optimizers.SGD(S.CosineDecayRestarts(0.05, 1)),
+                        ("less_equal(", "take(", "sgd_update(")),
+    "adamw-restarts-t3-mmul-alpha": (lambda: mp.optimizers.AdamW(
+        S.CosineDecayRestarts(0.01, 1, t_mul=3.0, m_mul=0.8, alpha=0.1), weight_decay=0.1),
+        ("less_equal(", "take(", "adam_update(")),
     # gradient accumulation: the micro-step count and the accumulators on the device, the
     # update gated by (last micro-step and finite); 8 steps end in mid-accumulation
     "sgd-accumulate-3": (lambda: mp.optimizers.SGD(0.05, momentum=0.9,
@@ -232,8 +245,8 @@ class _Halving(S.LearningRateSchedule):
 
 @pytest.mark.parametrize("schedule, reason", [
     (_Halving(), "not a built-in one"),
-    (S.CosineDecay(0.01, 10), "cos is not a device kernel"),
-    (S.CosineDecayRestarts(0.01, 10), "cos is not a device kernel")])
+    (S.CosineDecayRestarts(0.01, 10, t_mul=0.5), "t_mul=0.5 < 1"),
+    (S.CosineDecayRestarts(0.01, 10, t_mul=1.0, m_mul=0.999), "m_mul=0.999 with t_mul=1")])
 def test_other_schedules_stay_kept_whole_and_say_why(schedule: Any, reason: str) -> None:
     model = _model()
     opt = mp.LossScaleOptimizer(mp.optimizers.SGD(schedule), "dynamic")

@@ -215,27 +215,33 @@ def test_fit_lr_correctness() -> None:
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_traced_steps_with_a_schedule_match_eager_bit_for_bit(policy: str) -> None:
-    # a schedule keeps the update whole in a trace (docs/architecture.md): each replay calls
-    # the schedule with the optimizer's iterations, so the rates and the weights are the eager
-    # step's at every step
+    # a built-in schedule is computed on the device from iterations, eagerly and in the
+    # recorded step alike (the cosine of basic float64 ops, mpcore.optimizers.cosine_math),
+    # and is the host's value bit for bit: the rates and the weights are the eager step's
     rng = np.random.default_rng(0)
     x = rng.standard_normal((24, 2)).astype("float32")
     y = rng.standard_normal((24, 2)).astype("float32")
-    weights, rates = [], []
+    weights, rates, counts = [], [], []
     for jit in (False, True):
         schedule = schedules.CosineDecay(0.01, 6, warmup_target=0.05, warmup_steps=3)
         model = _dense_model(jit, mp.optimizers.SGD(schedule, momentum=0.9), policy)
         seen: list[float] = []
+        counted: list[int] = []
         for step in range(8):
             seen.append(model.optimizer.learning_rate)
+            counted.append(model.optimizer.iterations)
             lo = (step % 3) * 8
             model.train_on_batch(x[lo:lo + 8], y[lo:lo + 8])
         if jit:
             assert model.train_function is not None
-        assert model.optimizer.iterations == 8
+        # mixed_float16's first scale (2**15) overflows once: a skipped step is not counted
+        skipped = model.optimizer.skipped_steps if policy == "mixed_float16" else 0
+        assert model.optimizer.iterations == 8 - skipped and skipped <= 1
         weights.append([w.copy() for w in model.get_weights()])
         rates.append(seen)
-    assert rates[0] == rates[1] == [schedule(s) for s in range(8)]
+        counts.append(counted)
+    assert counts[0] == counts[1]
+    assert rates[0] == rates[1] == [schedule(s) for s in counts[0]]
     for eager, traced in zip(*weights):
         np.testing.assert_array_equal(eager, traced)
     assert not np.array_equal(weights[0][0], np.ones((2, 2), "float32"))

@@ -269,3 +269,33 @@ def test_a_dynamic_scales_state_read_in_a_step_is_refused() -> None:
         with pytest.raises(mp.TraceError, match="a dynamic loss scale's value"):
             mp.function(lambda x, read=read: mp.ops.multiply(x, float(read())))(_c(1))
     assert opt.loss_scale.state_dict()["current_loss_scale"] == 8.0   # outside: as ever
+
+
+def test_tf_function_arguments_are_accepted_and_checked() -> None:
+    """``tf.function(fn, jit_compile=..., reduce_retracing=...)`` code runs unchanged: every
+    mp.function records and replays (what jit_compile=True asks for; False and None keep it
+    too); reduce_retracing=True warns that new shapes still trace; other values name the
+    valid ones."""
+    w = mp.Variable([1.0, 2.0])
+    for jit in (True, False, None):
+        fn = mp.function(lambda x: x * w, jit_compile=jit)
+        assert [float(fn(mp.constant([v, v]))[1]) for v in (1.0, 2.0)] == [2.0, 4.0]
+        assert fn.tracing_count == 1 and "multiply(" in str(fn.graph)
+
+    @mp.function(jit_compile=True)
+    def decorated(x: mp.Tensor) -> mp.Tensor:
+        return x + 1.0
+
+    decorated(mp.constant([1.0]))
+    assert float(decorated(mp.constant([2.0]))[0]) == 3.0 and decorated.tracing_count == 1
+    with pytest.warns(UserWarning, match="traces each input shape once"):
+        relaxed = mp.function(lambda x: x * 2.0, reduce_retracing=True)
+    relaxed(mp.constant([1.0]))
+    relaxed(mp.constant([1.0, 2.0]))
+    assert relaxed.tracing_count == 2
+    with pytest.raises(TypeError, match=r"jit_compile must be True, False or None, got 'yes'"):
+        mp.function(lambda x: x, jit_compile="yes")
+    with pytest.raises(TypeError, match=r"got 'auto'; 'auto' is Model.compile's"):
+        mp.function(jit_compile="auto")
+    with pytest.raises(TypeError, match=r"reduce_retracing must be True or False, got 1"):
+        mp.function(lambda x: x, reduce_retracing=1)

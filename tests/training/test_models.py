@@ -220,7 +220,7 @@ def test_weights_multiplied_into_overflow_skip_steps_then_recover() -> None:
                 np.testing.assert_array_equal(a, b)
     assert opt.skipped_steps >= 1
     assert opt.loss_scale() < 2**15
-    assert opt.iterations == 40
+    assert opt.iterations == 40 - opt.skipped_steps      # Keras 3 counts applied steps only
     assert np.isfinite(losses[-1]) and losses[-1] < losses[0]
 
 
