@@ -73,6 +73,16 @@ class CpuElementwise:
 
     buffer: Any
 
+    def ieee_cos(self, x: np.ndarray) -> np.ndarray:
+        """The cosine schedules' cosine (mpcore.optimizers.cosine_math.cos) of each element,
+        in one call: its algorithm on Python floats, which are this device's float64, so the
+        host's bits by construction (a schedule's rate is one element: a few microseconds,
+        where its basic operations as kernels are about 80 calls)."""
+        from mpcore.optimizers.cosine_math import cos
+
+        x = np.asarray(x, np.float64)
+        return np.array([cos(v) for v in x.reshape(-1).tolist()], np.float64).reshape(x.shape)
+
     def erf(self, x: np.ndarray) -> np.ndarray:
         with quiet():
             return _erf(x)

@@ -84,6 +84,7 @@ def checks(quick: bool) -> Iterator[Check]:
     yield c("optional.loss_scale_update", "optional", t.check_loss_scale_update,
             ("loss_scale_update",))
     yield c("optional.adam_rates", "optional", t.check_adam_rates, ("adam_rates",))
+    yield c("optional.ieee_cos", "optional", schedules.check_ieee_cos, ("ieee_cos",))
     yield c("optional.all_finite", "optional", t.check_all_finite, ("all_finite",))
     yield c("optional.softmax", "optional", t.check_softmaxes, ("softmax", "log_softmax"))
     yield c("optional.sparse_softmax_cross_entropy", "optional", t.check_xent,

@@ -9,6 +9,8 @@ give eager steps and a traced step's replays other rates than ``optimizer.learni
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpcore.conformance.harness import CheckFailedError, CheckSkippedError, Context
 
 #: steps to 400 in the full run (40 in the quick one), restarts' boundaries, far steps
@@ -44,3 +46,39 @@ def check_cosine_schedules(ctx: Context) -> str:
                     "once, as IEEE 754 (no fused multiply-add), and abs/where/comparisons/"
                     "cast/sum/take be exact")
     return f"{len(cases)} schedules at {len(steps)} steps, bit for bit"
+
+
+#: ieee_cos's arguments: the schedules' (pi times a fraction in [0, 1], and far beyond for
+#: a restart's), signed zeros, negatives, huge values, infinities and NaN
+def _cos_arguments(np: Any) -> Any:
+    fractions = np.linspace(0.0, 1.0, 257)
+    special = [0.0, -0.0, 1e-300, -1e-300, 0.5, -2.5, 1e5, 3.0e9, 1e300, np.inf, -np.inf,
+               np.nan, np.pi, np.pi / 2, np.pi / 4, 2.0**20 * np.pi / 2]
+    return np.concatenate([np.pi * fractions, special]).astype(np.float64)
+
+
+def check_ieee_cos(ctx: Context) -> str:
+    """``ieee_cos`` is :func:`mpcore.optimizers.cosine_math.cos` bit for bit (NaN for NaN),
+    element by element, for a (1,) array (a schedule's rate) and for a longer one."""
+    np = ctx.np
+    from mpcore.optimizers.cosine_math import cos
+
+    k = ctx.kernel("ieee_cos")
+    x = _cos_arguments(np)
+    want = np.array([cos(v) for v in x.tolist()], np.float64)
+    got = np.asarray(ctx.host(k(ctx.up(x, "float64")), "ieee_cos"))
+    one = [np.asarray(ctx.host(k(ctx.up(x[i:i + 1], "float64")), "ieee_cos"))
+           for i in (0, 100, 256)]
+    for label, g, w in (("an array", got, want),
+                        *((f"x[{i}:{i + 1}]", o, want[i:i + 1]) for i, o in
+                          zip((0, 100, 256), one, strict=True))):
+        nan = np.isnan(w)
+        if (g.dtype != np.float64 or g.shape != w.shape or not np.array_equal(np.isnan(g), nan)
+                or g[~nan].tobytes() != w[~nan].tobytes()):
+            bad = int(np.flatnonzero((g != w) & ~nan)[0]) if g.shape == w.shape else 0
+            raise CheckFailedError(
+                f"ieee_cos of {label}: element {bad} is {g.reshape(-1)[bad]!r} where "
+                f"mpcore.optimizers.cosine_math.cos gives {w.reshape(-1)[bad]!r}; the kernel "
+                "must run that algorithm's IEEE basic operations in its order (not libm's "
+                "cos)")
+    return f"{x.size} arguments bit for bit"

@@ -132,6 +132,9 @@ OPTIONAL_KERNELS: dict[str, str] = {
     # device has none), each rounded once to float32; lr a float or an array of one element
     # (a schedule's rate: float64, float32 where the device has none; a float32 one is widened)
     "adam_rates": "(iterations, lr, beta1, beta2, weight_decay) -> float32 (2,)",
+    # the cosine schedules' cosine in one call (else about 80 float64 basic ops): the host's
+    # bits, so mpcore.optimizers.cosine_math.cos's algorithm, not the device's libm
+    "ieee_cos": "(x: float64 array) -> mpcore.optimizers.cosine_math.cos of each element",
 }
 
 

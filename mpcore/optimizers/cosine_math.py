@@ -73,6 +73,10 @@ class Primitives(Protocol):
 
     def equal(self, a: Any, b: Any) -> Any: ...
 
+    def fused_cos(self, x: Any) -> Any:
+        """:func:`cos` of ``x`` in one step where one computes it (a backend's ``ieee_cos``
+        kernel), else None (the algorithm's basic operations, one by one)."""
+
 
 class _Host:
     """The primitives in Python floats."""
@@ -90,6 +94,10 @@ class _Host:
     def equal(a: float, b: float) -> bool:
         return a == b
 
+    @staticmethod
+    def fused_cos(x: float) -> None:
+        return None
+
 
 HOST = _Host()
 
@@ -104,6 +112,9 @@ def _horner(z: Any, terms: tuple[float, ...]) -> Any:
 def cos(x: Any, m: Primitives = HOST) -> Any:
     """cos(x) in IEEE basic operations, the same bits for Python floats (``m`` = :data:`HOST`)
     and float64 tensors (the device's primitives). See the module's docstring."""
+    fused = m.fused_cos(x)
+    if fused is not None:
+        return fused
     a = abs(x)
     k = m.floor(a * TWO_OVER_PI + 0.5)          # the nearest multiple of pi/2
     # r = a - k*pi/2 = h + l: the first part's difference is exact (Sterbenz), the second's

@@ -14,8 +14,9 @@ the device's double ``pow`` on OpenCL with ``cl_khr_fp64`` and CUDA).
 
 CosineDecay and CosineDecayRestarts use no ``cos`` and no ``pow`` kernel: their cosine is
 :func:`mpcore.optimizers.cosine_math.cos`, IEEE basic operations written once and run here on
-float64 tensors (about 80 kernel calls on shape (1,)) and on the host on Python floats, so the
-two are the same bits on every backend; CosineDecayRestarts' restart is counted against a
+float64 tensors (about 80 kernel calls on shape (1,), or one where the backend has the
+optional ``ieee_cos`` kernel, the CPU's) and on the host on Python floats, so the two are the
+same bits on every backend; CosineDecayRestarts' restart is counted against a
 table of period starts and its powers ``t_mul**restart``, ``m_mul**restart`` gathered from
 tables the host computed with Python's ``**`` (:func:`~mpcore.optimizers.cosine_math.
 restart_tables`, kept on the device once per backend).
@@ -35,6 +36,7 @@ from typing import Any
 
 from mpcore import ops
 from mpcore.core.tensor import Tensor
+from mpcore.ops.dispatch import finish as _finish
 from mpcore.optimizers import cosine_math as _cm
 from mpcore.optimizers import schedules as _s
 
@@ -130,6 +132,15 @@ class _Device:
 
     where = staticmethod(ops.where)
     equal = staticmethod(ops.equal)
+
+    @staticmethod
+    def fused_cos(x: Tensor) -> Tensor | None:
+        """The backend's ``ieee_cos`` kernel, where it has one: one call where the basic
+        operations are about 80 (recorded as one step; no gradient flows to a step count)."""
+        kernel = x.backend.kernels().get("ieee_cos")
+        if kernel is None:
+            return None
+        return _finish("ieee_cos", (x,), kernel(x._data), x.backend, "float64")
 
 
 _DEVICE = _Device()

@@ -256,6 +256,25 @@ def test_a_float64_product_off_by_an_ulp_fails_the_cosine_schedules_check() -> N
         "training.cosine_schedules").detail == "5 schedules at 411 steps, bit for bit"
 
 
+class LibmCos(CpuBackend):
+    """ieee_cos through NumPy's libm-like cosine: right to an ulp, not the schedules' bits."""
+
+    name = "libm_cos"
+
+    def ieee_cos(self, x: Any) -> Any:
+        with np.errstate(invalid="ignore"):       # cos(inf)
+            return np.cos(np.asarray(x, np.float64))
+
+
+def test_an_ieee_cos_that_is_libms_cos_fails_its_check() -> None:
+    report = conformance.check(LibmCos(), quick=True,
+                               only=["contract.", "optional.ieee_cos", "training.cosine"])
+    result = report.result("optional.ieee_cos")
+    assert result.status == "fail" and "not libm's" in result.detail
+    assert conformance.check("cpu", only=["optional.ieee_cos"]).result(
+        "optional.ieee_cos").status == "pass"
+
+
 def test_missing_kernel_stops_the_kernel_checks() -> None:
     report = conformance.check(ErfMissing(), quick=True)
     result = report.result("contract.required_kernels")

@@ -142,3 +142,33 @@ def test_a_shrinking_schedule_past_its_last_restart_is_nan_as_in_keras() -> None
     opt.iterations = 25
     with pytest.raises(ValueError, match=r"returned nan at step 25"):
         _ = opt.learning_rate
+
+
+class _ComposedCos(type(mp.get_backend("cpu"))):  # type: ignore[misc]
+    """The CPU backend without its ieee_cos kernel: the cosine as basic operations."""
+
+    name = "cpu_composed_cos"
+    ieee_cos = None
+
+
+@pytest.mark.parametrize("schedule", RECORDED[:3] + RECORDED[-4:], ids=repr)
+def test_the_fused_and_the_composed_cosine_give_the_host_rate(schedule: Any) -> None:
+    """The CPU's ieee_cos kernel (one call) and the basic operations it stands for (about 80
+    calls, what a backend without the kernel records) both give the host's rate bit for bit;
+    a traced step records the fused one as a single step."""
+    fused, composed = mp.get_backend("cpu"), _ComposedCos()
+    assert "ieee_cos" in fused.kernels() and "ieee_cos" not in composed.kernels()
+    for be in (fused, composed):
+        it = mp.Variable(mp.ops.constant(0, "int64", backend=be), dtype="int64")
+        for step in STEPS[::7]:
+            it.assign(mp.ops.constant(step, "int64", backend=be))
+            got = device_schedules.device_rate(schedule, it).numpy()[0]
+            assert got.tobytes() == np.float64(schedule(step)).tobytes(), (be.name, step)
+
+    it = mp.Variable(mp.ops.constant(3, "int64", backend=fused), dtype="int64")
+    rate = mp.function(lambda: device_schedules.device_rate(schedule, it))
+    rate()
+    names = [step.name for step in rate.graph.steps if hasattr(step, "op")]
+    assert names.count("ieee_cos") == 1 and "multiply" in names
+    it.assign(mp.ops.constant(5, "int64", backend=fused))
+    assert rate().numpy()[0].tobytes() == np.float64(schedule(5)).tobytes()

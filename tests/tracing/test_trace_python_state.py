@@ -264,7 +264,10 @@ def test_the_state_mpcore_replays_trains_without_refusal(policy: str) -> None:
         model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[tally])
         traced = model.train_function
         assert traced.eager_reason is None and traced.tracing_count <= 2
-        assert tally.batches == 8 and int(model.optimizer.iterations) == 8
+        # a step the dynamic loss scale skipped is not counted (Keras 3): which are depends on
+        # the initial weights, so on what the tests before this one drew
+        skipped = getattr(model.optimizer, "skipped_steps", 0)
+        assert tally.batches == 8 and int(model.optimizer.iterations) == 8 - skipped
     finally:
         mp.set_global_policy("float32")
 
