@@ -31,6 +31,7 @@ arithmetic), and a device without float64 (OpenCL without ``cl_khr_fp64``).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -84,11 +85,10 @@ def rate_problem(schedule: Any) -> str | None:
         if isinstance(tables, str):
             return None                       # kept whole already (why_not says why)
         initial, alpha = float(s.initial_learning_rate), float(s.alpha)
-        peaks = tables.peaks if tables.peaks is not None else (1.0,)
         rates = {"initial_learning_rate": initial,
                  "the rate at a period's end (alpha times initial_learning_rate)":
                      initial * alpha}
-        for label, peak in (("largest", max(peaks)), ("smallest", min(peaks))):
+        for label, peak in zip(("largest", "smallest"), _peak_range(tables)):
             rates[f"the rate at the {label} peak (m_mul**restart = {peak!r})"] = (
                 initial * ((1 - alpha) * peak + alpha))
         return _first_invalid(rates)
@@ -112,6 +112,14 @@ def rate_problem(schedule: Any) -> str | None:
         return _first_invalid({"initial_learning_rate": float(s.initial_learning_rate),
                                f"the rate at step {_LAST_STEP}": last})
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _peak_range(tables: _cm.RestartTables) -> tuple[float, float]:
+    """The largest and smallest of ``m_mul**restart`` (tables are made once per configuration,
+    and a table may hold tens of thousands of peaks: not walked at every step)."""
+    peaks = tables.peaks if tables.peaks is not None else (1.0,)
+    return max(peaks), min(peaks)
 
 
 #: The largest step an int64 ``iterations`` counts.
