@@ -85,7 +85,7 @@ def load_mnist(pad: bool, train_limit: int | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--policy", choices=POLICIES, default="mixed_bfloat16")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,

@@ -102,7 +102,7 @@ def generate(model: Any, prompt: Any, length: int, temperature: float, seed: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--policy", choices=POLICIES, default="mixed_bfloat16")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,

@@ -284,7 +284,8 @@ def inspect(units: int | None = None, policy: str | None = None,
             out: Callable[[str], Any] = print) -> Any:
     """``mpcore demo --inspect``: instead of training, the numerics inspector's report
     (:func:`mpcore.debugging.inspect_numerics`) on the first training batch, for the model the
-    demo would train with its mixed policy; ``--plot`` draws the report. Returns the report."""
+    demo would train with its mixed policy (``mixed_float8``: with the FP8 view of its GEMM
+    operands under the policy's recipe); ``--plot`` draws the report. Returns the report."""
     import mpcore as mp
     from mpcore.datasets import mnist
 
@@ -302,8 +303,15 @@ def inspect(units: int | None = None, policy: str | None = None,
     with mp.policy_scope(policy):
         model = build_model(units)
     model.compile(loss="sparse_categorical_crossentropy", optimizer=mp.optimizers.RMSprop())
-    report = mp.debugging.inspect_numerics(model, x, y)
+    # mixed_float8: the FP8 view of every GEMM operand too, scaled as the policy's recipe would
+    recipe = mp.Policy(policy).float8_recipe if policy == "mixed_float8" else None
+    report = mp.debugging.inspect_numerics(model, x, y, float8_recipe=recipe)
     out(str(report))
+    if recipe is not None:
+        out(f"\nFP8 GEMM operands under {recipe!r} (forward operands in "
+            f"{recipe.forward_format}, gradients in {recipe.backward_format}): the share of "
+            "non-zero values that saturate or flush to zero")
+        out(report.float8_table())
     if plot is not None:
         report.plot(plot)
         out(f"Plot written to {plot}")

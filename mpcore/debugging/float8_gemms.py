@@ -84,6 +84,9 @@ def table(operands: list[Float8Operand]) -> str:
     if not operands:
         return "no GEMM ran in the inspected step"
     worst = max(operands, key=lambda o: o.overflow + o.underflow)
-    return "\n".join([*(o.describe() for o in operands),
-                      f"most affected: {worst.layer} ({worst.phase} {worst.op}, "
-                      f"{'gradient' if worst.gradient else 'value'} operand {worst.operand})"])
+    if worst.overflow + worst.underflow == 0.0:   # (max would name the first operand)
+        last = "most affected: none (no operand saturates or flushes a value to zero)"
+    else:
+        last = (f"most affected: {worst.layer} ({worst.phase} {worst.op}, "
+                f"{'gradient' if worst.gradient else 'value'} operand {worst.operand})")
+    return "\n".join([*(o.describe() for o in operands), last])

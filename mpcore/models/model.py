@@ -319,7 +319,9 @@ class Model(Trainer, Layer):
     def save_weights(self, filepath: str, overwrite: bool = True) -> None:
         """Write the weights. A path ending in ``.weights.h5`` gets Keras 3's h5 layout (with
         the optimizer's state, as Keras writes it; :mod:`mpcore.saving`); any other path
-        mpcore's own checksummed format (:mod:`mpcore.checkpoint`). Written atomically; under
+        mpcore's own checksummed format (:mod:`mpcore.checkpoint`) of the weights alone, no
+        optimizer state (to resume training exactly: ``.weights.h5``, ``.keras`` or
+        :meth:`save_checkpoint`). Written atomically; under
         a distribution (own format): call it on every rank, rank 0 writes."""
         if str(filepath).endswith(".weights.h5"):
             from mpcore.saving import keras_file

@@ -25,12 +25,14 @@ Not here, kept whole (their rate computed on the host at each replay): a CosineD
 whose tables would not fit (``t_mul < 1``, whose schedule ends; ``t_mul`` so close to 1, or
 with ``t_mul == 1`` an ``m_mul`` so close to 1, that more than
 :data:`~mpcore.optimizers.cosine_math.MAX_TABLE` entries are needed; a negative ``m_mul``), a
-user's own schedule (Python arithmetic), and a device without float64 (OpenCL without
-``cl_khr_fp64``).
+built-in schedule some of whose rates are negative or not finite (:func:`rate_problem`: the
+host refuses such a rate at its step, before the update), a user's own schedule (Python
+arithmetic), and a device without float64 (OpenCL without ``cl_khr_fp64``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -53,9 +55,83 @@ def why_not(schedule: Any, backend: Any) -> str | None:
         tables = _restart_tables(schedule)
         if isinstance(tables, str):
             return f"learning-rate schedule {name}: {tables}"
+    problem = rate_problem(schedule)
+    if problem is not None:
+        return (f"learning-rate schedule {name}: {problem}; the optimizer refuses such a rate "
+                "by name at the step that reaches it, a check on the host: not recorded")
     runtime = getattr(backend, "runtime", None)
     if runtime is not None and getattr(runtime, "fp64", True) is False:
         return "learning-rate schedule: the device has no float64 (cl_khr_fp64)"
+    return None
+
+
+def rate_problem(schedule: Any) -> str | None:
+    """Why some step of a built-in ``schedule`` may have a rate that is negative or not finite
+    (None: every rate is a finite number >= 0). The device computes a rate without a look at
+    it, so such a schedule is kept whole: the host's ``optimizer.learning_rate`` refuses the
+    rate at the step that reaches it, as for a user's schedule, instead of a traced (or eager)
+    step applying it. Each schedule's rates lie between the extremes checked here (a cosine
+    between its start and ``alpha`` times it, a warm-up between its ends, a decay of the
+    step count between its first rate and its last)."""
+    s = schedule
+    if type(s) is _s.CosineDecay:
+        initial, alpha = float(s.initial_learning_rate), float(s.alpha)
+        rates = {"initial_learning_rate": initial}
+        start = initial
+        if s.warmup_target is not None:
+            start = rates["warmup_target"] = float(s.warmup_target)
+        rates["the final rate (alpha times the decay's start)"] = start * alpha
+        return _first_invalid(rates)
+    if type(s) is _s.CosineDecayRestarts:
+        tables = _restart_tables(s)
+        if isinstance(tables, str):
+            return None                       # kept whole already (why_not says why)
+        initial, alpha = float(s.initial_learning_rate), float(s.alpha)
+        rates = {"initial_learning_rate": initial,
+                 "the rate at a period's end (alpha times initial_learning_rate)":
+                     initial * alpha}
+        for label, peak in zip(("largest", "smallest"), _peak_range(tables)):
+            rates[f"the rate at the {label} peak (m_mul**restart = {peak!r})"] = (
+                initial * ((1 - alpha) * peak + alpha))
+        return _first_invalid(rates)
+    if type(s) is _s.PiecewiseConstantDecay:
+        return _first_invalid({f"values[{i}]": float(v) for i, v in enumerate(s.values)})
+    if type(s) is _s.PolynomialDecay:
+        if float(s.power) < 0:
+            return (f"power={s.power} < 0: (1 - step / decay_steps) ** power is infinite at "
+                    "the decay's end")
+        return _first_invalid({"initial_learning_rate": float(s.initial_learning_rate),
+                               "end_learning_rate": float(s.end_learning_rate)})
+    if type(s) is _s.InverseTimeDecay and float(s.decay_rate) < 0:
+        return f"decay_rate={s.decay_rate} < 0: the denominator reaches zero"
+    if type(s) is _s.ExponentialDecay and float(s.decay_rate) < 0:
+        return f"decay_rate={s.decay_rate} < 0: its powers are NaN or alternate in sign"
+    if type(s) in (_s.ExponentialDecay, _s.InverseTimeDecay):
+        try:
+            last = s(_LAST_STEP)              # (both are monotone in the step)
+        except (OverflowError, ZeroDivisionError):
+            last = math.inf
+        return _first_invalid({"initial_learning_rate": float(s.initial_learning_rate),
+                               f"the rate at step {_LAST_STEP}": last})
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _peak_range(tables: _cm.RestartTables) -> tuple[float, float]:
+    """The largest and smallest of ``m_mul**restart`` (tables are made once per configuration,
+    and a table may hold tens of thousands of peaks: not walked at every step)."""
+    peaks = tables.peaks if tables.peaks is not None else (1.0,)
+    return max(peaks), min(peaks)
+
+
+#: The largest step an int64 ``iterations`` counts.
+_LAST_STEP = 2**63 - 1
+
+
+def _first_invalid(rates: dict[str, float]) -> str | None:
+    for what, rate in rates.items():
+        if not (rate >= 0.0 and math.isfinite(rate)):
+            return f"{what} is {rate!r}, not a finite number >= 0"
     return None
 
 

@@ -110,13 +110,15 @@ class StepCount:
         step)."""
         if updated is False:
             return
+        # the host's copy before this step's increment, where it is current (a count assigned
+        # to iterations_variable since makes it stale: None, read from the device when asked)
+        known = self._host_count()
         var = self._iterations_var
         if var is not None:
             count = ops.add(var.current_value(), 1)
             # (a where, not a cast of the flag: no cast beyond the step's own in a painted graph)
             var.assign(count if updated is True else ops.where(updated, count,
                                                                var.current_value()))
-        known = self._iterations_known
         if recording_kernels() or known is None or updated is not True:
             self._iterations_known = None     # replays count on the device only
         else:

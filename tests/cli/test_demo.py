@@ -120,3 +120,12 @@ def test_demo_inspect_says_what_it_ignores(capsys: pytest.CaptureFixture[str]) -
     assert "batch 8000)" in captured.out       # all the offline split has, as the report says
     assert "(batch 8000, " in captured.out
     assert "--inspect trains nothing: --epochs ignored" in captured.err
+
+
+def test_demo_inspect_of_mixed_float8_shows_the_fp8_gemm_operands(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--inspect", "--policy", "mixed_float8", "--units", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "FP8 GEMM operands under CurrentScaling(" in out
+    assert "forward  dense_1" in out and "float8_e5m2" in out
+    assert "most affected: " in out

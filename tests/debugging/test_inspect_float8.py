@@ -162,3 +162,17 @@ def test_recipe_scale_is_the_largest_power_of_two_that_fits() -> None:
         s = recipe_scale(amax, 448.0, recipe)
         assert amax * s <= 448.0 < amax * s * 2
     assert recipe_scale(0.0, 448.0, recipe) == 1.0
+
+
+def test_the_table_names_no_operand_most_affected_when_none_is() -> None:
+    from mpcore.debugging.float8_gemms import Float8Operand, table
+
+    def operand(layer: str, overflow: float, underflow: float) -> Float8Operand:
+        return Float8Operand(layer, "forward", "dense", 0, False, "float8_e4m3fn", 1.0, 256.0,
+                             overflow, underflow)
+
+    clean = table([operand("first", 0.0, 0.0), operand("second", 0.0, 0.0)])
+    assert clean.splitlines()[-1] == ("most affected: none (no operand saturates or flushes a "
+                                      "value to zero)")
+    assert table([operand("first", 0.0, 0.0), operand("second", 0.0, 0.25)]).splitlines()[
+        -1] == "most affected: second (forward dense, value operand 0)"

@@ -29,7 +29,7 @@ RECORDED = [
     S.CosineDecayRestarts(0.1, 7, t_mul=1.0, m_mul=0.5, alpha=0.1),
     S.CosineDecayRestarts(0.1, 3, t_mul=3.0, m_mul=0.9, alpha=0.05),
     S.CosineDecayRestarts(1.0, 1, t_mul=3.0), S.CosineDecayRestarts(0.1, 2.5, t_mul=1.5),
-    S.CosineDecayRestarts(0.1, 1, t_mul=1.0, m_mul=2.0),
+    S.CosineDecayRestarts(0.1, 3, t_mul=2.0, m_mul=2.0),
 ]
 #: every step to 400, the restarts' boundaries of t_mul = 3 (period 5 starts at (3**5-1)/2,
 #: where Keras' log formula slips), far steps
@@ -127,7 +127,12 @@ def test_a_boundary_step_starts_its_period_where_keras_log_formula_slips() -> No
     (S.CosineDecayRestarts(0.1, 10, t_mul=0.5), "t_mul=0.5 < 1: the periods shrink"),
     (S.CosineDecayRestarts(0.1, 10, t_mul=1.0001), "more than 65536 restarts"),
     (S.CosineDecayRestarts(0.1, 10, t_mul=1.0, m_mul=0.999), "m_mul=0.999 with t_mul=1"),
-    (S.CosineDecayRestarts(0.1, 10, t_mul=1.0, m_mul=-1.0), "m_mul=-1.0 < 0")])
+    (S.CosineDecayRestarts(0.1, 10, t_mul=1.0, m_mul=-1.0), "m_mul=-1.0 < 0"),
+    # rates that leave [0, inf): the host refuses them by name at their step
+    (S.CosineDecayRestarts(0.1, 1, t_mul=1.0, m_mul=2.0), "m_mul**restart = inf) is inf"),
+    (S.CosineDecayRestarts(0.1, 3, t_mul=2.0, m_mul=-0.5), "(m_mul**restart = -0.5) is -0.05"),
+    (S.CosineDecayRestarts(0.1, 3, m_mul=2.0, alpha=2.0), "the rate at the largest peak"),
+    (S.CosineDecayRestarts(-0.1, 3), "initial_learning_rate is -0.1")])
 def test_untabled_restarts_are_kept_whole_and_say_why(schedule: Any, reason: str) -> None:
     why = device_schedules.why_not(schedule, mp.get_backend("cpu"))
     assert why is not None and why.startswith("learning-rate schedule CosineDecayRestarts: ")

@@ -235,6 +235,27 @@ def test_iterations_is_the_device_count() -> None:
     assert opt.iterations == 11 and math.isclose(float(w.numpy()[0]), 0.5, abs_tol=1e-6)
 
 
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lso"])
+def test_an_eager_step_after_iterations_variable_is_assigned_counts_from_it(
+        optimizer: str) -> None:
+    """Keras 3's ``optimizer.iterations.assign(n)`` is ``opt.iterations_variable.assign`` here:
+    an eager step after it counted on from the host's stale copy (and checkpoints saved that
+    count), while the device counted from n."""
+    opt = mp.optimizers.SGD(0.1)
+    if optimizer == "lso":
+        opt = mp.LossScaleOptimizer(opt, loss_scale=1.0)
+    w = mp.Variable([1.0])
+    for _ in range(3):
+        opt.minimize(lambda: mp.ops.sum(w), [w])
+    assert opt.iterations == 3
+    opt.iterations_variable.assign(mp.ops.constant(7, "int64"))
+    opt.minimize(lambda: mp.ops.sum(w), [w])
+    assert int(opt.iterations_variable.numpy()) == 8
+    assert opt.iterations == 8
+    state = opt.get_state([w])
+    assert state.get("inner", state)["iterations"] == 8
+
 def test_reading_iterations_in_a_traced_step_says_to_use_iterations_variable() -> None:
     """``opt.iterations`` is the host's int: in a traced step it would be the tracing call's
     at every replay (before an update) or a host read (after a recorded one, the host's copy

@@ -76,6 +76,18 @@ def test_transformer_example_rejects_bad_heads() -> None:
     assert proc.returncode == 2 and "multiple of --heads" in proc.stderr
 
 
+
+@pytest.mark.parametrize("script", ["resnet.py", "transformer_lm.py"])
+def test_example_help_gives_the_whole_first_paragraph(script: str) -> None:
+    """``--help`` described the transformer by its docstring's first line, a sentence cut off
+    at "character by character, with"."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    first = (EXAMPLES / script).read_text().split('"""')[1].split("\n\n")[0]
+    assert " ".join(first.split()) in " ".join(proc.stdout.split())
+    assert first.rstrip().endswith(".")
+
 @pytest.mark.slow  # minutes: each policy trains to the bar
 def test_resnet_example_reaches_the_bar() -> None:
     acc = {p: run_example("resnet.py", "--policy", p, "--verbose", "0",
