@@ -67,6 +67,9 @@ class RMSprop(Optimizer):
                                  "use_fused_kernels")
     _uses_step = False
 
+    #: Keras 3's centered RMSprop, not implemented: only its default (off) is taken
+    _keras_only_options = {"centered": False}
+
     def __init__(self, learning_rate: LearningRate = 0.001, rho: float = 0.9,
                  momentum: float = 0.0, epsilon: float = 1e-7, name: str | None = None,
                  **options: Any) -> None:
@@ -92,8 +95,9 @@ class RMSprop(Optimizer):
 class Adam(Optimizer):
     """Keras' Adam: ``m += (g - m)(1 - b1)``; ``v += (g^2 - v)(1 - b2)``;
     ``var -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1 - b2^t)/(1 - b1^t)`` and
-    ``t = iterations + 1`` (under a LossScaleOptimizer ``iterations`` counts skipped steps
-    too). ``weight_decay`` > 0 first decays ``var -= lr*wd*var`` (decoupled, AdamW).
+    ``t = iterations + 1`` (``iterations`` counts the applied updates: under a
+    LossScaleOptimizer a skipped step is not counted, as in Keras 3). ``weight_decay`` > 0
+    first decays ``var -= lr*wd*var`` (decoupled, AdamW).
 
     ``alpha`` and ``lr*wd`` are computed once per step on the device from
     ``iterations_variable`` (``ops.adam_rates``), so a traced step records the update kernel by
@@ -102,6 +106,8 @@ class Adam(Optimizer):
     _recorded_hyperparameters = ("_learning_rate", "beta_1", "beta_2", "epsilon",
                                  "weight_decay", "use_fused_kernels")
     _uses_step = False
+    #: Keras 3's amsgrad, not implemented: only its default (off) is taken
+    _keras_only_options = {"amsgrad": False}
 
     def __init__(self, learning_rate: LearningRate = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, weight_decay: float | None = None,

@@ -65,7 +65,8 @@ class Optimizer(Accumulation, StepCount, Hyperparameters):
     def __init__(self, learning_rate: LearningRate = 0.001, name: str | None = None, *,
                  clipnorm: float | None = None, clipvalue: float | None = None,
                  global_clipnorm: float | None = None,
-                 gradient_accumulation_steps: int | None = None) -> None:
+                 gradient_accumulation_steps: int | None = None, **keras_options: Any) -> None:
+        _check_keras_options(self, keras_options)
         self._learning_rate: LearningRate = _check_learning_rate(learning_rate)
         #: (option, threshold) of the gradient clipping (:mod:`mpcore.optimizers.clipping`), or
         #: None.
@@ -419,3 +420,35 @@ class Optimizer(Accumulation, StepCount, Hyperparameters):
 
     def __repr__(self) -> str:
         return f"<mp.optimizers.{type(self).__name__} learning_rate={self._learning_rate!r}>"
+
+
+#: Keras 3 optimizer arguments mpcore does not implement, with the value that means "off"
+#: (Keras code that passes that value runs unchanged; another value is refused, saying so).
+KERAS_ONLY_OPTIONS: dict[str, Any] = {"weight_decay": None, "use_ema": False, "ema_momentum": 0.99,
+                                      "ema_overwrite_frequency": None,
+                                      "loss_scale_factor": None}
+
+
+def _check_keras_options(optimizer: Any, options: dict[str, Any]) -> None:
+    """Keras 3's names that mean "off" are taken; anything else is an error naming what this
+    optimizer takes (Keras: "Argument(s) not recognized")."""
+    if not options:
+        return
+    import inspect
+
+    cls = type(optimizer).__name__
+    taken = sorted({name for klass in type(optimizer).__mro__ if "__init__" in vars(klass)
+                    for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
+                    if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+    keras_only = {**KERAS_ONLY_OPTIONS, **getattr(optimizer, "_keras_only_options", {})}
+    for name, value in options.items():
+        if name in keras_only:
+            off = keras_only[name]
+            if value is off or value == off:
+                continue
+            raise ValueError(f"{cls}({name}={value!r}): Keras 3's {name} is not implemented by "
+                             f"mpcore (only {name}={off!r} is accepted); {cls} takes: "
+                             f"{', '.join(taken)}")
+        # (Keras 3 raises ValueError here: "Argument(s) not recognized")
+        raise ValueError(f"{cls}() argument(s) not recognized: {name}={value!r}; {cls} takes: "
+                         f"{', '.join(taken)}")

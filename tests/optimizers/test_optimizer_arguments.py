@@ -247,3 +247,39 @@ def test_an_optimizer_that_has_stepped_pickles_without_its_last_tensors() -> Non
     copy = pickle.loads(pickle.dumps(opt))
     assert copy.get_config() == opt.get_config() and copy.iterations == 1
     assert copy.last_gradients == [] and opt.last_gradients
+
+
+@pytest.mark.parametrize("make, option, off", [
+    (mp.optimizers.Adam, "amsgrad", False), (mp.optimizers.AdamW, "amsgrad", False),
+    (mp.optimizers.RMSprop, "centered", False), (mp.optimizers.SGD, "use_ema", False),
+    (mp.optimizers.Adam, "loss_scale_factor", None), (mp.optimizers.SGD, "weight_decay", None),
+])
+def test_keras_options_mpcore_lacks_are_taken_off_and_refused_on(make: Any, option: str,
+                                                                  off: Any) -> None:
+    """Keras 3 code that spells out an option's default runs unchanged; turning a feature on
+    that mpcore does not have is a clear error naming what the optimizer takes (before: a
+    bare "unexpected keyword argument")."""
+    make(**{option: off})
+    with pytest.raises(ValueError, match=rf"{option}=True.* not implemented by mpcore.*takes: "):
+        make(**{option: True})
+
+
+def test_an_unknown_optimizer_argument_names_the_valid_ones() -> None:
+    # Keras 3: ValueError("Argument(s) not recognized: ...")
+    with pytest.raises(ValueError, match=r"not recognized: beta1=0\.8; Adam takes: beta_1, "):
+        mp.optimizers.Adam(beta1=0.8)
+    with pytest.raises(ValueError, match="amsgrad"):
+        mp.optimizers.SGD(amsgrad=False)      # not SGD's option in Keras either
+
+
+def test_set_random_seed_seeds_python_numpy_and_mpcore_as_keras() -> None:
+    import random
+
+    draws = []
+    for _ in range(2):
+        mp.utils.set_random_seed(1234)
+        draws.append((random.random(), np.random.rand(),
+                      mp.ops.random_uniform((3,)).numpy().tolist()))
+    assert draws[0] == draws[1]
+    with pytest.raises(ValueError, match="Expected `seed` argument to be an integer"):
+        mp.utils.set_random_seed(1.5)
