@@ -16,15 +16,40 @@ from mpcore.ops.shapes import broadcast_to, reshape
 DENSE_ACTIVATIONS = (None, "relu")
 
 
+def _vector_matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -> Tensor:
+    """NumPy's (and Keras') matmul of a vector: a 1-D ``a`` is a row (a 1 put before its axis),
+    a 1-D ``b`` a column (a 1 after), and the axis added is removed from the product; two
+    vectors give their dot product, of shape (). Through reshapes, so the gradient is the
+    matrices'."""
+    sa, sb = a.shape, b.shape
+    if (transpose_a and len(sa) == 1) or (transpose_b and len(sb) == 1):
+        raise ValueError(f"matmul: a 1-D operand has no axes to transpose (shapes {sa} and "
+                         f"{sb}); leave transpose_a/transpose_b False for it")
+    row = len(sa) == 1
+    column = len(sb) == 1
+    out = matmul(reshape(a, (1, sa[0])) if row else a, reshape(b, (sb[0], 1)) if column else b,
+                 transpose_a, transpose_b)
+    shape = out.shape
+    if column:
+        shape = shape[:-1]
+    if row:
+        shape = (*shape[:-2], shape[-1]) if not column else shape[:-1]
+    return reshape(out, shape)
+
+
 def matmul(a: TensorLike, b: TensorLike, transpose_a: bool = False,
            transpose_b: bool = False) -> Tensor:
     """Matrix product over the last two axes (an *allow* op: 16-bit operands are multiplied
     with float32 accumulation). ``transpose_a``/``transpose_b`` transpose an operand's last two
-    axes without a copy. A batched ``a`` times a 2-D ``b`` is one 2-D GEMM."""
+    axes without a copy. A batched ``a`` times a 2-D ``b`` is one 2-D GEMM. A 1-D operand is
+    a vector, as NumPy's and Keras' (:func:`_vector_matmul`)."""
     (a, b), be, dt = common("matmul", [a, b])
     sa, sb = a.shape, b.shape
-    if len(sa) < 2 or len(sb) < 2:
-        raise ValueError(f"matmul needs operands of rank >= 2, got shapes {sa} and {sb}")
+    if not sa or not sb:
+        raise ValueError(f"matmul needs operands of rank >= 1 (a scalar's product is "
+                         f"multiply), got shapes {sa} and {sb}")
+    if len(sa) == 1 or len(sb) == 1:
+        return _vector_matmul(a, b, transpose_a, transpose_b)
     ka = sa[-2] if transpose_a else sa[-1]
     kb = sb[-1] if transpose_b else sb[-2]
     if ka != kb:

@@ -198,3 +198,39 @@ def test_matmul_names_batch_axes_that_do_not_broadcast() -> None:
     with pytest.raises(ValueError, match=r"batch dimensions of \(2, 3, 4\) and \(3, 4, 5\)"):
         mp.ops.matmul(mp.constant(np.ones((2, 3, 4), np.float32)),
                       mp.constant(np.ones((3, 4, 5), np.float32)))
+
+
+@pytest.mark.parametrize(("sa", "sb"), [((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)),
+                                         ((5, 2, 3), (3,)), ((3,), (5, 3, 4))])
+def test_matmul_of_a_vector_is_numpys_with_its_gradient(backend: mp.Backend, sa: tuple,
+                                                        sb: tuple) -> None:
+    """Keras' and NumPy's matmul take 1-D operands (a row on the left, a column on the right,
+    the added axis removed); mpcore refused them ("rank >= 2"). The gradients are those of
+    the matrices (float64, against NumPy's closed forms)."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+    ta, tb = mp.Variable(a, dtype="float64"), mp.Variable(b, dtype="float64")
+    with mp.GradientTape() as tape:
+        out = mp.ops.matmul(ta, tb)
+        total = mp.ops.sum(out)
+    want = np.matmul(a, b)
+    assert out.shape == want.shape
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-12)
+    ga, gb = tape.gradient(total, [ta, tb])
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    g2 = np.ones(np.matmul(a2, b2).shape)
+    want_ga = np.matmul(g2, np.swapaxes(b2, -1, -2))
+    want_gb = np.matmul(np.swapaxes(a2, -1, -2), g2)
+    want_ga = want_ga.reshape(-1, *a.shape).sum(axis=0) if want_ga.size != a.size else want_ga
+    want_gb = want_gb.reshape(-1, *b.shape).sum(axis=0) if want_gb.size != b.size else want_gb
+    np.testing.assert_allclose(ga.numpy(), want_ga.reshape(a.shape), rtol=1e-12)
+    np.testing.assert_allclose(gb.numpy(), want_gb.reshape(b.shape), rtol=1e-12)
+
+
+def test_matmul_refuses_scalars_and_a_vector_transposed() -> None:
+    with pytest.raises(ValueError, match=r"rank >= 1 \(a scalar's product is multiply\)"):
+        mp.ops.matmul(mp.constant(2.0), mp.constant(np.ones(3, np.float32)))
+    with pytest.raises(ValueError, match="a 1-D operand has no axes to transpose"):
+        mp.ops.matmul(mp.constant(np.ones(3, np.float32)), mp.constant(np.ones((3, 2), np.float32)),
+                      transpose_a=True)
