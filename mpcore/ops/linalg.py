@@ -27,6 +27,11 @@ def _vector_matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -
                          f"{sb}); leave transpose_a/transpose_b False for it")
     row = len(sa) == 1
     column = len(sb) == 1
+    ka = sa[0] if row else sa[-2] if transpose_a else sa[-1]
+    kb = sb[0] if column else sb[-1] if transpose_b else sb[-2]
+    if ka != kb:       # (named by the shapes given, not the reshaped ones)
+        raise ValueError(f"matmul: inner dimensions differ: {sa}{'^T' if transpose_a else ''} "
+                         f"@ {sb}{'^T' if transpose_b else ''} ({ka} != {kb})")
     out = matmul(reshape(a, (1, sa[0])) if row else a, reshape(b, (sb[0], 1)) if column else b,
                  transpose_a, transpose_b)
     shape = out.shape
