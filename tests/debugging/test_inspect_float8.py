@@ -70,6 +70,7 @@ def _hidden_gradient(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(mp.ops.nn, "relu_grad_bias", relu_grad_bias)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's relu_grad_bias route is patched
 def test_a_gradient_at_the_address_of_a_dead_value_is_a_gradient(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The flaky failure, made to happen: a value of the backward pass (a mask of the forward
@@ -99,6 +100,7 @@ def test_a_gradient_at_the_address_of_a_dead_value_is_a_gradient(
     assert grads == [("logits", 0), ("logits", 1), ("hidden", 1)]
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's relu_grad_bias route is patched
 def test_ops_of_another_thread_are_not_the_inspected_step(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the per-op hook is a module global that every thread's ops call: a thread computing

@@ -106,6 +106,7 @@ def test_the_recorded_count_is_gated_on_the_device(backend: str,
         assert opt.skipped_steps == 2
 
 
+@pytest.mark.usefixtures("on_cpu")  # counts the CPU's host reads
 def test_an_eager_step_knows_its_count_from_the_flag_it_read(host_reads: list[str]) -> None:
     opt = mp.LossScaleOptimizer(_adam(), "dynamic")
     w = mp.Variable([1.0, -2.0])

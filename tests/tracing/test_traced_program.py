@@ -404,6 +404,7 @@ def test_an_optimizer_replaced_without_compile_trains_in_traced_fit_as_eagerly()
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's replay adopts
 def test_a_replay_on_the_cpu_hands_an_assignment_its_copy_and_copies_nothing_else_twice(
         ) -> None:
     """A traced assignment records the copy ``Variable.assign`` makes; the CPU's replay hands
