@@ -94,11 +94,9 @@ class Program:
 
     def compile(self, adopt_copies: bool = False) -> Callable[[list[Any]], Any]:
         """The program as one Python function of its inputs' arrays; ``adopt_copies``: see
-        :attr:`ProgramWriter.adopt_copies` (a backend whose ``copy`` kernel returns a new
-        array at every call says so)."""
-        writer = ProgramWriter(self)
-        writer.adopt_copies = adopt_copies
-        return writer.function()
+        :class:`ProgramWriter` (a backend whose ``copy`` kernel returns a new array at every
+        call says so)."""
+        return ProgramWriter(self, adopt_copies).function()
 
 
 #: Kernels that write into their operands (the fused optimizer updates, the loss scale's
@@ -197,20 +195,41 @@ def plan_frees(program: Program) -> None:
     program.frees = [tuple(f) for f in frees]
 
 
+def adoptable(program: Program) -> frozenset[int]:
+    """The slots an assignment may take as they are (``ProgramWriter``'s ``adopt_copies``):
+    each written by one step, a ``copy`` kernel call, and read by one, an assignment; neither
+    an input nor an output of the program."""
+    writers: dict[int, list[Step]] = {}
+    readers: dict[int, list[Step]] = {}
+    for step in program.steps:
+        for i in step_writes(step):
+            writers.setdefault(i, []).append(step)
+        for i in step_reads(step):
+            readers.setdefault(i, []).append(step)
+    kept = set(program.inputs) | set(reads(program.output))
+    return frozenset(
+        i for i, written in writers.items()
+        if i not in kept and len(written) == 1 and type(written[0]) is KernelCall
+        and written[0].name == "copy" and type(written[0].outputs) is Slot
+        and [type(r) for r in readers.get(i, [])] == [Assign])
+
+
 class ProgramWriter:
     """Writes a program as Python source: slots are locals, everything else a named global.
     A backend's ``compile_program`` may subclass it to write some steps its own way (the
-    OpenCL backend writes recorded kernel launches)."""
+    OpenCL backend writes recorded kernel launches).
 
-    #: An assignment of a value that the step's ``copy`` kernel made for it (as
-    #: ``Variable.assign`` does while tracing) and that nothing else reads hands that array to
-    #: the variable (``Variable.adopt``), instead of copying it a second time: only where the
-    #: backend's ``copy`` returns a new array at every call (the CPU's; not a replay that
-    #: writes into buffers it keeps, as OpenCL's recorded launches and CUDA graphs do).
-    adopt_copies = False
+    ``adopt_copies``: an assignment of a value that the step's ``copy`` kernel made for it (as
+    ``Variable.assign`` does while tracing) and that nothing else reads hands that array to the
+    variable (``Variable.adopt``), instead of copying it a second time (:func:`adoptable`):
+    only where the backend's ``copy`` returns a new array at every call (the CPU's; not a
+    replay that writes into buffers it keeps, as OpenCL's recorded launches and CUDA graphs
+    do)."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, adopt_copies: bool = False) -> None:
         self.program = program
+        #: the slots whose assignments adopt their array
+        self.adopted = adoptable(program) if adopt_copies else frozenset()
         self.names: dict[str, Any] = {"_Tensor": Tensor}
         self.by_id: dict[int, str] = {}
         self.lines: list[str] = []
@@ -241,7 +260,7 @@ class ProgramWriter:
             var = self.name("v", step.variable)
             if not isinstance(step.variable, Variable):   # weak: an argument of the call
                 var += "()"
-            if type(step.value) is Slot and step.value.index in self._adoptable():
+            if type(step.value) is Slot and step.value.index in self.adopted:
                 self.lines.append(f"    {var}.adopt({self.expr(step.value)})")
                 return
             self.lines.append(f"    {var}.assign(_Tensor({self.expr(step.value)}, "
@@ -259,32 +278,6 @@ class ProgramWriter:
         else:
             self.lines.append(f"    _out = {call}")
             self.bind(step.outputs, "_out")
-
-    def _adoptable(self) -> set[int]:
-        """The slots :attr:`adopt_copies` hands over: each written by a ``copy`` kernel call
-        alone, read by one assignment alone, neither an input nor an output."""
-        found = self.__dict__.get("_adopted")
-        if found is not None:
-            return found   # type: ignore[no-any-return]
-        found = self.__dict__["_adopted"] = set()
-        if not self.adopt_copies:
-            return found
-        program = self.program
-        writers: dict[int, list[Step]] = {}
-        readers: dict[int, list[Step]] = {}
-        for step in program.steps:
-            for i in step_writes(step):
-                writers.setdefault(i, []).append(step)
-            for i in step_reads(step):
-                readers.setdefault(i, []).append(step)
-        kept = set(program.inputs) | set(reads(program.output))
-        for i, (writer, *others) in writers.items():
-            read = readers.get(i, [])
-            if (not others and type(writer) is KernelCall and writer.name == "copy"
-                    and type(writer.outputs) is Slot and len(read) == 1
-                    and type(read[0]) is Assign and i not in kept):
-                found.add(i)
-        return found
 
     def function(self) -> Callable[[list[Any]], Any]:
         program = self.program
