@@ -27,19 +27,24 @@ def _vector_matmul(a: Tensor, b: Tensor, transpose_a: bool, transpose_b: bool) -
                          f"{sb}); leave transpose_a/transpose_b False for it")
     row = len(sa) == 1
     column = len(sb) == 1
-    ka = sa[0] if row else sa[-2] if transpose_a else sa[-1]
-    kb = sb[0] if column else sb[-1] if transpose_b else sb[-2]
-    if ka != kb:       # (named by the shapes given, not the reshaped ones)
-        raise ValueError(f"matmul: inner dimensions differ: {sa}{'^T' if transpose_a else ''} "
-                         f"@ {sb}{'^T' if transpose_b else ''} ({ka} != {kb})")
+    # (checked here, to be named by the shapes given, not the reshaped ones)
+    _check_inner(sa, sb, transpose_a, transpose_b, sa[0] if row else None,
+                 sb[0] if column else None)
     out = matmul(reshape(a, (1, sa[0])) if row else a, reshape(b, (sb[0], 1)) if column else b,
                  transpose_a, transpose_b)
-    shape = out.shape
-    if column:
-        shape = shape[:-1]
-    if row:
-        shape = (*shape[:-2], shape[-1]) if not column else shape[:-1]
-    return reshape(out, shape)
+    # the batch axes, then the rows unless ``a`` is a vector, the columns unless ``b`` is
+    rows, columns = out.shape[-2:-1], out.shape[-1:]
+    return reshape(out, (*out.shape[:-2], *(() if row else rows), *(() if column else columns)))
+
+
+def _check_inner(sa: tuple[int, ...], sb: tuple[int, ...], transpose_a: bool,
+                 transpose_b: bool, ka: int | None = None, kb: int | None = None) -> None:
+    """That ``a``'s columns (``ka`` where given: a vector's length) are ``b``'s rows."""
+    ka = (sa[-2] if transpose_a else sa[-1]) if ka is None else ka
+    kb = (sb[-1] if transpose_b else sb[-2]) if kb is None else kb
+    if ka != kb:
+        raise ValueError(f"matmul: inner dimensions differ: {sa}{'^T' if transpose_a else ''} "
+                         f"@ {sb}{'^T' if transpose_b else ''} ({ka} != {kb})")
 
 
 def matmul(a: TensorLike, b: TensorLike, transpose_a: bool = False,
@@ -55,11 +60,7 @@ def matmul(a: TensorLike, b: TensorLike, transpose_a: bool = False,
                          f"multiply), got shapes {sa} and {sb}")
     if len(sa) == 1 or len(sb) == 1:
         return _vector_matmul(a, b, transpose_a, transpose_b)
-    ka = sa[-2] if transpose_a else sa[-1]
-    kb = sb[-1] if transpose_b else sb[-2]
-    if ka != kb:
-        raise ValueError(f"matmul: inner dimensions differ: {sa}{'^T' if transpose_a else ''} "
-                         f"@ {sb}{'^T' if transpose_b else ''} ({ka} != {kb})")
+    _check_inner(sa, sb, transpose_a, transpose_b)
     if len(sa) > 2 and len(sb) == 2 and not transpose_a:
         flat = reshape(a, (-1, sa[-1]))
         out = matmul(flat, b, False, transpose_b)
