@@ -38,7 +38,7 @@ def convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     ``astype`` bit for bit except that a NaN's payload is not kept (it stays a NaN of the same
     sign)."""
     src = x.dtype
-    if type(dtype) is not np.dtype and not isinstance(dtype, np.dtype):
+    if not isinstance(dtype, np.dtype):
         dtype = np.dtype(dtype)
     pairs = None
     if (_C32 is not None and src != dtype and x.ndim and x.size % 2 == 0

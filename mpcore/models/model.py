@@ -239,6 +239,15 @@ class Model(Trainer, Layer):
             self.optimizer.build(variables)
         return traced(*args)
 
+    def _batch_step(self, kind: str, compute: Callable[..., Any], x: Any, y: Any,
+                    sample_weight: Any) -> Any:
+        """``_step`` of the built-in train or test step: without sample weights, on two
+        arguments (tensors alone make the traced step's fast signature; an explicit None is a
+        value to key)."""
+        if sample_weight is None:
+            return self._step(kind, compute, x, y)
+        return self._step(kind, compute, x, y, sample_weight)
+
     def _train_compute(self, x: Any, y: Any, sample_weight: Any = None) -> tuple[Any, Any]:
         opt = self.optimizer
         scaled = isinstance(opt, LossScaleOptimizer)
@@ -277,18 +286,14 @@ class Model(Trainer, Layer):
         ``sample_weight`` weights the loss (Keras 3: ``sum(w * loss) / batch_size``); the
         compiled metrics are unweighted, as Keras 3's ``metrics`` (not ``weighted_metrics``).
         With and without ``sample_weight`` are two signatures of the traced step."""
-        # without sample weights, two arguments: tensors alone make the traced step's fast
-        # signature (an explicit None is a value to key)
-        args = (x, y) if sample_weight is None else (x, y, sample_weight)
-        loss, y_pred = self._step("train", self._train_compute, *args)
+        loss, y_pred = self._batch_step("train", self._train_compute, x, y, sample_weight)
         self._train_steps += 1
         self._update_after_step(y, y_pred)
         return loss
 
     def _test_batch(self, x: Any, y: Any, sample_weight: Any = None) -> None:
         """The built-in evaluation step: loss (weighted as in training) and metrics."""
-        args = (x, y) if sample_weight is None else (x, y, sample_weight)
-        _, y_pred = self._step("test", self._test_compute, *args)
+        _, y_pred = self._batch_step("test", self._test_compute, x, y, sample_weight)
         self._update_after_step(y, y_pred)
 
     def _update_after_step(self, y: Any, y_pred: Any) -> None:

@@ -24,17 +24,14 @@ def set_random_seed(seed: int) -> None:
     (``mp.random.set_seed``: initializers, dropout, shuffles)."""
     import random
 
+    import numpy
+
     from mpcore.core import random as _random
 
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"Expected `seed` argument to be an integer. Received: seed={seed!r}")
     random.seed(seed)
-    try:
-        import numpy
-    except ImportError:        # (NumPy is the CPU backend's; the core does not need it)
-        pass
-    else:
-        numpy.random.seed(seed % 2**32)
+    numpy.random.seed(seed % 2**32)
     _random.set_seed(seed)
 
 __all__ = ["CustomObjectScope", "PyDataset", "Sequence", "custom_object_scope",
