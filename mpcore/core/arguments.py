@@ -9,6 +9,7 @@ is a ValueError, as elsewhere in mpcore.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -90,3 +91,21 @@ def instances(name: str, value: Any, kind: type, kind_name: str) -> list[Any]:
             isinstance(v, kind) for v in value):
         raise ValueError(f"{name} must be a list of {kind_name} instances, got {value!r}")
     return list(value)
+
+
+def accepted_arguments(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up the classes it is
+    passed to; None where it ends in a catch-all (then anything is passed on)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+        # ``**keras_options`` (the optimizers'): Keras' names of features mpcore lacks, taken
+        # at their off values and refused otherwise; not a catch-all to pass a config through
+        if not any(p.kind is p.VAR_KEYWORD and p.name != "keras_options" for p in params):
+            return names
+    return None

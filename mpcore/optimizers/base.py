@@ -434,12 +434,8 @@ def _check_keras_options(optimizer: Any, options: dict[str, Any]) -> None:
     optimizer takes (Keras: "Argument(s) not recognized")."""
     if not options:
         return
-    import inspect
-
     cls = type(optimizer).__name__
-    taken = sorted({name for klass in type(optimizer).__mro__ if "__init__" in vars(klass)
-                    for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
-                    if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+    taken = sorted(_args.accepted_arguments(type(optimizer)) or ())
     keras_only = {**KERAS_ONLY_OPTIONS, **getattr(optimizer, "_keras_only_options", {})}
     for name, value in options.items():
         if name in keras_only:

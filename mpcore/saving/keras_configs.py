@@ -9,9 +9,9 @@ error naming it, since silently dropping a regularizer or an EMA would load a di
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from mpcore.core.arguments import accepted_arguments
 from mpcore.saving import keras_names, registration, serialization
 
 # Keras 3 arguments mpcore does not implement, with the values that mean "not used".
@@ -34,24 +34,6 @@ _INITIALIZERS = {"GlorotUniform": "glorot_uniform", "GlorotNormal": "glorot_norm
                  "HeUniform": "he_uniform", "HeNormal": "he_normal", "Zeros": "zeros",
                  "Ones": "ones", "RandomUniform": "random_uniform",
                  "RandomNormal": "random_normal"}
-
-
-def accepted_arguments(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up the classes it is
-    passed to; None where it ends in a catch-all (then anything is passed on)."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        names |= {p.name for p in params
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
-        # ``**keras_options`` (the optimizers'): Keras' names of features mpcore lacks, taken
-        # at their off values and refused otherwise; not a catch-all to pass a config through
-        if not any(p.kind is p.VAR_KEYWORD and p.name != "keras_options" for p in params):
-            return names
-    return None
 
 
 def keep_supported(cls: type, config: dict[str, Any]) -> dict[str, Any]:
