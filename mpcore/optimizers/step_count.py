@@ -72,10 +72,9 @@ class StepCount:
         return self._iterations_var
 
     def _read_count(self) -> int:
-        known, var = self._iterations_known, self._iterations_var
-        # the copy holds while the variable is as the copy saw it: a value put back under it
-        # (the graph rewrite's pre-pass, mpcore.tracing.effects) marks the variable updated
-        if known is None or (var is not None and var._version != self._iterations_version):
+        known = self._host_count()
+        if known is None:
+            var = self._iterations_var
             assert var is not None
             known = int(var.numpy())
             self._iterations_known, self._iterations_version = known, var._version
@@ -89,7 +88,10 @@ class StepCount:
         return var
 
     def _host_count(self) -> int | None:
-        """The host's copy of the count where it is current (None: a read would be needed)."""
+        """The host's copy of the count where it is current (None: a read would be needed).
+        The copy holds while the variable is as the copy saw it: a value put back under it
+        (the graph rewrite's pre-pass, mpcore.tracing.effects) or assigned to it marks the
+        variable updated."""
         var = self._iterations_var
         if var is not None and var._version != self._iterations_version:
             return None
@@ -122,5 +124,4 @@ class StepCount:
         if recording_kernels() or known is None or updated is not True:
             self._iterations_known = None     # replays count on the device only
         else:
-            self._iterations_known = known + 1
-            self._iterations_version = -1 if var is None else var._version
+            self._settle_count(known + 1)
