@@ -48,9 +48,9 @@ def check_cosine_schedules(ctx: Context) -> str:
     return f"{len(cases)} schedules at {len(steps)} steps, bit for bit"
 
 
-#: ieee_cos's arguments: the schedules' (pi times a fraction in [0, 1], and far beyond for
-#: a restart's), signed zeros, negatives, huge values, infinities and NaN
 def _cos_arguments(np: Any) -> Any:
+    """ieee_cos's arguments: the schedules' (pi times a fraction in [0, 1], and far beyond
+    for a restart's), signed zeros, negatives, huge values, infinities and NaN."""
     fractions = np.linspace(0.0, 1.0, 257)
     special = [0.0, -0.0, 1e-300, -1e-300, 0.5, -2.5, 1e5, 3.0e9, 1e300, np.inf, -np.inf,
                np.nan, np.pi, np.pi / 2, np.pi / 4, 2.0**20 * np.pi / 2]
@@ -65,20 +65,19 @@ def check_ieee_cos(ctx: Context) -> str:
 
     k = ctx.kernel("ieee_cos")
     x = _cos_arguments(np)
-    want = np.array([cos(v) for v in x.tolist()], np.float64)
-    got = np.asarray(ctx.host(k(ctx.up(x, "float64")), "ieee_cos"))
-    one = [np.asarray(ctx.host(k(ctx.up(x[i:i + 1], "float64")), "ieee_cos"))
-           for i in (0, 100, 256)]
-    for label, g, w in (("an array", got, want),
-                        *((f"x[{i}:{i + 1}]", o, want[i:i + 1]) for i, o in
-                          zip((0, 100, 256), one, strict=True))):
-        nan = np.isnan(w)
-        if (g.dtype != np.float64 or g.shape != w.shape or not np.array_equal(np.isnan(g), nan)
-                or g[~nan].tobytes() != w[~nan].tobytes()):
-            bad = int(np.flatnonzero((g != w) & ~nan)[0]) if g.shape == w.shape else 0
+    cases = [("an array", x), *((f"x[{i}:{i + 1}]", x[i:i + 1]) for i in (0, 100, 256))]
+    for label, args in cases:
+        want = np.array([cos(v) for v in args.tolist()], np.float64)
+        got = np.asarray(ctx.host(k(ctx.up(args, "float64")), "ieee_cos"))
+        if got.dtype != np.float64 or got.shape != want.shape:
+            raise CheckFailedError(f"ieee_cos of {label} is {got.dtype} of shape {got.shape}, "
+                                   f"expected float64 of shape {want.shape}")
+        same = (got.view(np.uint64) == want.view(np.uint64)) | (np.isnan(got)
+                                                                 & np.isnan(want))
+        if not same.all():
+            bad = int(np.flatnonzero(~same)[0])
             raise CheckFailedError(
-                f"ieee_cos of {label}: element {bad} is {g.reshape(-1)[bad]!r} where "
-                f"mpcore.optimizers.cosine_math.cos gives {w.reshape(-1)[bad]!r}; the kernel "
-                "must run that algorithm's IEEE basic operations in its order (not libm's "
-                "cos)")
+                f"ieee_cos of {label}: element {bad} is {got[bad]!r} where "
+                f"mpcore.optimizers.cosine_math.cos gives {want[bad]!r}; the kernel must run "
+                "that algorithm's IEEE basic operations in its order (not libm's cos)")
     return f"{x.size} arguments bit for bit"
