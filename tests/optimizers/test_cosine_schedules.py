@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import available_backends
+from mpcore_cpu.backend import CpuBackend
 
 import mpcore as mp
 from mpcore.optimizers import cosine_math, device_schedules, schedules
@@ -149,7 +150,7 @@ def test_a_shrinking_schedule_past_its_last_restart_is_nan_as_in_keras() -> None
         _ = opt.learning_rate
 
 
-class _ComposedCos(type(mp.get_backend("cpu"))):  # type: ignore[misc]
+class _ComposedCos(CpuBackend):
     """The CPU backend without its ieee_cos kernel: the cosine as basic operations."""
 
     name = "cpu_composed_cos"
