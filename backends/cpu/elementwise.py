@@ -76,8 +76,8 @@ class CpuElementwise:
     def ieee_cos(self, x: np.ndarray) -> np.ndarray:
         """The cosine schedules' cosine (mpcore.optimizers.cosine_math.cos) of each element,
         in one call: its algorithm on Python floats, which are this device's float64, so the
-        host's bits by construction (a schedule's rate is one element: a few microseconds,
-        where its basic operations as kernels are about 80 calls)."""
+        host's bits by construction (a schedule's rate is one element, where its basic
+        operations as kernels are about 80 calls)."""
         from mpcore.optimizers.cosine_math import cos
 
         x = np.asarray(x, np.float64)

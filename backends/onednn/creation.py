@@ -169,12 +169,11 @@ def same_as_astype(got: np.ndarray, want: np.ndarray) -> bool:
 
 #: Smaller conversions stay with the fallback: below this, a primitive call from Python (and
 #: for FLUSHES_SUBNORMALS the check of its result) costs what ml_dtypes' loop takes (the "cast"
-#: lines of benchmarks/kernels.py; on a Zen 4 core 16384 elements narrow in 14.5 us with
-#: astype, in 3.5 us as a reorder, plus 3 to 8 us of check).
+#: lines of benchmarks/kernels.py; docs/performance.md has the Zen 4 figures).
 MIN_ELEMENTS = 1 << 14
 #: ml_dtypes widens bfloat16 with a vectorised loop, several times faster than it narrows:
 #: the reorder pays off from about 2**14 elements on one thread, 2**15 with oneDNN's second
-#: OpenMP thread woken (50176 elements: 21.5 us with astype, 5.3 us / 7.0 us as a reorder).
+#: OpenMP thread woken.
 MIN_ELEMENTS_WIDENING = 1 << 15
 
 
