@@ -170,14 +170,20 @@ class CpuNn:
         return total if dtype == total.dtype else self.convert(total, dtype)
 
     def max_along(self, x: np.ndarray, axis: int) -> np.ndarray:
-        """The maxima along ``axis``, kept as a length-1 axis. NumPy reduces a short last
-        axis one row at a time; the transposed copy's rows are reduced as whole vectors,
-        about three times faster for a softmax over 10 classes (docs/performance.md). A
-        maximum is exact in any order, NaNs propagate either way, and the rows meet in the
-        same order (of a +0 and a -0 the same one is kept)."""
+        """The maxima along ``axis``, kept as a length-1 axis, a zero maximum as +0. NumPy
+        reduces a short last axis one row at a time; the transposed copy's rows are reduced as
+        whole vectors, about three times faster for a softmax over 10 classes
+        (docs/performance.md). A maximum is exact in any order and NaNs propagate either way,
+        but which of a +0 and a -0 survives depends on the order the elements meet (NumPy's
+        SIMD reductions pair them in their own): adding +0 makes every route, and every
+        NumPy build, give +0 there (a -0 maximum would otherwise flip the sign of a zero
+        log_softmax)."""
         if x.ndim == 2 and axis in (1, -1) and x.shape[1] <= _SHORT_ROWS:
-            return np.ascontiguousarray(x.T).max(axis=0)[:, None]
-        return x.max(axis=axis, keepdims=True)
+            top = np.ascontiguousarray(x.T).max(axis=0)[:, None]
+        else:
+            top = x.max(axis=axis, keepdims=True)
+        top += 0.0
+        return top
 
     def labels_below(self, labels: np.ndarray, classes: int) -> bool:
         """One reduction: a negative signed label is a large unsigned one."""

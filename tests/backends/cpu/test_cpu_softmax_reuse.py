@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import assert_same_bits
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mpcore_cpu.backend import CpuBackend
 from mpcore_cpu.compile import runs_cpu_kernel
@@ -182,20 +182,24 @@ def test_no_softmax_is_read_across_an_in_place_update() -> None:
 
 
 @settings(max_examples=60, deadline=None)
+@example(rows=2, classes=17, values=[0.0, -0.0], dtype=np.float32, seed=0)  # (found in CI)
 @given(rows=st.integers(1, 40), classes=st.integers(1, 80),
        values=st.lists(st.sampled_from(AWKWARD), min_size=1, max_size=50),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
 def test_the_row_maxima_of_softmax_and_cross_entropy_are_numpys_bit_for_bit(
         rows: int, classes: int, values: list[float], dtype: Any, seed: int) -> None:
     """The CPU backend takes short rows' maxima through a transposed copy (max_along): the
-    same values as ``max(axis=1)``, signed zeros and NaNs included, for every row length
-    (over and under the cut-off) and layout."""
+    bits of ``max(axis=1) + 0`` (a zero maximum +0, whichever zero NumPy's reduction order
+    keeps), NaNs included, for every row length (over and under the cut-off) and layout.
+    (``max(axis=1)`` alone keeps -0 of [+0, -0] in some rows and not others: hypothesis found
+    rows of 17.)"""
     rng = np.random.default_rng(seed)
     x = rng.choice(np.array(values, np.float32), (rows, classes)).astype(dtype)
     backend = CpuBackend()
     for view in (x, x[:, ::-1], np.asfortranarray(x)):
         for axis in (1, -1):
-            assert_same_bits(backend.max_along(view, axis), view.max(axis=axis, keepdims=True))
+            want = view.max(axis=axis, keepdims=True) + 0.0
+            assert_same_bits(backend.max_along(view, axis), want)
 
 
 def test_labels_out_of_range_are_found_by_one_reduction_for_every_integer_dtype() -> None:
